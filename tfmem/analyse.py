@@ -1,0 +1,140 @@
+"""Analyse: the ops a request needs, as an immutable view free of TensorFlow objects.
+
+`Session.run` prunes the graph to what its fetches and targets need: it walks
+data and control inputs backwards and stops at fed tensors.  `analyse` walks
+the same way and records every needed op as an `OpNode`, so that grouping,
+partitioning and planning are pure functions of plain data:
+
+    fetch  <- MatMul <- Relu <- x (fed: the walk stops here)
+                  ^
+                  +---- w/read <- w (state source: kept, never copied)
+
+Placeholders reached by the walk were not fed: that is the error `Session.run`
+would raise, and it is raised here, before anything runs.  State sources
+(variables, tables, queues, iterators; see `optypes`) end the walk: the
+partitions map their consumers to the original op.
+"""
+
+import dataclasses
+import types
+
+import tensorflow as tf
+
+from tfmem import optypes
+from tfmem.errors import UnsupportedGraphError
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """What planning needs to know of one output tensor."""
+    dtype: tf.DType
+    shape: tuple | None  # dims (None where unknown), or None for unknown rank
+
+    @property
+    def run_bound(self):
+        return optypes.is_run_bound(self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpNode:
+    """One needed op: its edges by name and its outputs."""
+    name: str
+    type: str
+    inputs: tuple  # tensor names, "op:index"
+    control_inputs: tuple  # op names
+    outputs: tuple  # TensorInfo per output index
+    stateful: bool
+    frame: str | None = None  # frame_name of a v1 Enter op
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphView:
+    """The pruned subgraph of one request.
+
+    `nodes` are the ops partitions will copy, in discovery order.  `sources`
+    are the state sources they use, and `feeds` the fed tensors they consume;
+    both stay outside the partitions.
+    """
+    nodes: types.MappingProxyType  # op name -> OpNode
+    sources: types.MappingProxyType  # op name -> OpNode
+    feeds: frozenset  # fed tensor names (all of the request's feeds)
+    fetches: tuple  # tensor names
+    targets: tuple  # op names
+
+    def tensor(self, name):
+        """TensorInfo of a tensor produced by a node or a source."""
+        op_name, index = split_tensor_name(name)
+        node = self.nodes.get(op_name) or self.sources[op_name]
+        return node.outputs[index]
+
+
+def split_tensor_name(name):
+    op_name, _, index = name.rpartition(":")
+    return op_name, int(index)
+
+
+def _shape_of(tensor):
+    shape = tensor.shape
+    return None if shape.rank is None else tuple(shape.as_list())
+
+
+def _node(op):
+    frame = None
+    if op.type in optypes.ENTER:
+        frame = op.get_attr("frame_name")
+        frame = frame.decode() if isinstance(frame, bytes) else frame
+    return OpNode(
+        name=op.name,
+        type=op.type,
+        inputs=tuple(t.name for t in op.inputs),
+        control_inputs=tuple(c.name for c in op.control_inputs),
+        outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
+        stateful=op.op_def.is_stateful,
+        frame=frame,
+    )
+
+
+def _unfed_placeholder_error(op):
+    tensor = op.outputs[0]
+    shape = "<unknown>" if tensor.shape.rank is None else (
+        "[" + ",".join("?" if d is None else str(d) for d in tensor.shape.as_list()) + "]")
+    return tf.errors.InvalidArgumentError(
+        op.node_def, op,
+        f"You must feed a value for placeholder tensor '{op.name}' with dtype "
+        f"{tensor.dtype.name} and shape {shape}")
+
+
+def analyse(fetch_tensors, target_ops, fed_tensors):
+    """The GraphView of the ops `Session.run(fetches + targets)` would run."""
+    fed = frozenset(t.name for t in fed_tensors)
+    nodes, sources = {}, {}
+    seen = set()
+    stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in optypes.PLACEHOLDERS:
+            raise _unfed_placeholder_error(op)
+        if optypes.is_state_source(op):
+            if op.inputs or op.control_inputs:
+                raise UnsupportedGraphError(
+                    f"State op '{op.name}' ({op.type}) has inputs; tfmem maps every "
+                    "use of a state op to the original and cannot re-run its inputs. "
+                    "Create the variable/table/queue outside control_dependencies.")
+            sources[op.name] = _node(op)
+            continue
+        nodes[op.name] = _node(op)
+        # Visit inputs in order: push in reverse so the first input is walked first.
+        pending = [t.op for t in op.inputs if t.name not in fed]
+        pending += [c for c in op.control_inputs
+                    if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
+        stack.extend(reversed(pending))
+    return GraphView(
+        nodes=types.MappingProxyType(nodes),
+        sources=types.MappingProxyType(sources),
+        feeds=fed,
+        fetches=tuple(t.name for t in fetch_tensors),
+        targets=tuple(op.name for op in target_ops),
+    )

@@ -1,0 +1,62 @@
+"""One table that classifies ops for partitioning, by op type, dtype and edges.
+
+Three questions decide how an op may be partitioned:
+
+* Must it be fed?  Placeholders have no value of their own.
+* Does it name long-lived state?  Variables, hash tables, queues and iterators
+  are created by a *state source* op whose kernel owns (or looks up) the
+  resource by name.  A copy of such an op could create a second, empty
+  resource, so state sources are never copied: every partition that needs one
+  maps its consumers to the original op, which is idempotent to run.
+* Does an edge carry something that cannot leave a `Session.run`?  Resource
+  handles and reference tensors are only meaningful inside the run that made
+  them (TensorArrays and v1 while-loop stacks die with the run), so producer
+  and consumer of such an edge stay in one partition.
+
+v1 control flow (frames and cond regions) is classified here by op type and
+grouped in `units.py`.
+"""
+
+from tensorflow.python.framework import dtypes
+
+PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2"})
+
+# State sources tfmem knows by name; `is_state_source` also accepts any other
+# input-free op that returns a resource or reference and is shared by name.
+STATE_SOURCES = frozenset({
+    "VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable",
+    "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
+    "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
+    "MutableDenseHashTable", "MutableDenseHashTableV2",
+    "FIFOQueue", "FIFOQueueV2", "PaddingFIFOQueue", "PaddingFIFOQueueV2",
+    "RandomShuffleQueue", "RandomShuffleQueueV2",
+    "PriorityQueue", "PriorityQueueV2",
+    "OneShotIterator", "Iterator", "IteratorV2", "MultiDeviceIterator",
+    "ConditionalAccumulator", "SparseConditionalAccumulator",
+    "ResourceConditionalAccumulator", "MutexV2",
+})
+
+ENTER = frozenset({"Enter", "RefEnter"})
+EXIT = frozenset({"Exit", "RefExit"})
+NEXT_ITERATION = frozenset({"NextIteration", "RefNextIteration"})
+SWITCH = frozenset({"Switch", "RefSwitch"})
+MERGE = frozenset({"Merge", "RefMerge"})
+
+_SHARING_ATTRS = ("shared_name", "container")
+
+
+def is_run_bound(dtype):
+    """True for dtypes that must not cross a `Session.run` boundary."""
+    return dtype.base_dtype == dtypes.resource or dtype != dtype.base_dtype
+
+
+def is_state_source(op):
+    """True for ops that own or look up long-lived state by name."""
+    if op.type in STATE_SOURCES:
+        return True
+    if op.inputs or not op.outputs:
+        return False
+    if not all(is_run_bound(t.dtype) for t in op.outputs):
+        return False
+    names = {a.name for a in op.op_def.attr}
+    return all(a in names for a in _SHARING_ATTRS)

@@ -1,0 +1,79 @@
+"""Partition: a depth-first order of the units, sliced into partitions.
+
+The order is a post-order depth-first walk from the fetches and targets:
+each unit is emitted right after the units it consumes, so a value is
+consumed soon after it is produced and few values are alive at once:
+
+    loss <- dense2 <- relu1 <- dense1 <- x        order: dense1 relu1 dense2 loss
+
+The order is then cut greedily into partitions of at most `partition_size`
+ops.  A unit is never cut, so a unit larger than `partition_size` gets a
+partition of its own.  Everything here is a pure function of the view:
+the same graph and request always give the same partitions.
+"""
+
+from tfmem.analyse import split_tensor_name
+
+
+def _unit_inputs(view, unit_of, unit):
+    """Units this unit consumes, in the order its ops name them, without repeats."""
+    seen, ordered = {unit_of[unit[0]]}, []
+    for name in unit:
+        node = view.nodes[name]
+        sources = [split_tensor_name(t)[0] for t in node.inputs]
+        for src in sources + list(node.control_inputs):
+            src_unit = unit_of.get(src)
+            if src_unit is not None and src_unit not in seen:
+                seen.add(src_unit)
+                ordered.append(src_unit)
+    return ordered
+
+
+def depth_first_order(view, units):
+    """Indices of `units` in post-order from the request's fetches and targets."""
+    unit_of = {name: i for i, unit in enumerate(units) for name in unit}
+    inputs = [_unit_inputs(view, unit_of, unit) for unit in units]
+    roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
+             if split_tensor_name(t)[0] in unit_of]
+    roots += [unit_of[op] for op in view.targets if op in unit_of]
+    roots += range(len(units))  # every unit is reachable; this only guards that
+    visited, order = set(), []
+    for root in roots:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(inputs[root]))]
+        while stack:
+            unit, pending = stack[-1]
+            for src in pending:
+                if src not in visited:
+                    visited.add(src)
+                    stack.append((src, iter(inputs[src])))
+                    break
+            else:
+                stack.pop()
+                order.append(unit)
+    return order
+
+
+def slice_order(units, order, partition_size):
+    """Consecutive runs of the ordered units, each of at most partition_size ops.
+
+    Returns a list of partitions, each a tuple of units (tuples of op names).
+    """
+    partitions, current, size = [], [], 0
+    for index in order:
+        unit = units[index]
+        if current and size + len(unit) > partition_size:
+            partitions.append(tuple(current))
+            current, size = [], 0
+        current.append(unit)
+        size += len(unit)
+    if current:
+        partitions.append(tuple(current))
+    return partitions
+
+
+def partition(view, units, partition_size):
+    """The view's units as an ordered list of partitions (tuples of units)."""
+    return slice_order(units, depth_first_order(view, units), partition_size)

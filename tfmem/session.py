@@ -1,0 +1,134 @@
+"""TFMemSession: a drop-in wrapper of a Session that runs requests in partitions.
+
+    tfs = TFMemSession(sess, partition_size=200)
+    _, loss = tfs.run([train_op, loss], feed_dict={x: batch})
+
+`run` takes what `Session.run` takes and returns what it returns.  Each
+distinct request (what is fetched, run and fed) is planned once; the plan
+is copied into the session's graph and compiled into callables once, and
+later steps only run the executor loop.  Variable state lives in the
+wrapped session, so the plain session keeps working beside the wrapper.
+"""
+
+import logging
+import numbers
+
+from tfmem.execute import Executor, HandleReleaser
+from tfmem.plan import make_plan
+from tfmem.request import Request
+from tfmem.rewrite import rewrite
+from tfmem.errors import TFMemError
+
+log = logging.getLogger(__name__)
+
+
+def _check_partition_size(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"partition_size must be a positive integer (the most ops "
+                         f"one partition runs), got {value!r}")
+    return int(value)
+
+
+class _Compiled:
+    """A cached plan, its executor once rewritten, and the graph version it was checked at."""
+
+    def __init__(self, plan, graph_version):
+        self.plan = plan
+        self.graph_version = graph_version
+        self.executor = None
+
+
+class TFMemSession:
+    """Runs `Session.run` requests of `sess` as sequences of partitions."""
+
+    def __init__(self, sess, partition_size=200):
+        if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
+            raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
+        self._session = sess
+        self._partition_size = _check_partition_size(partition_size)
+        self._compiled = {}  # request signature -> _Compiled
+        self._releaser = HandleReleaser(sess)
+        self._plans_rewritten = 0
+
+    @property
+    def session(self):
+        """The wrapped session."""
+        return self._session
+
+    @property
+    def graph(self):
+        return self._session.graph
+
+    @property
+    def partition_size(self):
+        return self._partition_size
+
+    def _check_open(self):
+        if getattr(self._session, "_closed", False):
+            raise RuntimeError("Attempted to use a closed Session.")
+        if self.graph.version == 0:
+            raise RuntimeError("The Session graph is empty. Add operations to the "
+                               "graph before calling run().")
+
+    def _entry(self, request):
+        """The cached plan of the request, planned again if the graph changed what it reaches."""
+        key = request.signature
+        entry = self._compiled.get(key)
+        version = self.graph.version
+        if entry is not None and entry.graph_version != version:
+            fresh = make_plan(request.fetch_tensors, request.targets, request.feeds,
+                              self._partition_size)
+            if fresh.view != entry.plan.view:
+                log.info("graph changed under a cached request; planning it again")
+                entry = None
+            else:
+                entry.graph_version = version
+        if entry is None:
+            plan = make_plan(request.fetch_tensors, request.targets, request.feeds,
+                             self._partition_size)
+            entry = self._compiled[key] = _Compiled(plan, version)
+        return entry
+
+    def plan(self, fetches, feed_dict=None):
+        """The plan `run(fetches, feed_dict)` would execute, without running anything."""
+        self._check_open()
+        return self._entry(Request(self.graph, fetches, feed_dict)).plan
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        """Run like `Session.run`, one partition at a time."""
+        self._check_open()
+        request = Request(self.graph, fetches, feed_dict)
+        entry = self._entry(request)
+        if entry.executor is None:
+            entry.executor = self._compile(entry.plan)
+            entry.graph_version = self.graph.version
+        values = entry.executor.run(request.feed_values_by_name(), options, run_metadata)
+        return request.build_results(self._session, values)
+
+    def _compile(self, plan):
+        graph = self.graph
+        if graph.finalized:
+            raise TFMemError(
+                "The session's graph is finalized, but tfmem adds the partition copies to it. "
+                "Wrap the session before finalizing the graph (MonitoredSession and "
+                "Supervisor finalize it).")
+        with graph.as_default():
+            scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        programs = rewrite(graph, plan, scope)
+        self._plans_rewritten += 1
+        log.info("rewrote a plan of %d ops into %d partitions under %s",
+                 plan.num_ops, len(plan.partitions), scope)
+        return Executor(self._session, plan, programs, self._releaser)
+
+    def close(self):
+        """Close the wrapped session (as Session.close), releasing tfmem's callables."""
+        self._compiled.clear()
+        self._session.close()
+
+    def __enter__(self):
+        self._session.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        self._compiled.clear()
+        self._session.__exit__(exc_type, exc_value, traceback)
