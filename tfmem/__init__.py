@@ -2,14 +2,31 @@
 
 A request is analysed, cut into partitions of at most `partition_size` ops,
 planned, copied into the session's graph and executed one partition per
-`Session.run`.  Importing tfmem changes no TensorFlow state.
+`Session.run`.  Importing tfmem imports nothing from TensorFlow until a name
+is used (so `tfmem.emulate_accelerator` can still configure TensorFlow's
+allocator), and changes no TensorFlow state.
 """
 
-from tfmem.errors import InvalidPlanError, TFMemError, UnsupportedGraphError
-from tfmem.plan import Partition, Plan, Residency, Transfer, validate
-from tfmem.session import TFMemSession
+import importlib
 
-__all__ = [
-    "InvalidPlanError", "Partition", "Plan", "Residency", "TFMemError",
-    "TFMemSession", "Transfer", "UnsupportedGraphError", "validate",
-]
+_EXPORTS = {
+    "TFMemSession": "tfmem.session",
+    "Plan": "tfmem.plan", "Partition": "tfmem.plan", "Transfer": "tfmem.plan",
+    "Residency": "tfmem.plan", "validate": "tfmem.plan",
+    "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
+    "UnsupportedGraphError": "tfmem.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tfmem' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

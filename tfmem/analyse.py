@@ -10,9 +10,14 @@ partitioning and planning are pure functions of plain data:
                   +---- w/read <- w (state source: kept, never copied)
 
 Placeholders reached by the walk were not fed: that is the error `Session.run`
-would raise, and it is raised here, before anything runs.  State sources
-(variables, tables, queues, iterators; see `optypes`) end the walk: the
-partitions map their consumers to the original op.
+would raise, and it is raised here, before anything runs.  Sources (variables,
+tables, queues, iterators and input-free constants; see `optypes`) end the
+walk: the partitions map their consumers to the original op.
+
+A stateful op that reads only sources and feeds (a random op of constant
+shape, an iterator's get_next) is an *original*: its partition runs the
+user's op itself instead of a copy, so its kernel state (a random stream) is
+the one the plain session and every other plan share.
 """
 
 import dataclasses
@@ -51,11 +56,13 @@ class OpNode:
 class GraphView:
     """The pruned subgraph of one request.
 
-    `nodes` are the ops partitions will copy, in discovery order.  `sources`
-    are the state sources they use, and `feeds` the fed tensors they consume;
+    `nodes` are the ops partitions will run, in discovery order; those in
+    `originals` run as the user's op, the others as copies.  `sources` are
+    the state sources and constants they read, and `feeds` the fed tensors;
     both stay outside the partitions.
     """
     nodes: types.MappingProxyType  # op name -> OpNode
+    originals: frozenset  # stateful nodes run as the user's own op
     sources: types.MappingProxyType  # op name -> OpNode
     feeds: frozenset  # fed tensor names (all of the request's feeds)
     fetches: tuple  # tensor names
@@ -117,7 +124,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         seen.add(op.name)
         if op.type in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
-        if optypes.is_state_source(op):
+        if optypes.is_source(op):
             if op.inputs or op.control_inputs:
                 raise UnsupportedGraphError(
                     f"State op '{op.name}' ({op.type}) has inputs; tfmem maps every "
@@ -131,8 +138,13 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         pending += [c for c in op.control_inputs
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
+    originals = frozenset(
+        name for name, node in nodes.items()
+        if node.stateful and not node.control_inputs and all(
+            t in fed or split_tensor_name(t)[0] in sources for t in node.inputs))
     return GraphView(
         nodes=types.MappingProxyType(nodes),
+        originals=originals,
         sources=types.MappingProxyType(sources),
         feeds=fed,
         fetches=tuple(t.name for t in fetch_tensors),

@@ -8,6 +8,9 @@ Three questions decide how an op may be partitioned:
   resource by name.  A copy of such an op could create a second, empty
   resource, so state sources are never copied: every partition that needs one
   maps its consumers to the original op, which is idempotent to run.
+  Input-free constants are mapped to the original the same way: they are
+  stateless, and import-time shape inference needs their values (a TensorList's
+  element shape, say), which a copy fed across a boundary would hide.
 * Does an edge carry something that cannot leave a `Session.run`?  Resource
   handles and reference tensors are only meaningful inside the run that made
   them (TensorArrays and v1 while-loop stacks die with the run), so producer
@@ -60,3 +63,10 @@ def is_state_source(op):
         return False
     names = {a.name for a in op.op_def.attr}
     return all(a in names for a in _SHARING_ATTRS)
+
+
+def is_source(op):
+    """True for ops every partition maps to the original instead of copying."""
+    if op.type == "Const":
+        return not op.control_inputs
+    return is_state_source(op)

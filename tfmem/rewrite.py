@@ -6,6 +6,7 @@ read them through `input_map`:
 
     fed tensor x:0        -> the original x:0 (the executor feeds it)
     state source w        -> the original w (same variable, same state)
+    constant c, original r -> the original (see analyse: originals)
     transfer h:0, device  -> GetSessionTensor(handle placeholder)
     transfer h:0, host    -> a placeholder fed with the host array
 
@@ -52,8 +53,12 @@ def _canonical(name):
     return name if ":" in name else name + ":0"
 
 
-def _partition_graph_def(graph, view, ops):
-    """NodeDefs of the partition's ops with outside control edges and colocations dropped."""
+def _partition_graph_def(graph, ops, originals):
+    """NodeDefs of the partition's copied ops; control edges from outside dropped.
+
+    Control edges from `originals` (run as the user's op in this partition)
+    are kept; the caller maps them with a gate.
+    """
     members = set(ops)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
@@ -66,7 +71,7 @@ def _partition_graph_def(graph, view, ops):
             src = inp[1:] if inp.startswith("^") else split_tensor_name(_canonical(inp))[0]
             if src in members:
                 consumed.add(src)
-            elif inp.startswith("^"):
+            elif inp.startswith("^") and src not in originals:
                 continue
             kept.append(inp)
         del node.input[:]
@@ -106,41 +111,59 @@ def _transfer_inputs(graph, plan, partition):
     return input_map, feeds, sources, targets
 
 
+def _originals_map(graph, view, copied, originals, input_map):
+    """Map what the copies read from outside the copies (feeds, sources, originals).
+
+    A control edge from an original is mapped to a gate: a constant that
+    depends on the original, since input_map can only name a tensor.
+    """
+    for name in copied:
+        node = view.nodes[name]
+        for tensor in node.inputs:
+            if tensor not in input_map and split_tensor_name(tensor)[0] not in copied:
+                input_map[tensor] = graph.get_tensor_by_name(tensor)
+        for src in node.control_inputs:
+            if src in originals and "^" + src not in input_map:
+                with graph.control_dependencies([graph.get_operation_by_name(src)]):
+                    input_map["^" + src] = tf.constant(0, name="gate")
+
+
 def rewrite_partition(graph, plan, partition, scope):
     """Copy one partition into `graph` under `scope`; return its Program."""
     view = plan.view
+    copied = [op for op in partition.ops if op not in view.originals]
+    originals = [op for op in partition.ops if op in view.originals]
     with clean_context(graph):
         with graph.name_scope(scope + "_in/"):
             input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition)
-        for tensor in partition.feeds:
-            input_map[tensor] = graph.get_tensor_by_name(tensor)
-            feeds.append(tensor)
-            feed_sources.append(tensor)
-        for op_name in partition.sources:
-            for i, _ in enumerate(view.sources[op_name].outputs):
-                input_map[f"{op_name}:{i}"] = graph.get_tensor_by_name(f"{op_name}:{i}")
+        feeds += partition.feeds
+        feed_sources += partition.feeds
+        # Fed tensors, sources and the partition's originals are read where they are.
+        with graph.name_scope(scope + "_gates/"):
+            _originals_map(graph, view, set(copied), set(originals), input_map)
+        targets += originals
 
-        copies = {}
-        if partition.ops:
-            graph_def, done = _partition_graph_def(graph, view, partition.ops)
+        tensors = {}
+        if copied:
+            graph_def, done = _partition_graph_def(graph, copied, set(originals))
             wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches)
-                      if split_tensor_name(t)[0] not in view.sources]
+                      if split_tensor_name(t)[0] in copied]
             imported = tf.graph_util.import_graph_def(
                 graph_def, input_map=input_map, return_elements=wanted + [done], name=scope)
-            copies = dict(zip(wanted, imported[:-1]))
+            tensors = dict(zip(wanted, imported[:-1]))
             targets.append(imported[-1].name)
 
         fetches, sinks = [], []
         with graph.name_scope(scope + "_out/"):
             for name in partition.outputs:
-                copy = copies[name]
+                tensor = tensors[name] if name in tensors else graph.get_tensor_by_name(name)
                 if plan.transfer(name).residency is Residency.DEVICE:
-                    with graph.colocate_with(copy.op):
-                        copy = tf.raw_ops.GetSessionHandle(value=copy)
-                fetches.append(copy.name)
+                    with graph.colocate_with(tensor.op):
+                        tensor = tf.raw_ops.GetSessionHandle(value=tensor)
+                fetches.append(tensor.name)
                 sinks.append((True, name))
         for name in partition.fetches:
-            fetches.append(copies[name].name if name in copies else name)
+            fetches.append(tensors[name].name if name in tensors else name)
             sinks.append((False, name))
     releases = tuple(t for t in partition.inputs if plan.transfer(t).last_consumer == partition.index)
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
