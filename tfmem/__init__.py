@@ -12,7 +12,8 @@ import importlib
 _EXPORTS = {
     "TFMemSession": "tfmem.session",
     "Plan": "tfmem.plan", "Partition": "tfmem.plan", "Transfer": "tfmem.plan",
-    "Residency": "tfmem.plan", "validate": "tfmem.plan",
+    "validate": "tfmem.plan", "SwapPolicy": "tfmem.swap", "Span": "tfmem.swap",
+    "StepStats": "tfmem.stats", "emulate_accelerator": "tfmem.accelerator",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors",
 }

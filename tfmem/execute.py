@@ -1,24 +1,23 @@
 """Execute: run a rewritten plan, one Session call per partition.
 
 The loop is deliberately thin.  Each partition is a raw session callable
-(`Session.make_callable`'s C++ path without its Python fetch handling, which
-would wrap fetched handles in objects that free themselves later); its feeds
-are the request's fed values and the transfers it reads, its fetches are
-the transfers it produces and the requested tensors it computes.  A transfer
-lives in `store` from its producer to its last reader, which deletes a
-device handle in-graph.  If a step fails, every handle it still holds is
-released before the error propagates.
+(the C++ path of `Session.make_callable`, without its Python fetch handling,
+which would wrap fetched handles in objects that free themselves later).
+Its feeds are the request's fed values and the handles of the transfers it
+reads; its fetches are the transfers it produces (handles, or values to
+swap out) and the requested tensors it computes.  The swap manager holds
+the transfers in between; if a step fails it releases what the step held.
 """
 
-import logging
+import time
 
-import tensorflow as tf
+import psutil
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.plan import Residency
-from tfmem.rewrite import clean_context
-
-log = logging.getLogger(__name__)
+from tfmem import accelerator
+from tfmem.rewrite import HANDLE, HOST
+from tfmem.stats import StepStats
+from tfmem.swap_manager import SwapManager
 
 
 def _callable_options(program, run_options):
@@ -29,41 +28,16 @@ def _callable_options(program, run_options):
     return options
 
 
-class HandleReleaser:
-    """Deletes session handles outside a plan, for steps that did not finish."""
-
-    def __init__(self, session):
-        self._session = session
-        self._delete = None
-
-    def release(self, handles):
-        if not handles:
-            return
-        if self._delete is None:
-            graph = self._session.graph
-            with clean_context(graph), graph.name_scope("tfmem/release/"):
-                holder = tf.compat.v1.placeholder(tf.string, [], name="handle")
-                op = tf.raw_ops.DeleteSessionTensor(handle=holder)
-            self._delete = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                config_pb2.CallableOptions(feed=[holder.name], target=[op.name]))
-        for handle in handles:
-            try:
-                self._delete(handle)
-            except tf.errors.OpError:
-                pass  # already deleted by the partition that failed
-
-
 class Executor:
     """Runs the programs of one plan on one session."""
 
-    def __init__(self, session, plan, programs, releaser):
+    def __init__(self, session, plan, programs, runtime):
         self._session = session
         self._plan = plan
         self._programs = programs
-        self._releaser = releaser
-        self._device_transfers = {t.tensor for t in plan.transfers
-                                  if t.residency is Residency.DEVICE}
+        self._runtime = runtime  # the session-wide pool, prefetcher, releaser and device
         self._callables = {}  # serialized RunOptions -> list of callables
+        self._process = psutil.Process()
 
     def _callables_for(self, options):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
@@ -73,23 +47,43 @@ class Executor:
         return self._callables[key]
 
     def run(self, feeds, options=None, run_metadata=None):
-        """Run one step; return {requested tensor name: value}."""
+        """Run one step; return ({requested tensor name: value}, StepStats)."""
+        runtime = self._runtime
         callables = self._callables_for(options)
-        store, results = {}, {}
+        swaps = SwapManager(self._plan, runtime.pool, runtime.prefetcher, runtime.releaser)
+        measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
+        started = time.perf_counter()
+        results = {}
         try:
-            for program, call in zip(self._programs, callables):
-                args = [feeds[s] if s in feeds else store[s] for s in program.feed_sources]
+            for partition, program, call in zip(self._plan.partitions, self._programs, callables):
+                swaps.start_uploads(partition)
+                args = [feeds[s] if s in feeds else swaps.handle_for(s, partition.index)
+                        for s in program.feed_sources]
                 if run_metadata is not None:
                     metadata = config_pb2.RunMetadata()
                     values = call(*args, run_metadata=metadata)
                     run_metadata.MergeFrom(metadata)
                 else:
                     values = call(*args)
-                for (is_transfer, name), value in zip(program.fetch_sinks, values):
-                    (store if is_transfer else results)[name] = value
-                for name in program.releases:
-                    del store[name]
+                for (kind, name), value in zip(program.fetch_sinks, values):
+                    if kind == HANDLE:
+                        swaps.keep(name, value)
+                    elif kind == HOST:
+                        swaps.swap_out(name, value)
+                    else:
+                        results[name] = value
+                del values
+                swaps.finish(partition)
         except BaseException:
-            self._releaser.release([v for k, v in store.items() if k in self._device_transfers])
+            swaps.abort()
             raise
-        return results
+        wall = time.perf_counter() - started
+        memory = accelerator.device_memory(runtime.device) if measured else None
+        stats = StepStats(
+            partitions=len(self._programs),
+            device_peak_bytes=memory["peak"] if memory else None,
+            host_buffer_bytes=runtime.pool.capacity_bytes,
+            host_rss_bytes=self._process.memory_info().rss,
+            wall_time=wall,
+            **swaps.counts)
+        return results, stats

@@ -4,38 +4,50 @@ A plan is data, keyed by the names of the user's ops and tensors:
 
     Partition 0: ops (dense1, relu1)  outputs relu1:0
     Partition 1: ops (dense2, loss)   inputs relu1:0   fetches loss:0
-    Transfer relu1:0: produced by 0, consumed by (1,), kept on the device
+    Transfer relu1:0: produced by 0, read by (1, 7): on the device for 0 -> 1,
+                      swapped to host, uploaded during 6 for 7
 
 `build_plan` derives it from a GraphView and its partitions; `validate`
 checks the invariants every plan must hold, whoever built it.
 """
 
 import dataclasses
-import enum
 
 from tfmem.analyse import analyse, split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.partition import partition
+from tfmem.swap import SwapPolicy, spans, swappable
 from tfmem.units import units
-
-
-class Residency(enum.Enum):
-    """Where a transfer waits between its producer and its consumers."""
-    DEVICE = "device"  # a session handle: the tensor stays in device memory
-    HOST = "host"  # a numpy array in host memory, fed back to the consumer
 
 
 @dataclasses.dataclass(frozen=True)
 class Transfer:
-    """A tensor produced in one partition and consumed in later ones."""
+    """A tensor produced in one partition and consumed in later ones.
+
+    `spans` say where it waits (see `swap`): on the device as a session
+    handle, or in a host buffer between spans.
+    """
     tensor: str
     producer: int
     consumers: tuple
-    residency: Residency
+    spans: tuple  # of swap.Span, in order; together they read every consumer once
 
     @property
-    def last_consumer(self):
-        return self.consumers[-1]
+    def swapped(self):
+        """True when a host copy is taken after the producer."""
+        return any(span.uploaded for span in self.spans)
+
+    @property
+    def kept(self):
+        """True when the producer's own device output serves a reader."""
+        return not self.spans[0].uploaded
+
+    def span_of(self, reader):
+        return next(span for span in self.spans if reader in span.readers)
+
+    def frees_at(self, reader):
+        """True when `reader` is the last reader of its device copy."""
+        return self.span_of(reader).readers[-1] == reader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +61,7 @@ class Partition:
     feeds: tuple  # fed tensors consumed here
     sources: tuple  # state-source ops whose originals this partition uses
     fetches: tuple  # requested tensors produced (or, for state sources, read) here
+    uploads: tuple = ()  # transfers the prefetcher uploads while this partition runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +71,7 @@ class Plan:
     partition_size: int
     partitions: tuple
     transfers: tuple
+    policy: SwapPolicy = SwapPolicy()
 
     def transfer(self, tensor):
         return next(t for t in self.transfers if t.tensor == tensor)
@@ -67,8 +81,11 @@ class Plan:
         return sum(len(p.ops) for p in self.partitions)
 
     def __str__(self):
+        swapped = sum(t.swapped for t in self.transfers)
         lines = [f"Plan: {self.num_ops} ops in {len(self.partitions)} partitions "
-                 f"(partition_size={self.partition_size}), {len(self.transfers)} transfers"]
+                 f"(partition_size={self.partition_size}), {len(self.transfers)} transfers, "
+                 f"{swapped} swapped (swap={self.policy.mode!r}, "
+                 f"swap_distance={self.policy.swap_distance}, prefetch={self.policy.prefetch})"]
         lines.append(f"{'part':>5} {'ops':>6} {'in':>5} {'out':>5} {'fetch':>6}")
         for p in self.partitions:
             lines.append(f"{p.index:>5} {len(p.ops):>6} {len(p.inputs):>5} "
@@ -85,8 +102,7 @@ def _consumers(view, partition_of):
     return {t: tuple(sorted(p)) for t, p in readers.items()}
 
 
-def build_plan(view, partitioned_units, partition_size,
-               residency=lambda tensor: Residency.DEVICE):
+def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy()):
     """The Plan that runs the partitions (tuples of units of op names) in order."""
     partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
     partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
@@ -99,7 +115,9 @@ def build_plan(view, partitioned_units, partition_size,
         producer = partition_of.get(op_name)
         later = tuple(p for p in parts if p != producer)
         if producer is not None and later:
-            transfers.append(Transfer(tensor, producer, later, residency(tensor)))
+            can_swap = swappable(view.tensor(tensor).dtype)
+            transfers.append(Transfer(tensor, producer, later,
+                                      spans(producer, later, policy, can_swap)))
     transfers.sort(key=lambda t: (t.producer, t.tensor))
 
     fetch_home = {}
@@ -126,9 +144,29 @@ def build_plan(view, partitioned_units, partition_size,
                 [split_tensor_name(t)[0] for t in used_inputs
                  if split_tensor_name(t)[0] in view.sources] + fetched_sources)),
             fetches=tuple(t for t, home in fetch_home.items() if home == i),
+            uploads=tuple(t.tensor for t in transfers
+                          for span in t.spans if span.uploaded and span.start == i),
         ))
-    return Plan(view=view, partition_size=partition_size,
-                partitions=tuple(built), transfers=tuple(transfers))
+    return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
+                transfers=tuple(transfers), policy=policy)
+
+
+def _span_problems(t):
+    """Spans read every consumer once, in order; uploads follow the producer."""
+    problems = []
+    readers = [r for span in t.spans for r in span.readers]
+    if readers != list(t.consumers):
+        problems.append(f"transfer '{t.tensor}' spans read {readers}, not its consumers "
+                        f"{list(t.consumers)}")
+    for span in t.spans:
+        if not span.readers:
+            problems.append(f"transfer '{t.tensor}' has a span with no reader")
+        elif span.uploaded and not t.producer < span.start <= span.readers[0]:
+            problems.append(f"transfer '{t.tensor}' is uploaded during partition {span.start}, "
+                            f"outside ({t.producer}, {span.readers[0]}]")
+        elif not span.uploaded and span.start != t.producer:
+            problems.append(f"transfer '{t.tensor}' keeps a device copy it did not produce")
+    return problems
 
 
 def validate(plan):
@@ -185,8 +223,9 @@ def validate(plan):
             problems.append(f"transfer '{t.tensor}' names the wrong producer")
         if not t.consumers or min(t.consumers) <= t.producer:
             problems.append(f"transfer '{t.tensor}' is not consumed after it is produced")
-        if not isinstance(t.residency, Residency):
-            problems.append(f"transfer '{t.tensor}' has no residency")
+        problems += _span_problems(t)
+        if t.swapped and not swappable(info.dtype):
+            problems.append(f"transfer '{t.tensor}' of dtype {info.dtype.name} cannot be swapped")
 
     fetched = [t for p in plan.partitions for t in p.fetches]
     for tensor in view.fetches:
@@ -199,9 +238,9 @@ def validate(plan):
         raise InvalidPlanError("invalid plan:\n  " + "\n  ".join(problems))
 
 
-def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size):
+def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size, policy=SwapPolicy()):
     """Analyse, group, partition and plan one request; the result is validated."""
     view = analyse(fetch_tensors, target_ops, fed_tensors)
-    plan = build_plan(view, partition(view, units(view), partition_size), partition_size)
+    plan = build_plan(view, partition(view, units(view), partition_size), partition_size, policy)
     validate(plan)
     return plan

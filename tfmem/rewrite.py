@@ -7,15 +7,16 @@ read them through `input_map`:
     fed tensor x:0        -> the original x:0 (the executor feeds it)
     state source w        -> the original w (same variable, same state)
     constant c, original r -> the original (see analyse: originals)
-    transfer h:0, device  -> GetSessionTensor(handle placeholder)
-    transfer h:0, host    -> a placeholder fed with the host array
+    transfer h:0          -> GetSessionTensor(handle placeholder), fed the
+                             producer's handle or one the prefetcher uploaded
 
 Control edges from ops outside the partition are dropped: those ops ran in
 an earlier partition, and keeping the edge would make Session.run run them
 again.  A NoOp joins the partition's sinks so one target runs every op.
 Outputs kept on the device are fetched through GetSessionHandle, and the
-last consuming partition deletes the handle in-graph (DeleteSessionTensor),
-so no extra Session.run is spent on freeing.
+last reader of each device copy deletes the handle in-graph
+(DeleteSessionTensor), so no extra Session.run is spent on freeing.  Outputs
+swapped to host are fetched as values.
 """
 
 import contextlib
@@ -24,7 +25,6 @@ import dataclasses
 import tensorflow as tf
 
 from tfmem.analyse import split_tensor_name
-from tfmem.plan import Residency
 
 _DONE = "tfmem_partition_done"
 
@@ -36,9 +36,11 @@ class Program:
     feeds: tuple  # graph tensor names, in call order
     feed_sources: tuple  # per feed: the request's fed tensor or the transfer's name
     fetches: tuple  # graph tensor names
-    fetch_sinks: tuple  # per fetch: (True, transfer name) or (False, requested tensor)
+    fetch_sinks: tuple  # per fetch: (HANDLE | HOST | RESULT, tensor name)
     targets: tuple  # op names
-    releases: tuple  # transfers whose last reader is this partition
+
+
+HANDLE, HOST, RESULT = "handle", "host", "result"
 
 
 @contextlib.contextmanager
@@ -91,21 +93,16 @@ def _transfer_inputs(graph, plan, partition):
     """Feed points for the partition's transfers: input_map entries, feeds, deleters."""
     input_map, feeds, sources, targets = {}, [], [], []
     for name in partition.inputs:
-        transfer = plan.transfer(name)
         info = plan.view.tensor(name)
         stem = split_tensor_name(name)[0].replace("/", "_")
-        if transfer.residency is Residency.DEVICE:
-            holder = tf.compat.v1.placeholder(tf.string, [], name=f"{stem}_handle")
-            value = tf.raw_ops.GetSessionTensor(handle=holder, dtype=info.dtype, name=f"{stem}_read")
-            if info.shape is not None:
-                value.set_shape(info.shape)
-            if transfer.last_consumer == partition.index:
-                with graph.control_dependencies([value.op]):
-                    targets.append(tf.raw_ops.DeleteSessionTensor(handle=holder).name)
-            feeds.append(holder.name)
-        else:
-            value = tf.compat.v1.placeholder(info.dtype, info.shape, name=f"{stem}_host")
-            feeds.append(value.name)
+        holder = tf.compat.v1.placeholder(tf.string, [], name=f"{stem}_handle")
+        value = tf.raw_ops.GetSessionTensor(handle=holder, dtype=info.dtype, name=f"{stem}_read")
+        if info.shape is not None:
+            value.set_shape(info.shape)
+        if plan.transfer(name).frees_at(partition.index):
+            with graph.control_dependencies([value.op]):
+                targets.append(tf.raw_ops.DeleteSessionTensor(handle=holder).name)
+        feeds.append(holder.name)
         input_map[name] = value
         sources.append(name)
     return input_map, feeds, sources, targets
@@ -157,17 +154,19 @@ def rewrite_partition(graph, plan, partition, scope):
         with graph.name_scope(scope + "_out/"):
             for name in partition.outputs:
                 tensor = tensors[name] if name in tensors else graph.get_tensor_by_name(name)
-                if plan.transfer(name).residency is Residency.DEVICE:
+                transfer = plan.transfer(name)
+                if transfer.kept:
                     with graph.colocate_with(tensor.op):
-                        tensor = tf.raw_ops.GetSessionHandle(value=tensor)
-                fetches.append(tensor.name)
-                sinks.append((True, name))
+                        fetches.append(tf.raw_ops.GetSessionHandle(value=tensor).name)
+                    sinks.append((HANDLE, name))
+                if transfer.swapped:
+                    fetches.append(tensor.name)
+                    sinks.append((HOST, name))
         for name in partition.fetches:
             fetches.append(tensors[name].name if name in tensors else name)
-            sinks.append((False, name))
-    releases = tuple(t for t in partition.inputs if plan.transfer(t).last_consumer == partition.index)
+            sinks.append((RESULT, name))
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
-                   tuple(sinks), tuple(targets), releases)
+                   tuple(sinks), tuple(targets))
 
 
 def rewrite(graph, plan, scope):

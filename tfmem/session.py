@@ -10,14 +10,20 @@ later steps only run the executor loop.  Variable state lives in the
 wrapped session, so the plain session keeps working beside the wrapper.
 """
 
+import dataclasses
 import logging
 import numbers
 
-from tfmem.execute import Executor, HandleReleaser
+from tfmem import accelerator
+from tfmem.buffers import HostBufferPool
+from tfmem.errors import TFMemError
+from tfmem.execute import Executor
 from tfmem.plan import make_plan
+from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
-from tfmem.errors import TFMemError
+from tfmem.swap import SwapPolicy
+from tfmem.swap_manager import HandleReleaser
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +33,16 @@ def _check_partition_size(value):
         raise ValueError(f"partition_size must be a positive integer (the most ops "
                          f"one partition runs), got {value!r}")
     return int(value)
+
+
+@dataclasses.dataclass
+class _Runtime:
+    """What every plan of one session shares at run time."""
+    device: str  # the device whose memory tfmem manages ("GPU:0", or "CPU:0")
+    pool: HostBufferPool
+    prefetcher: Prefetcher
+    releaser: HandleReleaser
+    measure_device: bool = True
 
 
 class _Compiled:
@@ -39,16 +55,27 @@ class _Compiled:
 
 
 class TFMemSession:
-    """Runs `Session.run` requests of `sess` as sequences of partitions."""
+    """Runs `Session.run` requests of `sess` as sequences of partitions.
 
-    def __init__(self, sess, partition_size=200):
+    partition_size: the most ops one partition runs.
+    swap: "auto" swaps a cross-partition tensor to host memory when its next
+        reader is more than `swap_distance` partitions away; "all" swaps
+        every one, "none" keeps all on the device.
+    prefetch: how many partitions ahead of its reader a swapped tensor is
+        uploaded again (0: just before the reader, with no overlap).
+    """
+
+    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
-        self._session = sess
         self._partition_size = _check_partition_size(partition_size)
+        self._policy = SwapPolicy(swap, swap_distance, prefetch)
+        self._session = sess
         self._compiled = {}  # request signature -> _Compiled
-        self._releaser = HandleReleaser(sess)
-        self._plans_rewritten = 0
+        device = accelerator.memory_device(sess)
+        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
+                                 HandleReleaser(sess))
+        self.last_step = None  # StepStats of the last run
 
     @property
     def session(self):
@@ -77,7 +104,7 @@ class TFMemSession:
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
             fresh = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                              self._partition_size)
+                              self._partition_size, self._policy)
             if fresh.view != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
@@ -85,7 +112,7 @@ class TFMemSession:
                 entry.graph_version = version
         if entry is None:
             plan = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                             self._partition_size)
+                             self._partition_size, self._policy)
             entry = self._compiled[key] = _Compiled(plan, version)
         return entry
 
@@ -102,7 +129,8 @@ class TFMemSession:
         if entry.executor is None:
             entry.executor = self._compile(entry.plan)
             entry.graph_version = self.graph.version
-        values = entry.executor.run(request.feed_values_by_name(), options, run_metadata)
+        values, self.last_step = entry.executor.run(
+            request.feed_values_by_name(), options, run_metadata)
         return request.build_results(self._session, values)
 
     def _compile(self, plan):
@@ -115,14 +143,24 @@ class TFMemSession:
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         programs = rewrite(graph, plan, scope)
-        self._plans_rewritten += 1
+        self._runtime.prefetcher.prepare(
+            {plan.view.tensor(t.tensor).dtype for t in plan.transfers if t.swapped})
         log.info("rewrote a plan of %d ops into %d partitions under %s",
                  plan.num_ops, len(plan.partitions), scope)
-        return Executor(self._session, plan, programs, self._releaser)
+        return Executor(self._session, plan, programs, self._runtime)
+
+    def memory_pool(self):
+        """The host buffer pool swapped tensors wait in."""
+        return self._runtime.pool
+
+    def _release(self):
+        self._compiled.clear()
+        self._runtime.prefetcher.close()
+        self._runtime.pool.clear()
 
     def close(self):
-        """Close the wrapped session (as Session.close), releasing tfmem's callables."""
-        self._compiled.clear()
+        """Close the wrapped session (as Session.close) and free tfmem's host buffers."""
+        self._release()
         self._session.close()
 
     def __enter__(self):
@@ -130,5 +168,5 @@ class TFMemSession:
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
-        self._compiled.clear()
+        self._release()
         self._session.__exit__(exc_type, exc_value, traceback)

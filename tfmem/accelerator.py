@@ -1,0 +1,83 @@
+"""The accelerator a session runs on, and an emulated one for CPU-only machines.
+
+On a machine without a GPU, TensorFlow's CPU allocator can be given a hard
+cap (a BFC allocator limited to N MiB), so that a step needing more raises
+`ResourceExhaustedError` exactly as on a small GPU.  TensorFlow reads the
+setting when it creates its CPU allocator (at the first session or eager
+op), so `emulate_accelerator` must run before TensorFlow is imported:
+
+    import tfmem
+    tfmem.emulate_accelerator(512)      # before `import tensorflow`
+    import tensorflow as tf
+
+Everything TensorFlow allocates then counts as device memory, and
+`device_memory` reports TensorFlow's own current and peak figures.
+"""
+
+import os
+import sys
+
+_USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+_LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+
+
+def emulate_accelerator(memory_mib):
+    """Cap TensorFlow's CPU allocator at `memory_mib` MiB for this process.
+
+    Raises RuntimeError when TensorFlow is already imported (it may already
+    have created its allocator, and the cap would be silently ignored), and
+    ValueError for a size that is not a positive integer.
+    """
+    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
+        raise ValueError(f"memory_mib must be a positive integer (MiB), got {memory_mib!r}")
+    if emulated_memory_mib() == memory_mib:
+        return
+    if "tensorflow" in sys.modules:
+        raise RuntimeError(
+            "emulate_accelerator must run before TensorFlow is imported: TensorFlow reads "
+            "the allocator cap when it creates its CPU allocator, and a cap set later is "
+            f"ignored. Call tfmem.emulate_accelerator({memory_mib}) first thing, or start "
+            f"the process with {_USE_BFC}=true {_LIMIT_MB}={memory_mib}.")
+    os.environ[_USE_BFC] = "true"
+    os.environ[_LIMIT_MB] = str(memory_mib)
+
+
+def emulated_memory_mib():
+    """The emulated cap in MiB configured for this process, or None."""
+    if os.environ.get(_USE_BFC, "").lower() not in ("1", "true"):
+        return None
+    value = os.environ.get(_LIMIT_MB)
+    return int(value) if value and value.isdigit() else None
+
+
+def accelerator_of(session):
+    """The session's accelerator device name ('GPU:0'), or None when it has only CPUs."""
+    for device in session.list_devices():
+        kind = device.device_type
+        if kind in ("GPU", "TPU"):
+            return f"{kind}:{device.name.rsplit(':', 1)[-1]}"
+    return None
+
+
+def memory_device(session):
+    """The device whose allocator holds the step's tensors: the accelerator, else the CPU."""
+    return accelerator_of(session) or "CPU:0"
+
+
+def device_memory(device):
+    """TensorFlow's {'current', 'peak'} bytes for `device`, or None where it keeps none."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        return tf.config.experimental.get_memory_info(device)
+    except (ValueError, tf.errors.OpError):
+        return None
+
+
+def reset_peak(device):
+    """Start a new peak measurement on `device` where TensorFlow supports it."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        tf.config.experimental.reset_memory_stats(device)
+        return True
+    except (ValueError, tf.errors.OpError):
+        return False

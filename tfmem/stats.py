@@ -1,0 +1,36 @@
+"""Per-step statistics: what one `run` cost in transfers, memory and time."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """Figures of the last step; byte counts are exact for swapped tensors.
+
+    `peak_device_handle_bytes` counts the handles whose size is known (a
+    static shape, or a host copy).  `device_peak_bytes` is TensorFlow's own
+    allocator peak for the step, None where TensorFlow reports none.
+    """
+    partitions: int = 0
+    swapped_out: int = 0
+    swapped_out_bytes: int = 0
+    swapped_in: int = 0
+    swapped_in_bytes: int = 0
+    peak_device_handles: int = 0
+    peak_device_handle_bytes: int = 0
+    device_peak_bytes: int | None = None
+    host_buffer_bytes: int = 0
+    host_rss_bytes: int = 0
+    wall_time: float = 0.0
+    prefetch_wait_time: float = 0.0
+
+    def __str__(self):
+        mib = 1 << 20
+        device = "n/a" if self.device_peak_bytes is None else f"{self.device_peak_bytes / mib:.1f} MiB"
+        return (f"{self.partitions} partitions, {self.wall_time * 1e3:.1f} ms "
+                f"(prefetch wait {self.prefetch_wait_time * 1e3:.1f} ms); swapped out "
+                f"{self.swapped_out} ({self.swapped_out_bytes / mib:.1f} MiB), in "
+                f"{self.swapped_in} ({self.swapped_in_bytes / mib:.1f} MiB); device peak "
+                f"{device}; handles peak {self.peak_device_handles} "
+                f"({self.peak_device_handle_bytes / mib:.1f} MiB); host buffers "
+                f"{self.host_buffer_bytes / mib:.1f} MiB; host RSS {self.host_rss_bytes / mib:.0f} MiB")
