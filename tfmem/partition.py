@@ -6,6 +6,15 @@ consumed soon after it is produced and few values are alive at once:
 
     loss <- dense2 <- relu1 <- dense1 <- x        order: dense1 relu1 dense2 loss
 
+Among a unit's inputs, the shallowest (fewest units on its longest path from
+the sources) is walked first: what is nearly computed is finished and
+consumed before a long chain starts.  For a training step this applies each
+layer's gradient as soon as the backward pass has produced it, instead of
+holding every gradient until the first layer's is done:
+
+    train <- apply_0 <- grad_w0 <- ... <- grad_w23 <- loss
+          <- apply_23 <- grad_w23            walked first: it is shallower
+
 The order is then cut greedily into partitions of at most `partition_size`
 ops.  A unit is never cut, so a unit larger than `partition_size` gets a
 partition of its own.  Everything here is a pure function of the view:
@@ -29,10 +38,31 @@ def _unit_inputs(view, unit_of, unit):
     return ordered
 
 
+def _depths(inputs):
+    """Longest path, in units, from a unit without inputs to each unit."""
+    depth = [None] * len(inputs)
+    for root in range(len(inputs)):
+        stack = [root]
+        while stack:
+            unit = stack[-1]
+            if depth[unit] is not None:
+                stack.pop()
+                continue
+            pending = [src for src in inputs[unit] if depth[src] is None]
+            if pending:
+                stack.extend(pending)
+            else:
+                depth[unit] = 1 + max((depth[src] for src in inputs[unit]), default=0)
+                stack.pop()
+    return depth
+
+
 def depth_first_order(view, units):
     """Indices of `units` in post-order from the request's fetches and targets."""
     unit_of = {name: i for i, unit in enumerate(units) for name in unit}
     inputs = [_unit_inputs(view, unit_of, unit) for unit in units]
+    depth = _depths(inputs)
+    inputs = [sorted(srcs, key=lambda src: depth[src]) for srcs in inputs]  # stable
     roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
              if split_tensor_name(t)[0] in unit_of]
     roots += [unit_of[op] for op in view.targets if op in unit_of]
