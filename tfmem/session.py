@@ -149,8 +149,9 @@ class TFMemSession:
                  plan.num_ops, len(plan.partitions), scope)
         return Executor(self._session, plan, programs, self._runtime)
 
-    def memory_pool(self):
-        """The host buffer pool swapped tensors wait in."""
+    @property
+    def host_buffers(self):
+        """The HostBufferPool swapped tensors wait in."""
         return self._runtime.pool
 
     def _release(self):
