@@ -14,6 +14,7 @@ _EXPORTS = {
     "Plan": "tfmem.plan", "Partition": "tfmem.plan", "Transfer": "tfmem.plan",
     "validate": "tfmem.plan", "SwapPolicy": "tfmem.swap", "Span": "tfmem.swap",
     "StepStats": "tfmem.stats", "emulate_accelerator": "tfmem.accelerator",
+    "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors",
 }

@@ -39,6 +39,17 @@ class TensorInfo:
     def run_bound(self):
         return optypes.is_run_bound(self.dtype)
 
+    @property
+    def nbytes(self):
+        """Bytes of a fixed-size tensor of fully known shape, else None."""
+        if self.shape is None or None in self.shape or not self.dtype.is_numpy_compatible \
+                or self.dtype.size == 0 or self.dtype == tf.string:
+            return None
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * self.dtype.size
+
 
 @dataclasses.dataclass(frozen=True)
 class OpNode:
@@ -50,6 +61,7 @@ class OpNode:
     outputs: tuple  # TensorInfo per output index
     stateful: bool
     frame: str | None = None  # frame_name of a v1 Enter op
+    device: str = ""  # the device the graph requests for the op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +110,7 @@ def _node(op):
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
         stateful=op.op_def.is_stateful,
         frame=frame,
+        device=op.device,
     )
 
 

@@ -16,6 +16,7 @@ import dataclasses
 from tfmem.analyse import analyse, split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.partition import partition
+from tfmem.place import Placement, place
 from tfmem.swap import SwapPolicy, spans, swappable
 from tfmem.units import units
 
@@ -72,6 +73,7 @@ class Plan:
     partitions: tuple
     transfers: tuple
     policy: SwapPolicy = SwapPolicy()
+    placement: Placement = place(None, None)
 
     def transfer(self, tensor):
         return next(t for t in self.transfers if t.tensor == tensor)
@@ -85,7 +87,8 @@ class Plan:
         lines = [f"Plan: {self.num_ops} ops in {len(self.partitions)} partitions "
                  f"(partition_size={self.partition_size}), {len(self.transfers)} transfers, "
                  f"{swapped} swapped (swap={self.policy.mode!r}, "
-                 f"swap_distance={self.policy.swap_distance}, prefetch={self.policy.prefetch})"]
+                 f"swap_distance={self.policy.swap_distance}, prefetch={self.policy.prefetch})",
+                 str(self.placement)]
         lines.append(f"{'part':>5} {'ops':>6} {'in':>5} {'out':>5} {'fetch':>6}")
         for p in self.partitions:
             lines.append(f"{p.index:>5} {len(p.ops):>6} {len(p.inputs):>5} "
@@ -102,7 +105,7 @@ def _consumers(view, partition_of):
     return {t: tuple(sorted(p)) for t, p in readers.items()}
 
 
-def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy()):
+def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), placement=None):
     """The Plan that runs the partitions (tuples of units of op names) in order."""
     partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
     partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
@@ -148,7 +151,8 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy()):
                           for span in t.spans if span.uploaded and span.start == i),
         ))
     return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
-                transfers=tuple(transfers), policy=policy)
+                transfers=tuple(transfers), policy=policy,
+                placement=placement or place(view, None))
 
 
 def _span_problems(t):
@@ -234,13 +238,21 @@ def validate(plan):
     for name, node in view.sources.items():
         if node.inputs or node.control_inputs:
             problems.append(f"state source '{name}' has inputs and would re-run them")
+    for name in plan.placement.moved:
+        if name not in view.sources or view.sources[name].type != "Const":
+            problems.append(f"placement moves '{name}', which is not a constant tfmem copies")
     if problems:
         raise InvalidPlanError("invalid plan:\n  " + "\n  ".join(problems))
 
 
-def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size, policy=SwapPolicy()):
-    """Analyse, group, partition and plan one request; the result is validated."""
+def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size, policy=SwapPolicy(),
+              accelerator=None):
+    """Analyse, place, group, partition and plan one request; the result is validated.
+
+    `accelerator` is the session's accelerator when state should go to the host.
+    """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
-    plan = build_plan(view, partition(view, units(view), partition_size), partition_size, policy)
+    plan = build_plan(view, partition(view, units(view), partition_size), partition_size,
+                      policy, place(view, accelerator))
     validate(plan)
     return plan

@@ -108,6 +108,24 @@ def _transfer_inputs(graph, plan, partition):
     return input_map, feeds, sources, targets
 
 
+def _host_copies(graph, plan, scope):
+    """One copy of each constant the placement moves, on its host device."""
+    if not plan.placement.moved:
+        return {}
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    for name, device in plan.placement.moved.items():
+        node = graph_def.node.add()
+        node.CopyFrom(graph.get_operation_by_name(name).node_def)
+        node.device = device
+        node.attr.pop("_class", None)
+    names = [f"{name}:0" for name in plan.placement.moved]
+    with clean_context(graph):
+        copies = tf.graph_util.import_graph_def(graph_def, return_elements=names,
+                                                name=scope + "/host")
+    return dict(zip(names, copies))
+
+
 def _originals_map(graph, view, copied, originals, input_map):
     """Map what the copies read from outside the copies (feeds, sources, originals).
 
@@ -125,7 +143,7 @@ def _originals_map(graph, view, copied, originals, input_map):
                     input_map["^" + src] = tf.constant(0, name="gate")
 
 
-def rewrite_partition(graph, plan, partition, scope):
+def rewrite_partition(graph, plan, partition, scope, host_copies):
     """Copy one partition into `graph` under `scope`; return its Program."""
     view = plan.view
     copied = [op for op in partition.ops if op not in view.originals]
@@ -133,6 +151,7 @@ def rewrite_partition(graph, plan, partition, scope):
     with clean_context(graph):
         with graph.name_scope(scope + "_in/"):
             input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition)
+        input_map.update(host_copies)
         feeds += partition.feeds
         feed_sources += partition.feeds
         # Fed tensors, sources and the partition's originals are read where they are.
@@ -171,4 +190,11 @@ def rewrite_partition(graph, plan, partition, scope):
 
 def rewrite(graph, plan, scope):
     """Programs for every partition of the plan, copied under `scope`/p<index>."""
-    return tuple(rewrite_partition(graph, plan, p, f"{scope}/p{p.index}") for p in plan.partitions)
+    host_copies = _host_copies(graph, plan, scope)
+    programs = []
+    for p in plan.partitions:
+        read = {t for name in p.ops if name not in plan.view.originals
+                for t in plan.view.nodes[name].inputs}
+        used = {t: c for t, c in host_copies.items() if t in read}
+        programs.append(rewrite_partition(graph, plan, p, f"{scope}/p{p.index}", used))
+    return tuple(programs)

@@ -63,15 +63,19 @@ class TFMemSession:
         every one, "none" keeps all on the device.
     prefetch: how many partitions ahead of its reader a swapped tensor is
         uploaded again (0: just before the reader, with no overlap).
+    place_state_on_host: on a session with an accelerator, read large
+        constants from host copies and report variables left on it (see place).
     """
 
-    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1):
+    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
+                 place_state_on_host=True):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
         self._policy = SwapPolicy(swap, swap_distance, prefetch)
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
+        self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
         device = accelerator.memory_device(sess)
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
                                  HandleReleaser(sess))
@@ -104,7 +108,7 @@ class TFMemSession:
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
             fresh = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                              self._partition_size, self._policy)
+                              self._partition_size, self._policy, self._accelerator)
             if fresh.view != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
@@ -112,7 +116,7 @@ class TFMemSession:
                 entry.graph_version = version
         if entry is None:
             plan = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                             self._partition_size, self._policy)
+                             self._partition_size, self._policy, self._accelerator)
             entry = self._compiled[key] = _Compiled(plan, version)
         return entry
 

@@ -49,12 +49,6 @@ class HandleReleaser:
                 pass  # already deleted in-graph by the partition that failed
 
 
-def _static_nbytes(info):
-    if info.shape is None or any(d is None for d in info.shape) or info.dtype.size == 0:
-        return 0
-    return int(np.prod(info.shape, dtype=np.int64)) * info.dtype.size
-
-
 class SwapManager:
     """One step's transfers; keyed by (tensor, first reader of the span)."""
 
@@ -84,7 +78,7 @@ class SwapManager:
     def keep(self, tensor, handle):
         """The producer's device copy, read by the first span."""
         transfer = self._transfers[tensor]
-        nbytes = _static_nbytes(self._plan.view.tensor(tensor))
+        nbytes = self._plan.view.tensor(tensor).nbytes or 0
         self._handles[(tensor, transfer.spans[0].readers[0])] = (handle, nbytes)
         self._track_peak()
 
