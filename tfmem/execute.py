@@ -17,7 +17,7 @@ from tensorflow.core.protobuf import config_pb2
 from tfmem import accelerator
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
-from tfmem.swap_manager import SwapManager
+from tfmem.swap_manager import Schedule, SwapManager
 
 
 def _callable_options(program, run_options):
@@ -37,6 +37,10 @@ class Executor:
         self._programs = programs
         self._runtime = runtime  # the session-wide pool, prefetcher, releaser and device
         self._callables = {}  # serialized RunOptions -> list of callables
+        self._schedule = Schedule(plan)
+        self._batches = {  # partition index -> upload callable
+            index: runtime.prefetcher.batch([plan.view.tensor(t).dtype for t, _ in keys])
+            for index, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
 
     def _callables_for(self, options):
@@ -50,14 +54,15 @@ class Executor:
         """Run one step; return ({requested tensor name: value}, StepStats)."""
         runtime = self._runtime
         callables = self._callables_for(options)
-        swaps = SwapManager(self._plan, runtime.pool, runtime.prefetcher, runtime.releaser)
+        swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
+                            runtime.releaser)
         measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
         started = time.perf_counter()
         results = {}
         try:
-            for partition, program, call in zip(self._plan.partitions, self._programs, callables):
-                swaps.start_uploads(partition)
-                args = [feeds[s] if s in feeds else swaps.handle_for(s, partition.index)
+            for index, (program, call) in enumerate(zip(self._programs, callables)):
+                swaps.start_uploads(index)
+                args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                         for s in program.feed_sources]
                 if run_metadata is not None:
                     metadata = config_pb2.RunMetadata()
@@ -73,7 +78,7 @@ class Executor:
                     else:
                         results[name] = value
                 del values
-                swaps.finish(partition)
+                swaps.finish(index)
         except BaseException:
             swaps.abort()
             raise

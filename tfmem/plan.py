@@ -17,7 +17,7 @@ from tfmem.analyse import analyse, split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.partition import partition
 from tfmem.place import Placement, place
-from tfmem.swap import SwapPolicy, spans, swappable
+from tfmem.swap import SwapPolicy, spans, swappable, worth_swapping
 from tfmem.units import units
 
 
@@ -118,7 +118,7 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
         producer = partition_of.get(op_name)
         later = tuple(p for p in parts if p != producer)
         if producer is not None and later:
-            can_swap = swappable(view.tensor(tensor).dtype)
+            can_swap = worth_swapping(view.tensor(tensor), policy)
             transfers.append(Transfer(tensor, producer, later,
                                       spans(producer, later, policy, can_swap)))
     transfers.sort(key=lambda t: (t.producer, t.tensor))

@@ -22,28 +22,35 @@ class Prefetcher:
     def __init__(self, session, device):
         self._session = session
         self._device = device  # "GPU:0", or "CPU:0" on an emulated accelerator
-        self._uploads = {}  # dtype -> raw callable
+        self._batches = {}  # tuple of dtypes -> raw callable
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tfmem-prefetch")
 
-    def prepare(self, dtypes):
-        """Add the upload ops for these dtypes (main thread, before any step runs)."""
-        graph = self._session.graph
-        for dtype in dtypes:
-            if dtype in self._uploads:
-                continue
-            with clean_context(graph), graph.name_scope(f"tfmem/upload_{dtype.name}/"), \
-                    graph.device("/device:" + self._device):
-                host = tf.compat.v1.placeholder(dtype, None, name="host")
-                on_device = (tf.raw_ops.DeepCopy(x=host) if self._device.startswith("CPU")
-                             else tf.identity(host))
-                handle = tf.raw_ops.GetSessionHandle(value=on_device)
-            self._uploads[dtype] = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                config_pb2.CallableOptions(feed=[host.name], fetch=[handle.name]))
+    def batch(self, dtypes):
+        """A callable that uploads arrays of these dtypes in one Session call.
 
-    def upload(self, dtype, array):
-        """A Future of the session handle of `array`'s copy on the device."""
-        return self._thread.submit(lambda: self._uploads[dtype](array)[0])
+        Adds its ops on first use of a dtype combination: call it from the
+        main thread when compiling a plan, not while a step runs.
+        """
+        dtypes = tuple(dtypes)
+        if dtypes not in self._batches:
+            graph = self._session.graph
+            feeds, fetches = [], []
+            with clean_context(graph), graph.name_scope("tfmem/upload/"), \
+                    graph.device("/device:" + self._device):
+                for dtype in dtypes:
+                    host = tf.compat.v1.placeholder(dtype, None, name="host")
+                    on_device = (tf.raw_ops.DeepCopy(x=host) if self._device.startswith("CPU")
+                                 else tf.identity(host))
+                    feeds.append(host.name)
+                    fetches.append(tf.raw_ops.GetSessionHandle(value=on_device).name)
+            self._batches[dtypes] = self._session._make_callable_from_options(  # pylint: disable=protected-access
+                config_pb2.CallableOptions(feed=feeds, fetch=fetches))
+        return self._batches[dtypes]
+
+    def upload(self, batch, arrays):
+        """A Future of the handles of the arrays' copies on the device."""
+        return self._thread.submit(batch, *arrays)
 
     def close(self):
         self._thread.shutdown(wait=True)

@@ -42,7 +42,7 @@ class _Runtime:
     pool: HostBufferPool
     prefetcher: Prefetcher
     releaser: HandleReleaser
-    measure_device: bool = True
+    measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
 
 
 class _Compiled:
@@ -61,6 +61,7 @@ class TFMemSession:
     swap: "auto" swaps a cross-partition tensor to host memory when its next
         reader is more than `swap_distance` partitions away; "all" swaps
         every one, "none" keeps all on the device.
+    swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
     prefetch: how many partitions ahead of its reader a swapped tensor is
         uploaded again (0: just before the reader, with no overlap).
     place_state_on_host: on a session with an accelerator, read large
@@ -68,17 +69,18 @@ class TFMemSession:
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
-                 place_state_on_host=True):
+                 swap_min_bytes=1 << 20, place_state_on_host=True):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
-        self._policy = SwapPolicy(swap, swap_distance, prefetch)
+        self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
         self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
         device = accelerator.memory_device(sess)
+        measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
-                                 HandleReleaser(sess))
+                                 HandleReleaser(sess), measure_device=measurable)
         self.last_step = None  # StepStats of the last run
 
     @property
@@ -147,8 +149,6 @@ class TFMemSession:
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         programs = rewrite(graph, plan, scope)
-        self._runtime.prefetcher.prepare(
-            {plan.view.tensor(t.tensor).dtype for t in plan.transfers if t.swapped})
         log.info("rewrote a plan of %d ops into %d partitions under %s",
                  plan.num_ops, len(plan.partitions), scope)
         return Executor(self._session, plan, programs, self._runtime)

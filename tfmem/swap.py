@@ -13,9 +13,11 @@ partitions before the next reader:
     device       [====]                   [====]    spans: (0 -> 1), (5 -> 6)
     host              [===================]         host copy until its upload
 
-"auto" swaps gaps longer than swap_distance, "all" swaps every gap and
-"none" never swaps.  Tensors that cannot be fetched to numpy (strings of
-varying size, variants) always stay on the device.
+"auto" swaps gaps longer than swap_distance for tensors of at least
+`min_bytes` (a small tensor costs more in Session calls than it frees; a
+tensor of unknown static size counts as large), "all" swaps every gap and
+"none" never swaps.  Tensors that cannot be fetched to numpy (strings,
+variants) always stay on the device.
 """
 
 import dataclasses
@@ -31,15 +33,16 @@ class SwapPolicy:
     mode: str = "auto"
     swap_distance: int = 2
     prefetch: int = 1
+    min_bytes: int = 1 << 20
 
     def __post_init__(self):
         if self.mode not in SWAP_MODES:
             raise ValueError(f"swap must be one of {', '.join(map(repr, SWAP_MODES))}, "
                              f"got {self.mode!r}")
-        for name in ("swap_distance", "prefetch"):
+        for name in ("swap_distance", "prefetch", "min_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0 (partitions), got {value!r}")
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,13 @@ def swappable(dtype):
     """Fixed-size numeric tensors can wait in a host buffer."""
     dtype = tf.as_dtype(dtype)
     return dtype.is_numpy_compatible and dtype not in (tf.string, tf.resource, tf.variant)
+
+
+def worth_swapping(info, policy):
+    """Whether the policy may swap a tensor with this TensorInfo at all."""
+    if not swappable(info.dtype):
+        return False
+    return policy.mode == "all" or info.nbytes is None or info.nbytes >= policy.min_bytes
 
 
 def spans(producer, readers, policy, can_swap):

@@ -49,38 +49,65 @@ class HandleReleaser:
                 pass  # already deleted in-graph by the partition that failed
 
 
-class SwapManager:
-    """One step's transfers; keyed by (tensor, first reader of the span)."""
+class Schedule:
+    """What every step of a plan does with its transfers, worked out once.
 
-    def __init__(self, plan, pool, prefetcher, releaser):
-        self._plan = plan
-        self._transfers = {t.tensor: t for t in plan.transfers}
+    A device copy is keyed by (tensor, first reader of its span).
+    """
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.reads = []  # per partition: {tensor: key} of the copies it feeds
+        self.frees = []  # per partition: keys its deleters free in-graph
+        self.uploads = []  # per partition: keys uploaded while it runs, in batch order
+        for p in plan.partitions:
+            transfers = [plan.transfer(t) for t in p.inputs]
+            self.reads.append({t.tensor: (t.tensor, t.span_of(p.index).readers[0])
+                               for t in transfers})
+            self.frees.append([self.reads[-1][t.tensor] for t in transfers
+                               if t.frees_at(p.index)])
+            self.uploads.append([(t, span.readers[0]) for t in p.uploads
+                                 for span in plan.transfer(t).spans
+                                 if span.uploaded and span.start == p.index])
+        self.kept = {t.tensor: (t.tensor, t.spans[0].readers[0]) for t in plan.transfers if t.kept}
+        self.nbytes = {t.tensor: plan.view.tensor(t.tensor).nbytes or 0 for t in plan.transfers}
+        self.upload_count = {t.tensor: sum(s.uploaded for s in t.spans) for t in plan.transfers}
+
+
+class SwapManager:
+    """One step's transfers, following a Schedule.
+
+    `batches[i]` is the prefetcher's upload callable for `schedule.uploads[i]`.
+    """
+
+    def __init__(self, schedule, batches, pool, prefetcher, releaser):
+        self._schedule = schedule
+        self._batches = batches
         self._pool = pool
         self._prefetcher = prefetcher
         self._releaser = releaser
         self._handles = {}  # key -> (handle, nbytes)
-        self._uploads = {}  # key -> Future of a handle
+        self._uploads = {}  # key -> (Future of the batch's handles, index in the batch)
         self._host = {}  # tensor -> host buffer
-        self._uploads_left = {t.tensor: sum(s.uploaded for s in t.spans) for t in plan.transfers}
+        self._uploads_left = dict(schedule.upload_count)
+        self._live, self._live_bytes = 0, 0
         self.counts = dict(swapped_out=0, swapped_out_bytes=0, swapped_in=0, swapped_in_bytes=0,
                            peak_device_handles=0, peak_device_handle_bytes=0,
                            prefetch_wait_time=0.0)
 
-    def _track_peak(self):
-        live = list(self._handles.values())
-        self.counts["peak_device_handles"] = max(self.counts["peak_device_handles"],
-                                                 len(live) + len(self._uploads))
-        live_bytes = sum(n for _, n in live) + sum(
-            self._host[k[0]].nbytes for k in self._uploads if k[0] in self._host)
-        self.counts["peak_device_handle_bytes"] = max(
-            self.counts["peak_device_handle_bytes"], live_bytes)
+    def _on_device(self, count, nbytes):
+        self._live += count
+        self._live_bytes += nbytes
+        counts = self.counts
+        counts["peak_device_handles"] = max(counts["peak_device_handles"], self._live)
+        counts["peak_device_handle_bytes"] = max(counts["peak_device_handle_bytes"],
+                                                 self._live_bytes)
 
     def keep(self, tensor, handle):
         """The producer's device copy, read by the first span."""
-        transfer = self._transfers[tensor]
-        nbytes = self._plan.view.tensor(tensor).nbytes or 0
-        self._handles[(tensor, transfer.spans[0].readers[0])] = (handle, nbytes)
-        self._track_peak()
+        nbytes = self._schedule.nbytes[tensor]
+        self._handles[self._schedule.kept[tensor]] = (handle, nbytes)
+        self._on_device(1, nbytes)
 
     def swap_out(self, tensor, value):
         """Copy a fetched value into a host buffer; dropping `value` frees the device copy."""
@@ -90,26 +117,24 @@ class SwapManager:
         self.counts["swapped_out"] += 1
         self.counts["swapped_out_bytes"] += buffer.nbytes
 
-    def start_uploads(self, partition):
-        """Submit the uploads whose span starts at this partition."""
-        for tensor in partition.uploads:
-            transfer = self._transfers[tensor]
-            dtype = self._plan.view.tensor(tensor).dtype
-            for span in transfer.spans:
-                if span.uploaded and span.start == partition.index:
-                    key = (tensor, span.readers[0])
-                    self._uploads[key] = self._prefetcher.upload(dtype, self._host[tensor])
-        self._track_peak()
+    def start_uploads(self, index):
+        """Submit, as one batch, the uploads whose span starts at partition `index`."""
+        keys = self._schedule.uploads[index]
+        if keys:
+            arrays = [self._host[tensor] for tensor, _ in keys]
+            future = self._prefetcher.upload(self._batches[index], arrays)
+            for position, key in enumerate(keys):
+                self._uploads[key] = (future, position)
+            self._on_device(len(keys), sum(a.nbytes for a in arrays))
 
-    def handle_for(self, tensor, reader):
-        """The device handle `reader` feeds for `tensor`, waiting for its upload if needed."""
-        key = (tensor, self._transfers[tensor].span_of(reader).readers[0])
+    def handle_for(self, tensor, index):
+        """The device handle partition `index` feeds for `tensor`, waiting for its upload."""
+        key = self._schedule.reads[index][tensor]
         if key in self._uploads:
-            future = self._uploads[key]
+            future, position = self._uploads.pop(key)
             started = time.perf_counter()
-            handle = future.result()
+            handle = future.result()[position]
             self.counts["prefetch_wait_time"] += time.perf_counter() - started
-            del self._uploads[key]
             buffer = self._host[tensor]
             self._handles[key] = (handle, buffer.nbytes)
             self.counts["swapped_in"] += 1
@@ -119,19 +144,18 @@ class SwapManager:
                 self._pool.release(self._host.pop(tensor))
         return self._handles[key][0]
 
-    def finish(self, partition):
-        """Forget the handles the partition deleted in-graph."""
-        for tensor in partition.inputs:
-            transfer = self._transfers[tensor]
-            if transfer.frees_at(partition.index):
-                del self._handles[(tensor, transfer.span_of(partition.index).readers[0])]
+    def finish(self, index):
+        """Forget the handles partition `index` deleted in-graph."""
+        for key in self._schedule.frees[index]:
+            _, nbytes = self._handles.pop(key)
+            self._on_device(-1, -nbytes)
 
     def abort(self):
         """Release every handle and buffer of a step that did not finish."""
         handles = [h for h, _ in self._handles.values()]
-        for future in self._uploads.values():
+        for future, position in self._uploads.values():
             try:
-                handles.append(future.result())
+                handles.append(future.result()[position])
             except Exception:  # pylint: disable=broad-except
                 pass  # the upload failed: it holds nothing
         self._releaser.release(handles)
