@@ -2,7 +2,10 @@
 
 Commands:
   demo   train a small MLP through a plain Session and TFMemSession side by
-         side and compare losses and step times (see :mod:`tfmem.demo`).
+         side and compare losses and step times, optionally under an
+         emulated accelerator's memory (``--device-memory MiB``); then run
+         the memory proof, plain TensorFlow against tfmem under half the
+         plain peak (see :mod:`tfmem.demo` and :mod:`tfmem.proof`).
 """
 
 import argparse
@@ -20,9 +23,12 @@ def build_parser():
         description="Partitioned execution of TensorFlow graph-mode requests.")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
     demo_parser = commands.add_parser(
-        "demo", help="train a small MLP with and without tfmem and compare",
+        "demo", help="train a small MLP with and without tfmem and compare, then run "
+                     "the memory proof",
         description="Train a small MLP through a plain Session and TFMemSession "
-                    "side by side and compare losses and step times.")
+                    "side by side and compare losses and step times, then run the "
+                    "memory proof: a step plain TensorFlow cannot fit in half its peak "
+                    "memory trains under tfmem with the same losses.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_run_demo)
     return parser

@@ -5,7 +5,14 @@ Both sessions share one graph and start from the same initial values (the
 initialisers are numpy constants), so every step must report the same loss.
 The demo prints a per-step loss table, the number of partitions tfmem cut the
 training request into, the largest loss difference and the median time per
-step of both sessions.
+step of both sessions.  With ``--device-memory MiB`` that part runs in a
+subprocess whose TensorFlow allocator is capped at MiB (an emulated
+accelerator, see :mod:`tfmem.accelerator`) and also prints each session's
+peak; a plain session that runs out of memory is reported, not fatal.
+
+Then (unless ``--no-proof``) it runs the memory proof of :mod:`tfmem.proof`:
+a model whose plain training step needs about twice the memory tfmem needs,
+trained under a cap of half the plain peak.
 
 Run it with ``tfmem demo`` or ``python -m tfmem demo``; ``--help`` lists the
 options.
@@ -14,7 +21,11 @@ options.
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
+
+from tfmem import proof
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -42,6 +53,14 @@ def add_arguments(parser):
                         help="examples per step (default: 64)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for the synthetic data and the initial weights (default: 0)")
+    parser.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+                        help="run the side-by-side part in a subprocess with TensorFlow's "
+                             "allocator capped at MiB (an emulated accelerator) and print "
+                             "both sessions' peaks")
+    parser.add_argument("--no-proof", action="store_true",
+                        help="skip the memory proof (plain vs tfmem under half the plain peak)")
+    # Set in the capped subprocess that --device-memory starts.
+    parser.add_argument("--capped-child", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -79,14 +98,44 @@ def _build_model(tf, np, seed):
     return graph, x, y, loss, train_op, init
 
 
-def run(args):
-    """Run the demo with parsed ``args``; return the exit code."""
+class _Track:
+    """One session's side of the side-by-side run: losses, times, peak, OOM."""
+
+    def __init__(self):
+        self.losses, self.times = [], []
+        self.peak = 0
+        self.oom_step = None  # the step that raised ResourceExhaustedError
+
+    def step(self, tf, run, step, measure):
+        """Run one step unless an earlier one ran out of memory; return the loss or None."""
+        if self.oom_step is not None:
+            return None
+        if measure:
+            tf.config.experimental.reset_memory_stats("CPU:0")
+        started = time.perf_counter()
+        try:
+            value = float(run())
+            elapsed = time.perf_counter() - started
+        except tf.errors.ResourceExhaustedError:
+            self.oom_step = step
+            return None
+        finally:
+            if measure:
+                self.peak = max(self.peak, tf.config.experimental.get_memory_info("CPU:0")["peak"])
+        self.times.append(elapsed)
+        self.losses.append(value)
+        return value
+
+
+def _side_by_side(args):
+    """Train both sessions in this process and print the table; return the exit code."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np
-    import tensorflow as tf
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    import tfmem
+    import tfmem  # pylint: disable=import-outside-toplevel
 
+    capped = args.device_memory is not None
     data_x, data_y = _synthetic_data(np, args.seed)
     graph, x, y, loss, train_op, init = _build_model(tf, np, args.seed)
 
@@ -95,6 +144,10 @@ def run(args):
         idx = np.arange(start, start + args.batch_size) % NUM_EXAMPLES
         return {x: data_x[idx], y: data_y[idx]}
 
+    def cell(value):
+        return f"{'OOM':>12}" if value is None else f"{value:>12.6f}"
+
+    plain_track, tfmem_track = _Track(), _Track()
     plain = tf.compat.v1.Session(graph=graph)
     with plain, tfmem.TFMemSession(tf.compat.v1.Session(graph=graph),
                                    partition_size=args.partition_size) as tfs:
@@ -104,37 +157,50 @@ def run(args):
 
         print(f"tfmem demo: 4-layer MLP {INPUT_DIM}-{'-'.join(map(str, HIDDEN_DIMS))}-"
               f"{NUM_CLASSES}, batch {args.batch_size}, {args.steps} steps, "
-              f"partition_size {args.partition_size}")
+              f"partition_size {args.partition_size}"
+              + (f", device memory {args.device_memory} MiB (emulated)" if capped else ""))
         print(f"{'step':>4}  {'plain loss':>12}  {'tfmem loss':>12}  {'abs diff':>9}")
-        plain_losses, tfmem_losses = [], []
-        plain_times, tfmem_times = [], []
         for step in range(args.steps):
             feed = batch(step)
-            t0 = time.perf_counter()
-            _, plain_loss = plain.run([train_op, loss], feed_dict=feed)
-            t1 = time.perf_counter()
-            _, tfmem_loss = tfs.run([train_op, loss], feed_dict=feed)
-            t2 = time.perf_counter()
-            plain_times.append(t1 - t0)
-            tfmem_times.append(t2 - t1)
-            plain_losses.append(float(plain_loss))
-            tfmem_losses.append(float(tfmem_loss))
-            print(f"{step:>4}  {plain_loss:>12.6f}  {tfmem_loss:>12.6f}  "
-                  f"{abs(plain_loss - tfmem_loss):>9.2e}")
+            plain_loss = plain_track.step(
+                tf, lambda: plain.run([train_op, loss], feed_dict=feed)[1], step, capped)
+            tfmem_loss = tfmem_track.step(
+                tf, lambda: tfs.run([train_op, loss], feed_dict=feed)[1], step, capped)
+            diff = ("-" if plain_loss is None or tfmem_loss is None
+                    else f"{abs(plain_loss - tfmem_loss):.2e}")
+            print(f"{step:>4}  {cell(plain_loss)}  {cell(tfmem_loss)}  {diff:>9}", flush=True)
 
-    plain_losses = np.array(plain_losses)
-    tfmem_losses = np.array(tfmem_losses)
-    max_diff = float(np.max(np.abs(plain_losses - tfmem_losses)))
-    plain_ms = 1e3 * statistics.median(plain_times)
-    tfmem_ms = 1e3 * statistics.median(tfmem_times)
     print(f"partitions in the train request: {len(plan.partitions)} "
           f"({len(plan.transfers)} tensors cross partitions)")
-    print(f"max abs loss difference: {max_diff:.3e}")
-    print(f"median time per step: plain {plain_ms:.2f} ms, tfmem {tfmem_ms:.2f} ms "
-          f"({tfmem_ms / plain_ms:.2f}x)")
+    if capped:
+        def peak(track):
+            if track.oom_step is not None:
+                return f"ResourceExhaustedError at step {track.oom_step}"
+            return f"{track.peak / proof.MIB:.2f} MiB"
+        print(f"peak device memory (TF allocator, largest step) under {args.device_memory} MiB: "
+              f"plain {peak(plain_track)}, tfmem {peak(tfmem_track)}")
+    compared = min(len(plain_track.losses), len(tfmem_track.losses))
+    plain_losses = np.array(plain_track.losses[:compared])
+    tfmem_losses = np.array(tfmem_track.losses[:compared])
+    if compared:
+        print(f"max abs loss difference: {float(np.max(np.abs(plain_losses - tfmem_losses))):.3e}")
+    if plain_track.times and tfmem_track.times:
+        plain_ms = 1e3 * statistics.median(plain_track.times)
+        tfmem_ms = 1e3 * statistics.median(tfmem_track.times)
+        print(f"median time per step: plain {plain_ms:.2f} ms, tfmem {tfmem_ms:.2f} ms "
+              f"({tfmem_ms / plain_ms:.2f}x)")
 
+    if tfmem_track.oom_step is not None:
+        print(f"TFMEM OUT OF MEMORY: TFMemSession raised ResourceExhaustedError at step "
+              f"{tfmem_track.oom_step} under {args.device_memory} MiB")
+        return 1
+    if compared == 0:
+        print(f"plain Session ran out of memory at step 0, so there are no losses to compare; "
+              f"TFMemSession trained all {args.steps} steps under {args.device_memory} MiB")
+        return 0
+    only = "" if compared == args.steps else f" on the {compared} steps the plain Session ran"
     if np.allclose(tfmem_losses, plain_losses, rtol=RTOL, atol=ATOL):
-        print(f"losses match (rtol {RTOL:g})")
+        print(f"losses match (rtol {RTOL:g}){only}")
         return 0
     bad = np.flatnonzero(~np.isclose(tfmem_losses, plain_losses, rtol=RTOL, atol=ATOL))
     print(f"LOSS MISMATCH: tfmem and plain losses differ beyond rtol {RTOL:g} "
@@ -143,12 +209,63 @@ def run(args):
     return 1
 
 
+def _side_by_side_capped(args):
+    """Run the side-by-side part in a fresh process under the --device-memory cap."""
+    cmd = [sys.executable, "-m", "tfmem.demo", "--capped-child", "--no-proof",
+           "--device-memory", str(args.device_memory), "--steps", str(args.steps),
+           "--partition-size", str(args.partition_size),
+           "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    sys.stdout.flush()
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # TensorFlow 2.21's oneDNN kernels can crash the process (SIGSEGV) instead
+    # of raising ResourceExhaustedError when the capped allocator is full
+    # (seen in Relu); the standard kernels raise it.  Both sessions run in
+    # this one process, so they still compare like with like.
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    code = subprocess.run(cmd, env=env, check=False).returncode
+    if code < 0:
+        print(f"the capped side-by-side process was killed by signal {-code} "
+              f"(TensorFlow crashed; its log is on stderr)")
+        return 1
+    return code
+
+
+def _memory_proof(args):
+    """Run and print the memory proof of tfmem.proof; return the exit code."""
+    d = proof.DEFAULTS
+    print()
+    print(f"memory proof: {d['layers']}-layer MLP, width {d['width']}, batch {d['batch']}, "
+          f"{d['steps']} steps; TFMemSession partition_size {d['partition_size']}, "
+          f"swap {d['swap']}; one fresh process per run")
+    result = proof.run_proof(seed=args.seed,
+                             progress=lambda text: print(f"  running: {text}", flush=True))
+    proof.report(result)
+    return 0 if result["ok"] else 1
+
+
+def run(args):
+    """Run the demo with parsed ``args``; return the exit code."""
+    if args.device_memory is not None and not args.capped_child:
+        code = _side_by_side_capped(args)
+    else:
+        if args.device_memory is not None:
+            import tfmem  # pylint: disable=import-outside-toplevel
+            tfmem.emulate_accelerator(args.device_memory)  # before TensorFlow is imported
+        code = _side_by_side(args)
+    ok = code == 0
+    if not args.no_proof:
+        ok = _memory_proof(args) == 0 and ok
+    return 0 if ok else 1
+
+
 def main(argv=None):
     """Entry point of ``tfmem demo``: parse ``argv`` and run the demo."""
     parser = add_arguments(argparse.ArgumentParser(
         prog="tfmem demo",
         description="Train a small MLP through a plain Session and TFMemSession "
-                    "side by side and compare losses and step times."))
+                    "side by side and compare losses and step times, then run the "
+                    "memory proof."))
     return run(parser.parse_args(argv))
 
 

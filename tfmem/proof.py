@@ -1,0 +1,330 @@
+"""Memory proof: tfmem trains a step that plain TensorFlow cannot fit.
+
+Three runs of one activation-heavy MLP, each in a fresh process (the memory
+cap is read when TensorFlow starts, see :mod:`tfmem.accelerator`):
+
+    (a) plain Session, no cap          -> peak P, reference losses
+    (b) plain Session, cap = P/2 MiB   -> must raise ResourceExhaustedError
+    (c) TFMemSession,  cap = P/2 MiB   -> must train, losses equal to (a)
+
+The model keeps many activations alive for its backward pass
+(``h = relu(h @ w); h = sin(h) * 0.5 + h`` per layer, squared-mean loss,
+plain SGD), so its peak is mostly activations, which tfmem swaps to host
+memory between partitions.  Weights come from seeded random initialisers,
+not numpy constants: a constant initialiser keeps its value in the graph and
+that copy would count as device memory in every run.
+
+``train`` runs one system in the current process and returns a small dict;
+``python -m tfmem.proof --system tf|tfmem [--device-memory MiB] --json``
+prints that dict as one JSON line (setting the cap before TensorFlow is
+imported); ``run_proof`` starts the three processes and checks the result.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import tfmem
+
+RTOL = 1e-4
+ATOL = 1e-6
+MIB = 1 << 20
+
+# A proof model that runs in a few seconds per process on 2 CPU cores, with a
+# plain peak more than twice tfmem's (README "Results" has the numbers).
+DEFAULTS = dict(layers=24, batch=1024, width=256, seed=0, steps=5,
+                partition_size=20, swap="auto", prefetch=1)
+
+SYSTEMS = ("tf", "tfmem")
+
+
+def build_model(tf, layers, batch, width, seed):
+    """The proof MLP in a new graph; returns (graph, x, loss, train_op, init)."""
+    tf1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [batch, width], name="x")
+        h = x
+        for i in range(layers):
+            w = tf1.get_variable(f"w{i}", [width, width], use_resource=True,
+                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
+            h = tf.nn.relu(tf.matmul(h, w))
+            h = tf.sin(h) * 0.5 + h
+        loss = tf.reduce_mean(tf.square(h), name="loss")
+        train_op = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
+        init = tf1.global_variables_initializer()
+    return graph, x, loss, train_op, init
+
+
+def _batches(np, steps, batch, width, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        yield rng.standard_normal((batch, width)).astype(np.float32)
+
+
+def _oom_line(message):
+    """The informative line of a ResourceExhaustedError message."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("OOM when allocating"):
+            return f"ResourceExhaustedError: {line}"
+    return f"ResourceExhaustedError: {lines[0] if lines else ''}"
+
+
+def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFAULTS["batch"],
+          width=DEFAULTS["width"], seed=DEFAULTS["seed"], partition_size=DEFAULTS["partition_size"],
+          swap=DEFAULTS["swap"], prefetch=DEFAULTS["prefetch"]):
+    """Train the proof model for `steps` steps in this process with `system`.
+
+    system: "tf" (a plain Session) or "tfmem" (a TFMemSession with the given
+    partition_size, swap and prefetch).  Returns a dict: losses (floats, the
+    steps that ran), peak_bytes (TensorFlow's CPU allocator peak over the
+    steps, measured from after initialisation), oom (a step raised
+    ResourceExhaustedError; training stops there), error (its OOM line),
+    step_time_median (s), step_times, last_step (the StepStats summary of
+    tfmem's last step, else None) and the run's settings.
+    """
+    if system not in SYSTEMS:
+        raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+
+    graph, x, loss, train_op, init = build_model(tf, layers, batch, width, seed)
+    sess = tf.compat.v1.Session(graph=graph)
+    runner = sess if system == "tf" else tfmem.TFMemSession(
+        sess, partition_size=partition_size, swap=swap, prefetch=prefetch)
+    result = dict(system=system, device_memory_mib=accelerator.emulated_memory_mib(),
+                  steps=steps, layers=layers, batch=batch, width=width, seed=seed,
+                  partition_size=partition_size if system == "tfmem" else None,
+                  swap=swap if system == "tfmem" else None,
+                  prefetch=prefetch if system == "tfmem" else None,
+                  losses=[], peak_bytes=None, oom=False, error=None,
+                  step_times=[], step_time_median=None, last_step=None)
+    with sess:
+        runner.run(init)
+        # tfmem's executor resets the peak at the start of each step where it
+        # measures device memory, so the peak is read after every step and
+        # the largest one kept.
+        accelerator.reset_peak("CPU:0")
+        peak = 0
+        for value in _batches(np, steps, batch, width, seed):
+            started = time.perf_counter()
+            try:
+                _, loss_value = runner.run([train_op, loss], feed_dict={x: value})
+                elapsed = time.perf_counter() - started
+            except tf.errors.ResourceExhaustedError as err:
+                result["oom"] = True
+                result["error"] = _oom_line(err.message)
+                break
+            finally:
+                memory = accelerator.device_memory("CPU:0")
+                if memory is not None:
+                    peak = max(peak, memory["peak"])
+            result["step_times"].append(elapsed)
+            result["losses"].append(float(loss_value))
+        result["peak_bytes"] = peak
+        if result["step_times"]:
+            result["step_time_median"] = statistics.median(result["step_times"])
+        if system == "tfmem" and runner.last_step is not None:
+            result["last_step"] = str(runner.last_step)
+            result["partitions"] = runner.last_step.partitions
+            result["swapped_out_bytes"] = runner.last_step.swapped_out_bytes
+        if system == "tfmem":
+            runner.close()
+    return result
+
+
+def _run_subprocess(system, device_memory=None, timeout=600, **settings):
+    """`train` in a fresh `python -m tfmem.proof` process; its dict, or one with `failed`."""
+    cmd = [sys.executable, "-m", "tfmem.proof", "--system", system, "--json"]
+    if device_memory is not None:
+        cmd += ["--device-memory", str(device_memory)]
+    for key, value in settings.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # The child sets the cap itself (--device-memory); never inherit one.
+    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        env.pop(name, None)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        return dict(system=system, device_memory_mib=device_memory, failed=True,
+                    returncode=proc.returncode, stderr_tail=tail, command=cmd)
+    result = json.loads(lines[-1])
+    result["failed"] = False
+    result["process_seconds"] = time.perf_counter() - started
+    return result
+
+
+def losses_match(expected, got, rtol=RTOL, atol=ATOL):
+    """True when `got` has as many losses as `expected` and each agrees within rtol/atol."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    return (len(expected) > 0 and len(got) == len(expected)
+            and bool(np.allclose(got, expected, rtol=rtol, atol=atol)))
+
+
+def run_proof(steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFAULTS["batch"],
+              width=DEFAULTS["width"], seed=DEFAULTS["seed"],
+              partition_size=DEFAULTS["partition_size"], swap=DEFAULTS["swap"],
+              prefetch=DEFAULTS["prefetch"], timeout=600, progress=None):
+    """Run the three-process memory proof; return a dict of the runs and the verdict.
+
+    Keys: plain (uncapped plain run), cap_mib (half its peak, MiB, rounded
+    down), plain_capped, tfmem_capped (the runs under the cap; see `train`),
+    plain_oom, tfmem_fits, losses_match, max_rel_diff and ok (all three hold).
+    progress: optional callable given a line of text before each run.
+    """
+    model = dict(steps=steps, layers=layers, batch=batch, width=width, seed=seed)
+    tfmem_settings = dict(partition_size=partition_size, swap=swap, prefetch=prefetch)
+    say = progress or (lambda text: None)
+
+    say("plain Session, no cap ...")
+    plain = _run_subprocess("tf", timeout=timeout, **model)
+    result = dict(plain=plain, cap_mib=None, plain_capped=None, tfmem_capped=None,
+                  plain_oom=False, tfmem_fits=False, losses_match=False,
+                  max_rel_diff=None, ok=False)
+    if plain["failed"] or plain["oom"] or not plain["peak_bytes"]:
+        return result
+    cap = plain["peak_bytes"] // 2 // MIB
+    result["cap_mib"] = cap
+    if cap < 1:
+        return result
+
+    say(f"plain Session, cap {cap} MiB ...")
+    plain_capped = _run_subprocess("tf", device_memory=cap, timeout=timeout, **model)
+    say(f"TFMemSession, cap {cap} MiB ...")
+    tfmem_capped = _run_subprocess("tfmem", device_memory=cap, timeout=timeout,
+                                   **model, **tfmem_settings)
+    result["plain_capped"] = plain_capped
+    result["tfmem_capped"] = tfmem_capped
+    result["plain_oom"] = not plain_capped["failed"] and plain_capped["oom"]
+    result["tfmem_fits"] = (not tfmem_capped["failed"] and not tfmem_capped["oom"]
+                            and tfmem_capped["peak_bytes"] <= cap * MIB)
+    if not tfmem_capped["failed"]:
+        expected, got = plain["losses"], tfmem_capped["losses"]
+        result["losses_match"] = losses_match(expected, got)
+        if len(got) == len(expected) and expected:
+            result["max_rel_diff"] = max(abs(g - e) / max(abs(e), 1e-30)
+                                         for e, g in zip(expected, got))
+    result["ok"] = result["plain_oom"] and result["tfmem_fits"] and result["losses_match"]
+    return result
+
+
+def _mib(nbytes):
+    return "n/a" if nbytes is None else f"{nbytes / MIB:.1f} MiB"
+
+
+def _ms(seconds):
+    return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
+
+
+def report(result, out=print):
+    """Print a `run_proof` result, one fact per line."""
+    plain, cap = result["plain"], result["cap_mib"]
+    if plain["failed"] or plain["oom"]:
+        out(f"plain Session without a cap failed: {plain.get('error') or plain.get('stderr_tail')}")
+        return
+    out(f"plain Session, no cap:     peak {_mib(plain['peak_bytes'])}, "
+        f"median step {_ms(plain['step_time_median'])}")
+    out(f"cap (half the plain peak): {cap} MiB")
+    for label, run in (("plain Session under cap: ", result["plain_capped"]),
+                       ("TFMemSession under cap:  ", result["tfmem_capped"])):
+        if run is None:
+            continue
+        if run["failed"]:
+            out(f"{label} process failed (exit {run['returncode']}):\n{run['stderr_tail']}")
+        elif run["oom"]:
+            what = (run["error"] or "").split(": ", 1)[-1].split(" on /job")[0]
+            out(f"{label} ResourceExhaustedError at step {len(run['losses'])}"
+                + (f" ({what})" if what else ""))
+        else:
+            out(f"{label} trained {len(run['losses'])} steps, peak {_mib(run['peak_bytes'])}, "
+                f"median step {_ms(run['step_time_median'])}")
+    tfmem_run = result["tfmem_capped"]
+    if tfmem_run is not None and not tfmem_run["failed"] and tfmem_run.get("last_step"):
+        out(f"TFMemSession last step:    {tfmem_run['last_step']}")
+    if tfmem_run is not None and not tfmem_run["failed"]:
+        diff = result["max_rel_diff"]
+        diff_text = "" if diff is None else f" (max relative difference {diff:.1e})"
+        out(f"losses match the uncapped plain run (rtol {RTOL:g}): "
+            f"{'yes' if result['losses_match'] else 'no'}{diff_text}")
+    if plain["step_time_median"] and tfmem_run and tfmem_run.get("step_time_median"):
+        out(f"median time per step: plain (no cap, default allocator) "
+            f"{_ms(plain['step_time_median'])}, tfmem (cap, BFC allocator) "
+            f"{_ms(tfmem_run['step_time_median'])} "
+            f"({tfmem_run['step_time_median'] / plain['step_time_median']:.2f}x)")
+    out("memory proof: " + ("PASSED" if result["ok"] else "FAILED"))
+
+
+def _positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m tfmem.proof",
+        description="Train the memory-proof MLP with one system in this process "
+                    "(--system), or run the whole three-process proof (no --system).")
+    parser.add_argument("--system", choices=SYSTEMS,
+                        help="train with a plain Session (tf) or a TFMemSession (tfmem) "
+                             "in this process; without it, run the whole proof")
+    parser.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+                        help="emulate an accelerator of this many MiB (TensorFlow's CPU "
+                             "allocator capped, see tfmem.emulate_accelerator)")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    for key in ("steps", "layers", "batch", "width", "partition_size", "prefetch"):
+        kind = int if key == "prefetch" else _positive_int
+        parser.add_argument(f"--{key.replace('_', '-')}", type=kind, default=DEFAULTS[key],
+                            help=f"(default: {DEFAULTS[key]})")
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"],
+                        help=f"(default: {DEFAULTS['seed']})")
+    parser.add_argument("--swap", choices=("auto", "all", "none"), default=DEFAULTS["swap"],
+                        help=f"(default: {DEFAULTS['swap']})")
+    return parser
+
+
+def main(argv=None):
+    """`python -m tfmem.proof`; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    model = dict(steps=args.steps, layers=args.layers, batch=args.batch,
+                 width=args.width, seed=args.seed)
+    tfmem_settings = dict(partition_size=args.partition_size, swap=args.swap,
+                          prefetch=args.prefetch)
+    if args.system is None:
+        if args.device_memory is not None:
+            build_parser().error("--device-memory needs --system (the proof picks its own cap)")
+        result = run_proof(**model, **tfmem_settings,
+                           progress=None if args.json else (lambda text: print(text, flush=True)))
+        if args.json:
+            print(json.dumps(result))
+        else:
+            report(result)
+        return 0 if result["ok"] else 1
+    if args.device_memory is not None:
+        tfmem.emulate_accelerator(args.device_memory)  # before TensorFlow is imported
+    result = train(args.system, **model, **tfmem_settings)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.system}: losses {', '.join(f'{v:.6f}' for v in result['losses'])}")
+        print(f"peak {_mib(result['peak_bytes'])}, median step {_ms(result['step_time_median'])}"
+              + (f", {result['error']}" if result["oom"] else ""))
+        if result["last_step"]:
+            print(f"last step: {result['last_step']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
