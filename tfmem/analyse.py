@@ -14,6 +14,14 @@ would raise, and it is raised here, before anything runs.  Sources (variables,
 tables, queues, iterators and input-free constants; see `optypes`) end the
 walk: the partitions map their consumers to the original op.
 
+A stateless op that no needed op reads by a data edge (only through control
+edges) and that is neither fetched nor a target is not run: it computes
+nothing observable.  This is what TensorFlow's own Grappler dependency
+optimizer does inside Session.run, and it matters for memory: a gradient
+tuple's control edges would otherwise keep forward activations alive.  Its
+control consumers inherit its inputs as control edges, so the order between
+stateful ops is unchanged.
+
 A stateful op that reads only sources and feeds (a random op of constant
 shape, an iterator's get_next) is an *original*: its partition runs the
 user's op itself instead of a copy, so its kernel state (a random stream) is
@@ -60,8 +68,10 @@ class OpNode:
     control_inputs: tuple  # op names
     outputs: tuple  # TensorInfo per output index
     stateful: bool
+    side_effects: bool  # stateful, or reads a reference or resource it may write through
     frame: str | None = None  # frame_name of a v1 Enter op
     device: str = ""  # the device the graph requests for the op
+    state_bytes: int = 0  # bytes of the variable a state source holds, when its shape is known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +119,21 @@ def _node(op):
         control_inputs=tuple(c.name for c in op.control_inputs),
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
         stateful=op.op_def.is_stateful,
+        side_effects=op.op_def.is_stateful or any(optypes.is_run_bound(t.dtype) for t in op.inputs),
         frame=frame,
         device=op.device,
+        state_bytes=_variable_bytes(op),
     )
+
+
+def _variable_bytes(op):
+    """Size of the variable a VarHandleOp / VariableV2 holds, or 0 when unknown."""
+    if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+        return 0
+    shape = tf.TensorShape(op.get_attr("shape"))
+    if not shape.is_fully_defined():
+        return 0
+    return shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
 
 
 def _unfed_placeholder_error(op):
@@ -122,6 +144,56 @@ def _unfed_placeholder_error(op):
         op.node_def, op,
         f"You must feed a value for placeholder tensor '{op.name}' with dtype "
         f"{tensor.dtype.name} and shape {shape}")
+
+
+def _drop_unobservable(nodes, keep):
+    """Remove stateless ops only control edges need; pass their inputs on as control edges."""
+    data_readers = {name: 0 for name in nodes}
+    control_readers = {name: set() for name in nodes}
+    control = {name: dict.fromkeys(node.control_inputs) for name, node in nodes.items()}
+    for name, node in nodes.items():
+        for tensor in node.inputs:
+            producer = split_tensor_name(tensor)[0]
+            if producer in nodes:
+                data_readers[producer] += 1
+        for src in node.control_inputs:
+            if src in nodes:
+                control_readers[src].add(name)
+
+    def removable(name):
+        node = nodes[name]
+        if name in keep or node.side_effects or data_readers[name] or \
+                node.type in optypes.CONTROL_FLOW:
+            return False
+        producers = (split_tensor_name(t)[0] for t in node.inputs)
+        return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW for p in producers)
+
+    removed = set()
+    pending = [name for name in nodes if removable(name)]
+    while pending:
+        name = pending.pop()
+        if name in removed or not removable(name):
+            continue
+        removed.add(name)
+        data_sources = [p for p in (split_tensor_name(t)[0] for t in nodes[name].inputs)
+                        if p in nodes]
+        producers = list(dict.fromkeys(data_sources + [c for c in control[name] if c in nodes]))
+        for reader in control_readers[name]:
+            if reader in removed:
+                continue
+            control[reader].pop(name, None)
+            for src in producers:
+                if src != reader and src not in removed:
+                    control[reader][src] = None
+                    control_readers[src].add(reader)
+        for src in data_sources:
+            data_readers[src] -= 1
+        for src in producers:
+            control_readers[src].discard(name)
+            pending.append(src)
+    return {name: dataclasses.replace(node, control_inputs=tuple(c for c in control[name]
+                                                                 if c in nodes))
+            for name, node in nodes.items() if name not in removed}
 
 
 def analyse(fetch_tensors, target_ops, fed_tensors):
@@ -151,6 +223,8 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         pending += [c for c in op.control_inputs
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
+    keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
+    nodes = _drop_unobservable(nodes, keep)
     originals = frozenset(
         name for name, node in nodes.items()
         if node.stateful and not node.control_inputs and all(

@@ -44,6 +44,10 @@ EXIT = frozenset({"Exit", "RefExit"})
 NEXT_ITERATION = frozenset({"NextIteration", "RefNextIteration"})
 SWITCH = frozenset({"Switch", "RefSwitch"})
 MERGE = frozenset({"Merge", "RefMerge"})
+# Ops whose liveness is not their inputs' (v1 control flow): their control
+# edges carry meaning beyond order, so analysis never drops them or their readers.
+CONTROL_FLOW = ENTER | EXIT | NEXT_ITERATION | SWITCH | MERGE | frozenset({
+    "LoopCond", "ControlTrigger"})
 
 _SHARING_ATTRS = ("shared_name", "container")
 

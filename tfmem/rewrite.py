@@ -55,11 +55,12 @@ def _canonical(name):
     return name if ":" in name else name + ":0"
 
 
-def _partition_graph_def(graph, ops, originals):
-    """NodeDefs of the partition's copied ops; control edges from outside dropped.
+def _partition_graph_def(graph, view, ops, originals):
+    """NodeDefs of the partition's copied ops, with the view's control edges.
 
-    Control edges from `originals` (run as the user's op in this partition)
-    are kept; the caller maps them with a gate.
+    Control edges come from the view (analysis may have moved some); those
+    from outside the partition are dropped, except from `originals` (run as
+    the user's op in this partition), which the caller maps with a gate.
     """
     members = set(ops)
     graph_def = tf.compat.v1.GraphDef()
@@ -68,16 +69,13 @@ def _partition_graph_def(graph, ops, originals):
     for name in ops:
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
-        kept = []
-        for inp in node.input:
-            src = inp[1:] if inp.startswith("^") else split_tensor_name(_canonical(inp))[0]
-            if src in members:
-                consumed.add(src)
-            elif inp.startswith("^") and src not in originals:
-                continue
-            kept.append(inp)
+        data = [inp for inp in node.input if not inp.startswith("^")]
+        control = [src for src in view.nodes[name].control_inputs
+                   if src in members or src in originals]
+        consumed.update(split_tensor_name(_canonical(inp))[0] for inp in data)
+        consumed.update(control)
         del node.input[:]
-        node.input.extend(kept)
+        node.input.extend(data + ["^" + src for src in control])
         if "_class" in node.attr:
             inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
             if inside:
@@ -161,7 +159,7 @@ def rewrite_partition(graph, plan, partition, scope, host_copies):
 
         tensors = {}
         if copied:
-            graph_def, done = _partition_graph_def(graph, copied, set(originals))
+            graph_def, done = _partition_graph_def(graph, view, copied, set(originals))
             wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches)
                       if split_tensor_name(t)[0] in copied]
             imported = tf.graph_util.import_graph_def(
