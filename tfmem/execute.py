@@ -9,6 +9,9 @@ swap out) and the requested tensors it computes.  The swap manager holds
 the transfers in between; if a step fails it releases what the step held.
 """
 
+import contextlib
+import signal
+import threading
 import time
 
 import psutil
@@ -26,6 +29,37 @@ def _callable_options(program, run_options):
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
     return options
+
+
+@contextlib.contextmanager
+def _deferred_interrupts():
+    """Hold Ctrl-C until a partition's outputs are handed over, then deliver it.
+
+    A KeyboardInterrupt raised as a Session call returns would lose the
+    handles it made.  The call itself cannot be interrupted anyway, so
+    holding the signal until the partition boundary costs no responsiveness.
+    Only the main thread receives signals; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+
+    def deliver():
+        if received:
+            frame = received.pop()
+            received.clear()
+            if callable(previous):
+                previous(signal.SIGINT, frame)
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+
+    try:
+        yield deliver
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        deliver()
 
 
 class Executor:
@@ -50,6 +84,30 @@ class Executor:
             self._callables[key] = [make(_callable_options(p, options)) for p in self._programs]
         return self._callables[key]
 
+    def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt):
+        for index, (program, call) in enumerate(zip(self._programs, callables)):
+            swaps.start_uploads(index)
+            args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
+                    for s in program.feed_sources]
+            if run_metadata is not None:
+                metadata = config_pb2.RunMetadata()
+                values = call(*args, run_metadata=metadata)
+                run_metadata.MergeFrom(metadata)
+            else:
+                values = call(*args)
+            for (kind, name), value in zip(program.fetch_sinks, values):
+                if kind == HANDLE:
+                    swaps.keep(name, value)
+                elif kind == HOST:
+                    swaps.swap_out(name, value)
+                else:
+                    results[name] = value
+            # Fetched arrays can share TensorFlow's buffers: drop them so a
+            # swapped tensor's device copy is freed before the next partition.
+            values = value = None
+            swaps.finish(index)
+            deliver_interrupt()
+
     def run(self, feeds, options=None, run_metadata=None):
         """Run one step; return ({requested tensor name: value}, StepStats)."""
         runtime = self._runtime
@@ -60,25 +118,9 @@ class Executor:
         started = time.perf_counter()
         results = {}
         try:
-            for index, (program, call) in enumerate(zip(self._programs, callables)):
-                swaps.start_uploads(index)
-                args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
-                        for s in program.feed_sources]
-                if run_metadata is not None:
-                    metadata = config_pb2.RunMetadata()
-                    values = call(*args, run_metadata=metadata)
-                    run_metadata.MergeFrom(metadata)
-                else:
-                    values = call(*args)
-                for (kind, name), value in zip(program.fetch_sinks, values):
-                    if kind == HANDLE:
-                        swaps.keep(name, value)
-                    elif kind == HOST:
-                        swaps.swap_out(name, value)
-                    else:
-                        results[name] = value
-                del values
-                swaps.finish(index)
+            with _deferred_interrupts() as deliver_interrupt:
+                self._run_partitions(callables, feeds, swaps, results, run_metadata,
+                                     deliver_interrupt)
         except BaseException:
             swaps.abort()
             raise

@@ -147,8 +147,8 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
                 [split_tensor_name(t)[0] for t in used_inputs
                  if split_tensor_name(t)[0] in view.sources] + fetched_sources)),
             fetches=tuple(t for t, home in fetch_home.items() if home == i),
-            uploads=tuple(t.tensor for t in transfers
-                          for span in t.spans if span.uploaded and span.start == i),
+            uploads=tuple(dict.fromkeys(t.tensor for t in transfers
+                                        for span in t.spans if span.uploaded and span.start == i)),
         ))
     return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
                 transfers=tuple(transfers), policy=policy,
@@ -162,7 +162,10 @@ def _span_problems(t):
     if readers != list(t.consumers):
         problems.append(f"transfer '{t.tensor}' spans read {readers}, not its consumers "
                         f"{list(t.consumers)}")
-    for span in t.spans:
+    for position, span in enumerate(t.spans):
+        if position and not span.uploaded:
+            problems.append(f"transfer '{t.tensor}' reads the producer's device copy after "
+                            "an earlier span freed it")
         if not span.readers:
             problems.append(f"transfer '{t.tensor}' has a span with no reader")
         elif span.uploaded and not t.producer < span.start <= span.readers[0]:

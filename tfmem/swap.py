@@ -21,6 +21,7 @@ variants) always stay on the device.
 """
 
 import dataclasses
+import numbers
 
 import tensorflow as tf
 
@@ -41,7 +42,7 @@ class SwapPolicy:
                              f"got {self.mode!r}")
         for name in ("swap_distance", "prefetch", "min_bytes"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
@@ -77,7 +78,9 @@ def spans(producer, readers, policy, can_swap):
         if not keep:
             if current:
                 result.append(Span(start, tuple(current), uploaded))
-            uploaded, start, current = True, max(reader - policy.prefetch, producer + 1), []
+            # Upload no earlier than the previous reader: two copies would overlap.
+            start = max(reader - policy.prefetch, producer + 1, previous)
+            uploaded, current = True, []
         current.append(reader)
         previous = reader
     result.append(Span(start, tuple(current), uploaded))

@@ -66,7 +66,7 @@ class Schedule:
                                for t in transfers})
             self.frees.append([self.reads[-1][t.tensor] for t in transfers
                                if t.frees_at(p.index)])
-            self.uploads.append([(t, span.readers[0]) for t in p.uploads
+            self.uploads.append([(t, span.readers[0]) for t in dict.fromkeys(p.uploads)
                                  for span in plan.transfer(t).spans
                                  if span.uploaded and span.start == p.index])
         self.kept = {t.tensor: (t.tensor, t.spans[0].readers[0]) for t in plan.transfers if t.kept}
