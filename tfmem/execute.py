@@ -84,8 +84,10 @@ class Executor:
             self._callables[key] = [make(_callable_options(p, options)) for p in self._programs]
         return self._callables[key]
 
-    def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt):
+    def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
+                        timeline):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
+            started = time.perf_counter()
             swaps.start_uploads(index)
             args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                     for s in program.feed_sources]
@@ -106,21 +108,27 @@ class Executor:
             # swapped tensor's device copy is freed before the next partition.
             values = value = None
             swaps.finish(index)
+            if timeline:
+                timeline.span("partitions", f"partition {index}", started,
+                              {"ops": len(self._plan.partitions[index].ops)})
             deliver_interrupt()
 
-    def run(self, feeds, options=None, run_metadata=None):
-        """Run one step; return ({requested tensor name: value}, StepStats)."""
+    def run(self, feeds, options=None, run_metadata=None, timeline=None):
+        """Run one step; return ({requested tensor name: value}, StepStats).
+
+        With a trace.Timeline, partitions, swap-outs, uploads and waits are recorded in it.
+        """
         runtime = self._runtime
         callables = self._callables_for(options)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
-                            runtime.releaser)
+                            runtime.releaser, timeline)
         measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
         started = time.perf_counter()
         results = {}
         try:
             with _deferred_interrupts() as deliver_interrupt:
                 self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                     deliver_interrupt)
+                                     deliver_interrupt, timeline)
         except BaseException:
             swaps.abort()
             raise

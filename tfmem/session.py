@@ -22,6 +22,9 @@ from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
+from tfmem.shapes import resolve_shapes
+from tfmem.simulate import simulate
+from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
 from tfmem.swap_manager import HandleReleaser
 
@@ -66,10 +69,11 @@ class TFMemSession:
         uploaded again (0: just before the reader, with no overlap).
     place_state_on_host: on a session with an accelerator, read large
         constants from host copies and report variables left on it (see place).
+    trace: a path; each step's timeline is written there as a Chrome trace.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
-                 swap_min_bytes=1 << 20, place_state_on_host=True):
+                 swap_min_bytes=1 << 20, place_state_on_host=True, trace=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
@@ -81,6 +85,7 @@ class TFMemSession:
         measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
                                  HandleReleaser(sess), measure_device=measurable)
+        self._trace = trace
         self.last_step = None  # StepStats of the last run
 
     @property
@@ -122,6 +127,17 @@ class TFMemSession:
             entry = self._compiled[key] = _Compiled(plan, version)
         return entry
 
+    def simulate(self, fetches, feed_dict=None):
+        """The predicted MemoryTrace of one step of the request, without running it.
+
+        Unknown dimensions are resolved from the shapes of the fed values.
+        """
+        self._check_open()
+        request = Request(self.graph, fetches, feed_dict)
+        plan = self._entry(request).plan
+        feed_shapes = {t.name: v.shape for t, v in request.feeds.items()}
+        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes))
+
     def plan(self, fetches, feed_dict=None):
         """The plan `run(fetches, feed_dict)` would execute, without running anything."""
         self._check_open()
@@ -135,8 +151,11 @@ class TFMemSession:
         if entry.executor is None:
             entry.executor = self._compile(entry.plan)
             entry.graph_version = self.graph.version
+        timeline = Timeline() if self._trace else None
         values, self.last_step = entry.executor.run(
-            request.feed_values_by_name(), options, run_metadata)
+            request.feed_values_by_name(), options, run_metadata, timeline)
+        if timeline:
+            write_chrome_trace(timeline.events, self._trace)
         return request.build_results(self._session, values)
 
     def _compile(self, plan):

@@ -80,8 +80,9 @@ class SwapManager:
     `batches[i]` is the prefetcher's upload callable for `schedule.uploads[i]`.
     """
 
-    def __init__(self, schedule, batches, pool, prefetcher, releaser):
+    def __init__(self, schedule, batches, pool, prefetcher, releaser, timeline=None):
         self._schedule = schedule
+        self._timeline = timeline
         self._batches = batches
         self._pool = pool
         self._prefetcher = prefetcher
@@ -111,9 +112,12 @@ class SwapManager:
 
     def swap_out(self, tensor, value):
         """Copy a fetched value into a host buffer; dropping `value` frees the device copy."""
+        started = time.perf_counter()
         buffer = self._pool.acquire(value.shape, value.dtype)
         np.copyto(buffer, value)
         self._host[tensor] = buffer
+        if self._timeline:
+            self._timeline.span("swap-out", tensor, started, {"bytes": buffer.nbytes})
         self.counts["swapped_out"] += 1
         self.counts["swapped_out_bytes"] += buffer.nbytes
 
@@ -122,10 +126,22 @@ class SwapManager:
         keys = self._schedule.uploads[index]
         if keys:
             arrays = [self._host[tensor] for tensor, _ in keys]
-            future = self._prefetcher.upload(self._batches[index], arrays)
+            batch = self._batches[index]
+            if self._timeline:
+                batch = self._timed(batch, index, keys, sum(a.nbytes for a in arrays))
+            future = self._prefetcher.upload(batch, arrays)
             for position, key in enumerate(keys):
                 self._uploads[key] = (future, position)
             self._on_device(len(keys), sum(a.nbytes for a in arrays))
+
+    def _timed(self, batch, index, keys, nbytes):
+        def upload(*arrays):
+            started = time.perf_counter()
+            handles = batch(*arrays)
+            self._timeline.span("prefetch", f"upload for partition {index}", started,
+                                {"tensors": [t for t, _ in keys], "bytes": nbytes})
+            return handles
+        return upload
 
     def handle_for(self, tensor, index):
         """The device handle partition `index` feeds for `tensor`, waiting for its upload."""
@@ -135,6 +151,8 @@ class SwapManager:
             started = time.perf_counter()
             handle = future.result()[position]
             self.counts["prefetch_wait_time"] += time.perf_counter() - started
+            if self._timeline:
+                self._timeline.span("wait", tensor, started)
             buffer = self._host[tensor]
             self._handles[key] = (handle, buffer.nbytes)
             self.counts["swapped_in"] += 1
