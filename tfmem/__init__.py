@@ -16,7 +16,9 @@ _EXPORTS = {
     "StepStats": "tfmem.stats", "emulate_accelerator": "tfmem.accelerator",
     "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
-    "UnsupportedGraphError": "tfmem.errors",
+    "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
+    "HostMemoryError": "tfmem.errors", "MemoryReport": "tfmem.session",
+    "parse_bytes": "tfmem.budget",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -59,6 +59,18 @@ def accelerator_of(session):
     return None
 
 
+def accelerator_memory(session):
+    """Bytes of memory TensorFlow may use on the session's accelerator, or None."""
+    name = accelerator_of(session)
+    if name is None:
+        return None
+    kind, index = name.split(":")
+    for device in session.list_devices():
+        if device.device_type == kind and device.name.endswith(":" + index):
+            return device.memory_limit_bytes
+    return None
+
+
 def memory_device(session):
     """The device whose allocator holds the step's tensors: the accelerator, else the CPU."""
     return accelerator_of(session) or "CPU:0"

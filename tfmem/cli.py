@@ -6,15 +6,23 @@ Commands:
          emulated accelerator's memory (``--device-memory MiB``); then run
          the memory proof, plain TensorFlow against tfmem under half the
          plain peak (see :mod:`tfmem.demo` and :mod:`tfmem.proof`).
+  plan   plan one request of a saved graph (.meta, .pb, .pbtxt) as
+         TFMemSession would, predict its memory per partition without
+         running it, and optionally write the plan as JSON, a memory plot and
+         a Chrome trace of the planned step (see :mod:`tfmem.plan_cli`).
 """
 
 import argparse
 
-from tfmem import demo
+from tfmem import demo, plan_cli
 
 
 def _run_demo(args):
     return demo.run(args)
+
+
+def _run_plan(args):
+    return plan_cli.run(args)
 
 
 def build_parser():
@@ -31,6 +39,12 @@ def build_parser():
                     "memory trains under tfmem with the same losses.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_run_demo)
+    plan_parser = commands.add_parser(
+        "plan", help="plan a saved graph's request and predict its memory, without running it",
+        description=plan_cli.DESCRIPTION, epilog=plan_cli.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan_cli.add_arguments(plan_parser)
+    plan_parser.set_defaults(func=_run_plan)
     return parser
 
 

@@ -18,3 +18,11 @@ class UnsupportedGraphError(TFMemError):
 
 class InvalidPlanError(TFMemError):
     """A plan breaks one of the invariants checked by `tfmem.validate`."""
+
+
+class BudgetError(TFMemError):
+    """No plan fits the device-memory budget, even with one op per partition."""
+
+
+class HostMemoryError(TFMemError):
+    """The plan needs more host memory for swapped tensors than the machine has free."""

@@ -49,6 +49,10 @@ MERGE = frozenset({"Merge", "RefMerge"})
 CONTROL_FLOW = ENTER | EXIT | NEXT_ITERATION | SWITCH | MERGE | frozenset({
     "LoopCond", "ControlTrigger"})
 
+# Ops that read only their input's shape: run beside the producer, they let a
+# large tensor die early and only a small shape vector crosses a boundary.
+SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
+
 _SHARING_ATTRS = ("shared_name", "container")
 
 

@@ -15,6 +15,11 @@ holding every gradient until the first layer's is done:
     train <- apply_0 <- grad_w0 <- ... <- grad_w23 <- loss
           <- apply_23 <- grad_w23            walked first: it is shallower
 
+Shape, Size and Rank read only their input's shape (a gradient's broadcast
+arithmetic asks for the shape of every forward operand).  Each is emitted
+right after the unit that produces its input, so the operand is not kept
+alive, or sent across a boundary, just to be measured.
+
 The order is then cut greedily into partitions of at most `partition_size`
 ops.  A unit is never cut, so a unit larger than `partition_size` gets a
 partition of its own.  Everything here is a pure function of the view:
@@ -22,6 +27,7 @@ the same graph and request always give the same partitions.
 """
 
 from tfmem.analyse import split_tensor_name
+from tfmem.optypes import SHAPE_ONLY
 
 
 def _unit_inputs(view, unit_of, unit):
@@ -63,6 +69,11 @@ def depth_first_order(view, units):
     inputs = [_unit_inputs(view, unit_of, unit) for unit in units]
     depth = _depths(inputs)
     inputs = [sorted(srcs, key=lambda src: depth[src]) for srcs in inputs]  # stable
+    shape_readers = {}  # unit -> single-op Shape/Size/Rank units reading only it
+    for i, unit in enumerate(units):
+        node = view.nodes[unit[0]]
+        if len(unit) == 1 and node.type in SHAPE_ONLY and len(inputs[i]) == 1:
+            shape_readers.setdefault(inputs[i][0], []).append(i)
     roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
              if split_tensor_name(t)[0] in unit_of]
     roots += [unit_of[op] for op in view.targets if op in unit_of]
@@ -83,6 +94,10 @@ def depth_first_order(view, units):
             else:
                 stack.pop()
                 order.append(unit)
+                for reader in shape_readers.get(unit, ()):
+                    if reader not in visited:
+                        visited.add(reader)
+                        order.append(reader)
     return order
 
 

@@ -89,6 +89,9 @@ class Request:
                 tuple(op.name for op in self.targets),
                 frozenset(t.name for t in self.feeds))
 
+    def feed_shapes(self):
+        return {t.name: v.shape for t, v in self.feeds.items()}
+
     def feed_values_by_name(self):
         return {t.name: v for t, v in self.feeds.items()}
 

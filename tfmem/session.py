@@ -14,9 +14,11 @@ import dataclasses
 import logging
 import numbers
 
-from tfmem import accelerator
+import psutil
+
+from tfmem import accelerator, budget
 from tfmem.buffers import HostBufferPool
-from tfmem.errors import TFMemError
+from tfmem.errors import HostMemoryError, TFMemError
 from tfmem.execute import Executor
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
@@ -31,11 +33,42 @@ from tfmem.swap_manager import HandleReleaser
 log = logging.getLogger(__name__)
 
 
+HOST_MARGIN = 0.1  # share of available host memory tfmem leaves free
+
+
 def _check_partition_size(value):
+    if value == "auto":
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"partition_size must be a positive integer (the most ops "
-                         f"one partition runs), got {value!r}")
+                         f"one partition runs) or 'auto', got {value!r}")
     return int(value)
+
+
+def _budget_of(session, budget_value):
+    """The device-memory budget in bytes: given, or the emulated cap / the GPU's memory."""
+    if budget_value is not None:
+        return budget.parse_bytes(budget_value)
+    cap = accelerator.emulated_memory_mib()
+    if cap is not None:
+        return cap << 20
+    limit = accelerator.accelerator_memory(session)
+    if limit:
+        return limit
+    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
+                     "on a session without an accelerator or an emulated cap")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Device and host memory of the last step, measured and predicted (bytes)."""
+    device_peak: int | None  # TensorFlow's allocator peak; None where it keeps none
+    predicted_device_peak: int  # the simulator's prediction for the plan
+    device_budget: int | None
+    host_buffers: int  # host bytes tfmem holds for swapped tensors
+    predicted_host_peak: int
+    host_rss: int
+    host_available: int
 
 
 @dataclasses.dataclass
@@ -49,11 +82,13 @@ class _Runtime:
 
 
 class _Compiled:
-    """A cached plan, its executor once rewritten, and the graph version it was checked at."""
+    """A cached plan, its predicted memory, its executor once rewritten, and the graph
+    version it was checked at."""
 
-    def __init__(self, plan, graph_version):
+    def __init__(self, plan, graph_version, trace=None):
         self.plan = plan
         self.graph_version = graph_version
+        self.trace = trace
         self.executor = None
 
 
@@ -70,14 +105,25 @@ class TFMemSession:
     place_state_on_host: on a session with an accelerator, read large
         constants from host copies and report variables left on it (see place).
     trace: a path; each step's timeline is written there as a Chrome trace.
+    device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
+        the partition size and swap distance: the fewest partitions whose
+        predicted peak fits (one, at plain speed, when the whole step fits).
+        partition_size="auto" does the same with the emulated cap or the
+        accelerator's memory as the budget.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
-                 swap_min_bytes=1 << 20, place_state_on_host=True, trace=None):
+                 swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
+                 device_memory_budget=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
+        if device_memory_budget is not None or partition_size == "auto":
+            self._partition_size = "auto"
+            self._budget = _budget_of(sess, device_memory_budget)
+        else:
+            self._budget = None
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
         self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
@@ -87,6 +133,7 @@ class TFMemSession:
                                  HandleReleaser(sess), measure_device=measurable)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
+        self._last_entry = None
 
     @property
     def session(self):
@@ -108,23 +155,31 @@ class TFMemSession:
             raise RuntimeError("The Session graph is empty. Add operations to the "
                                "graph before calling run().")
 
+    def _make_plan(self, request):
+        """(plan, predicted trace or None) for the request under this session's settings."""
+        if self._budget is None:
+            return make_plan(request.fetch_tensors, request.targets, request.feeds,
+                             self._partition_size, self._policy, self._accelerator), None
+        return budget.fit(self.graph, request.fetch_tensors, request.targets, request.feeds,
+                          request.feed_shapes(), self._budget, self._policy, self._accelerator)
+
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
         key = request.signature
+        if self._budget is not None:  # the fitting plan depends on the shapes fed
+            key += (tuple(sorted(request.feed_shapes().items())),)
         entry = self._compiled.get(key)
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
-            fresh = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                              self._partition_size, self._policy, self._accelerator)
+            fresh, _ = self._make_plan(request)
             if fresh.view != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
             else:
                 entry.graph_version = version
         if entry is None:
-            plan = make_plan(request.fetch_tensors, request.targets, request.feeds,
-                             self._partition_size, self._policy, self._accelerator)
-            entry = self._compiled[key] = _Compiled(plan, version)
+            plan, trace = self._make_plan(request)
+            entry = self._compiled[key] = _Compiled(plan, version, trace)
         return entry
 
     def simulate(self, fetches, feed_dict=None):
@@ -135,8 +190,7 @@ class TFMemSession:
         self._check_open()
         request = Request(self.graph, fetches, feed_dict)
         plan = self._entry(request).plan
-        feed_shapes = {t.name: v.shape for t, v in request.feeds.items()}
-        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes))
+        return simulate(plan, resolve_shapes(self.graph, plan.view, request.feed_shapes()))
 
     def plan(self, fetches, feed_dict=None):
         """The plan `run(fetches, feed_dict)` would execute, without running anything."""
@@ -149,16 +203,47 @@ class TFMemSession:
         request = Request(self.graph, fetches, feed_dict)
         entry = self._entry(request)
         if entry.executor is None:
-            entry.executor = self._compile(entry.plan)
+            if entry.trace is None:
+                entry.trace = simulate(entry.plan, resolve_shapes(
+                    self.graph, entry.plan.view, request.feed_shapes()))
+            self._check_host_memory(entry.trace)
+            entry.executor = self._compile(entry.plan, entry.trace)
             entry.graph_version = self.graph.version
+        self._last_entry = entry
         timeline = Timeline() if self._trace else None
         values, self.last_step = entry.executor.run(
             request.feed_values_by_name(), options, run_metadata, timeline)
         if timeline:
             write_chrome_trace(timeline.events, self._trace)
+        log.debug("step: %s", self.last_step)
         return request.build_results(self._session, values)
 
-    def _compile(self, plan):
+    def _check_host_memory(self, trace):
+        """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
+        available = psutil.virtual_memory().available
+        needed = trace.peak_host - self._runtime.pool.capacity_bytes
+        if needed > available * (1 - HOST_MARGIN):
+            raise HostMemoryError(
+                f"the plan needs {needed / (1 << 20):.0f} MiB of host memory for swapped tensors, "
+                f"but only {available / (1 << 20):.0f} MiB is available (tfmem keeps "
+                f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
+                "swap='none', or free host memory.")
+
+    def memory_report(self):
+        """A MemoryReport of the last step: measured and predicted device and host bytes."""
+        if self.last_step is None:
+            raise RuntimeError("memory_report() describes the last step; run a step first")
+        trace = self._last_entry.trace
+        return MemoryReport(
+            device_peak=self.last_step.device_peak_bytes,
+            predicted_device_peak=trace.peak_device,
+            device_budget=self._budget,
+            host_buffers=self.last_step.host_buffer_bytes,
+            predicted_host_peak=trace.peak_host,
+            host_rss=self.last_step.host_rss_bytes,
+            host_available=psutil.virtual_memory().available)
+
+    def _compile(self, plan, trace):
         graph = self.graph
         if graph.finalized:
             raise TFMemError(
@@ -168,8 +253,11 @@ class TFMemSession:
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         programs = rewrite(graph, plan, scope)
-        log.info("rewrote a plan of %d ops into %d partitions under %s",
-                 plan.num_ops, len(plan.partitions), scope)
+        swapped = [t for t in plan.transfers if t.swapped]
+        log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
+                 "(%.1f MiB), predicted device peak %.1f MiB",
+                 scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
+                 trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
         return Executor(self._session, plan, programs, self._runtime)
 
     @property

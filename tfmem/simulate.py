@@ -13,7 +13,8 @@ Inside a partition, ops run in dependency order; an op's output is freed
 after its last reader.  Ops that return a view of their input (Identity,
 Reshape, a variable read) allocate nothing, and elementwise ops write into
 an input that dies with them, as TensorFlow's kernels forward buffers.
-Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
+Shape, Size and Rank read no data: TensorFlow runs them as soon as their
+input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
 feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
 reported in `unknown_tensors`.
 """
@@ -21,6 +22,7 @@ reported in `unknown_tensors`.
 import dataclasses
 
 from tfmem.analyse import split_tensor_name
+from tfmem.optypes import SHAPE_ONLY
 from tfmem.swap_manager import Schedule
 
 # Ops whose output is (a view of) an input or of state counted elsewhere.
@@ -95,7 +97,7 @@ class MemoryTrace:
         return "\n".join(lines)
 
 
-class _Sizes:
+class TensorSizes:
     """Byte size of each tensor, from resolved or static shapes."""
 
     def __init__(self, view, shapes):
@@ -150,13 +152,14 @@ def _working_set(view, partition, size, keep_until_end):
     order = _dependency_order(view, partition.ops)
     last_read = {}
     for step, name in enumerate(order):
-        for tensor in view.nodes[name].inputs:
-            last_read[tensor] = step
+        if view.nodes[name].type not in SHAPE_ONLY:
+            for tensor in view.nodes[name].inputs:
+                last_read[tensor] = step
     live, current, peak = {}, 0, 0
     for step, name in enumerate(order):
         node = view.nodes[name]
-        dying = [t for t in node.inputs if t in live and last_read.get(t) == step
-                 and t not in keep_until_end]
+        dying = [t for t in dict.fromkeys(node.inputs) if t in live
+                 and last_read.get(t) == step and t not in keep_until_end]
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
             nbytes = 0 if node.type in ALIASING else size(tensor)
@@ -180,7 +183,7 @@ def _working_set(view, partition, size, keep_until_end):
 def simulate(plan, shapes=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`."""
     view = plan.view
-    size = _Sizes(view, shapes)
+    size = TensorSizes(view, shapes)
     schedule = Schedule(plan)
     state = sum(node.state_bytes for node in view.sources.values())
     state += sum(size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
