@@ -78,3 +78,18 @@ def is_source(op):
     if op.type == "Const":
         return not op.control_inputs
     return is_state_source(op)
+
+
+def reads_state(node, sources):
+    """True for an op whose output is a view of a variable's buffer (a variable read).
+
+    Such a tensor costs no device memory of its own, and swapping it would
+    only add a copy: it stays on the device.
+    """
+    if node.type == "ReadVariableOp":
+        return True
+    if node.type == "Identity" and node.inputs:
+        producer = node.inputs[0].rpartition(":")[0]
+        return producer in sources and sources[producer].outputs[0].dtype != \
+            sources[producer].outputs[0].dtype.base_dtype
+    return False

@@ -13,6 +13,7 @@ checks the invariants every plan must hold, whoever built it.
 
 import dataclasses
 
+from tfmem import optypes
 from tfmem.analyse import analyse, split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.partition import partition
@@ -118,7 +119,8 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
         producer = partition_of.get(op_name)
         later = tuple(p for p in parts if p != producer)
         if producer is not None and later:
-            can_swap = worth_swapping(view.tensor(tensor), policy)
+            can_swap = worth_swapping(view.tensor(tensor), policy) and \
+                not optypes.reads_state(view.nodes[op_name], view.sources)
             transfers.append(Transfer(tensor, producer, later,
                                       spans(producer, later, policy, can_swap)))
     transfers.sort(key=lambda t: (t.producer, t.tensor))

@@ -55,7 +55,7 @@ def plot_memory(trace, path, title, budget=None):
                  label="state (variables, constants)")
     if budget is not None:
         axes.axhline(budget / MIB, color="#a50f15", linestyle="--", linewidth=1,
-                     label=f"budget {budget / MIB:.1f} MiB")
+                     label=f"device budget {budget / MIB:.1f} MiB")
     if parts:
         top = trace.peak_partition
         axes.annotate(f"peak {trace.peak_device / MIB:.2f} MiB", xy=(top, trace.peak_device / MIB),

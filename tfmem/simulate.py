@@ -22,7 +22,7 @@ reported in `unknown_tensors`.
 import dataclasses
 
 from tfmem.analyse import split_tensor_name
-from tfmem.optypes import SHAPE_ONLY
+from tfmem.optypes import SHAPE_ONLY, reads_state
 from tfmem.swap_manager import Schedule
 
 # Ops whose output is (a view of) an input or of state counted elsewhere.
@@ -206,8 +206,10 @@ def simulate(plan, shapes=None):
         to_host = 0
         for tensor in partition.outputs:
             transfer = plan.transfer(tensor)
-            if transfer.kept:
-                live[schedule.kept[tensor]] = size(tensor)
+            if transfer.kept:  # a variable read is a view of state counted already
+                producer = view.nodes[split_tensor_name(tensor)[0]]
+                live[schedule.kept[tensor]] = (
+                    0 if reads_state(producer, view.sources) else size(tensor))
             if transfer.swapped:
                 host[tensor] = size(tensor)
                 to_host += size(tensor)
