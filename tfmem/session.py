@@ -17,6 +17,7 @@ import numbers
 import psutil
 
 from tfmem import accelerator, budget
+from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, TFMemError
 from tfmem.execute import Executor
@@ -171,8 +172,8 @@ class TFMemSession:
         entry = self._compiled.get(key)
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
-            fresh, _ = self._make_plan(request)
-            if fresh.view != entry.plan.view:
+            fresh = analyse(request.fetch_tensors, request.targets, request.feeds)
+            if fresh != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
             else:
