@@ -13,6 +13,7 @@ wrapped session, so the plain session keeps working beside the wrapper.
 import dataclasses
 import logging
 import numbers
+import threading
 
 import psutil
 
@@ -127,6 +128,7 @@ class TFMemSession:
             self._budget = None
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
+        self._planning = threading.Lock()  # plans and graph additions, one thread at a time
         self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
         device = accelerator.memory_device(sess)
         measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
@@ -166,6 +168,10 @@ class TFMemSession:
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
+        with self._planning:
+            return self._entry_locked(request)
+
+    def _entry_locked(self, request):
         key = request.signature
         if self._budget is not None:  # the fitting plan depends on the shapes fed
             key += (tuple(sorted(request.feed_shapes().items())),)
@@ -204,12 +210,14 @@ class TFMemSession:
         request = Request(self.graph, fetches, feed_dict)
         entry = self._entry(request)
         if entry.executor is None:
-            if entry.trace is None:
-                entry.trace = simulate(entry.plan, resolve_shapes(
-                    self.graph, entry.plan.view, request.feed_shapes()))
-            self._check_host_memory(entry.trace)
-            entry.executor = self._compile(entry.plan, entry.trace)
-            entry.graph_version = self.graph.version
+            with self._planning:
+                if entry.executor is None:
+                    if entry.trace is None:
+                        entry.trace = simulate(entry.plan, resolve_shapes(
+                            self.graph, entry.plan.view, request.feed_shapes()))
+                    self._check_host_memory(entry.trace)
+                    entry.executor = self._compile(entry.plan, entry.trace)
+                    entry.graph_version = self.graph.version
         self._last_entry = entry
         timeline = Timeline() if self._trace else None
         values, self.last_step = entry.executor.run(
