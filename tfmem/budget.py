@@ -28,7 +28,7 @@ from tfmem.simulate import TensorSizes, simulate
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
-DEFAULT_MARGIN = 0.1
+DEFAULT_MARGIN = 0.25
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
           "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12,
           "tb": 10**12, "tib": 1 << 40}

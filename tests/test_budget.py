@@ -1,0 +1,398 @@
+"""Budget mode: tfmem picks the plan from a device-memory budget.
+
+`partition_size="auto"` takes the budget from the (emulated) accelerator,
+`device_memory_budget` states it; either way the step runs as one partition
+when it fits, in more when it does not, and not at all (BudgetError, before
+anything runs) when even one op per partition cannot fit.  The host guard
+refuses, before anything runs, a plan whose swapped tensors the host cannot
+hold.
+
+Runs under a cap go to one fresh process (the cap is read when TensorFlow
+starts); it prints one JSON line with every figure, and the tests check them.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+from tfmem import accelerator, budget, models
+from tfmem.analyse import analyse
+from tfmem.partition import partition
+from tfmem.place import place
+from tfmem.plan import build_plan
+from tfmem.shapes import resolve_shapes
+from tfmem.simulate import simulate
+from tfmem.swap import SwapPolicy
+from tfmem.units import units
+
+tf1 = tf.compat.v1
+
+MIB = 1 << 20
+RTOL = 1e-4
+ATOL = 1e-6
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAP_MIB = 64
+BUDGET_MIB = 24  # under the MLP's plain peak (~34-38 MiB), over its state (~6 MiB)
+# Just above the MLP's one-partition prediction (31.0 MiB) / (1 - margin) = 34.4 MiB.
+EDGE = "34.5MiB"
+HUGE = 100000  # HUGE x HUGE float32 = 40 GB: a static shape, never materialised
+
+# ---------------------------------------------------------------------------
+# parse_bytes
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("2GiB", 2 << 30),
+    ("512 MiB", 512 << 20),
+    ("1.5GB", 1_500_000_000),
+    ("1000", 1000),
+    (1000, 1000),
+    ("0", 0),
+    (0, 0),
+    (" 4 kib ", 4096),
+    ("1TiB", 1 << 40),
+    ("3B", 3),
+])
+def test_parse_bytes(value, expected):
+    got = tfmem.parse_bytes(value)
+    assert got == expected
+    assert type(got) is int
+
+
+@pytest.mark.parametrize("value", ["2 potatoes", "-1GiB", -5, True, "", "GiB", "1e9"])
+def test_parse_bytes_rejects_and_names_the_value(value):
+    with pytest.raises(ValueError) as err:
+        tfmem.parse_bytes(value)
+    assert repr(value) in str(err.value)
+
+
+# ---------------------------------------------------------------------------
+# in this process: no cap, no accelerator
+
+
+def _uncapped_cpu_only(sess):
+    if accelerator.emulated_memory_mib() is not None:
+        pytest.skip("this process has an emulated accelerator cap")
+    if accelerator.accelerator_of(sess) is not None:
+        pytest.skip("this machine has an accelerator")
+
+
+def test_auto_without_a_budget_on_a_cpu_only_session_asks_for_one():
+    model = models.mlp(layers=2)
+    with tf1.Session(graph=model.graph) as sess:
+        _uncapped_cpu_only(sess)
+        with pytest.raises(ValueError, match="device_memory_budget"):
+            tfmem.TFMemSession(sess, partition_size="auto")
+
+
+def test_a_bad_budget_is_refused_when_the_session_is_wrapped():
+    model = models.mlp(layers=2)
+    with tf1.Session(graph=model.graph) as sess:
+        with pytest.raises(ValueError, match="potatoes"):
+            tfmem.TFMemSession(sess, device_memory_budget="2 potatoes")
+
+
+def test_memory_report_before_and_after_a_step():
+    model = models.mlp(layers=2)
+    with tf1.Session(graph=model.graph) as sess:
+        _uncapped_cpu_only(sess)
+        tfs = tfmem.TFMemSession(sess, device_memory_budget="1GiB")
+        assert tfs.partition_size == "auto"
+        with pytest.raises(RuntimeError, match="run a step first"):
+            tfs.memory_report()
+        sess.run(model.init)
+        with pytest.raises(RuntimeError):  # a plain run is not a tfmem step
+            tfs.memory_report()
+        tfs.run([model.train, model.loss], model.feed(64))
+        report = tfs.memory_report()
+        assert isinstance(report, tfmem.MemoryReport)
+        assert report.device_peak is None  # TensorFlow keeps no CPU figures without a cap
+        assert report.device_budget == 1 << 30
+        for field in ("predicted_device_peak", "host_buffers", "predicted_host_peak",
+                      "host_rss", "host_available"):
+            assert type(getattr(report, field)) is int, field
+        assert report.predicted_device_peak > 0
+        assert report.host_available > 0
+        assert report.host_rss > 0
+        assert report.predicted_device_peak == tfs.simulate(
+            [model.train, model.loss], model.feed(64)).peak_device
+        tfs.close()
+
+
+def test_a_generous_budget_plans_one_partition():
+    model = models.mlp(layers=4)
+    with tf1.Session(graph=model.graph) as sess:
+        tfs = tfmem.TFMemSession(sess, device_memory_budget="1GiB")
+        plan = tfs.plan([model.train, model.loss], model.feed(256))
+        assert len(plan.partitions) == 1
+        assert plan.num_ops == len(plan.view.nodes)
+
+
+def test_fit_picks_the_largest_partition_size_that_fits():
+    """The plan fits budget * (1 - margin); one more op per partition does not, at any
+    swap distance the search tries."""
+    model = models.mlp(layers=12)
+    x, = model.inputs
+    fetches, targets, feed_shapes = [model.loss], [model.train], {x.name: (1024, 256)}
+    budget_bytes = BUDGET_MIB * MIB
+    policy = SwapPolicy()
+    plan, trace = budget.fit(model.graph, fetches, targets, [x], feed_shapes, budget_bytes,
+                             policy)
+    limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
+    view = analyse(fetches, targets, [x])
+    shapes = resolve_shapes(model.graph, view, feed_shapes)
+    assert trace == simulate(plan, shapes)
+    assert trace.peak_device <= limit
+    assert 1 < len(plan.partitions)
+    size = plan.partition_size
+    assert size < len(view.nodes)
+    groups, placement = units(view), place(view, None)
+    for distance in range(policy.swap_distance, -1, -1):
+        bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
+                            dataclasses.replace(policy, swap_distance=distance), placement)
+        assert simulate(bigger, shapes).peak_device > limit, distance
+
+
+# ---------------------------------------------------------------------------
+# one capped process
+
+CAPPED_SCRIPT = r"""
+import json, os, sys, time
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tfmem
+CAP, BUDGET, HUGE = (int(a) for a in sys.argv[1:4])
+EDGE = sys.argv[4]
+tfmem.emulate_accelerator(CAP)
+import numpy as np
+import psutil
+import tensorflow as tf
+from tfmem import accelerator, models
+tf1 = tf.compat.v1
+BATCH, STEPS = 1024, 3
+out = {"cap_mib": accelerator.emulated_memory_mib()}
+
+
+def variables(sess, graph):
+    with graph.as_default():
+        return sess.run(tf1.global_variables())
+
+
+def train(kind, **options):
+    model = models.mlp(layers=12)
+    sess = tf1.Session(graph=model.graph)
+    result = {"losses": [], "peaks": []}
+    runner = sess
+    if kind == "tfmem":
+        runner = tfmem.TFMemSession(sess, **options)
+        try:
+            runner.memory_report()
+        except RuntimeError as err:
+            result["report_before"] = str(err)
+    # Initialised through the runner: after a plain sess.run(init) the session keeps
+    # ~3 MiB more resident for good (6.5 vs 3.5 MiB after init, 9.75 vs 6.76 MiB after
+    # three steps), which no plan of the step can see.
+    runner.run(model.init)
+    if kind == "tfmem":
+        result["planned_partitions"] = len(
+            runner.plan([model.train, model.loss], model.feed(BATCH)).partitions)
+        result["partition_size"] = runner.partition_size
+        result["step_partitions"] = []
+    feed = model.feed(BATCH)
+    for _ in range(STEPS):
+        accelerator.reset_peak("CPU:0")
+        _, loss = runner.run([model.train, model.loss], feed)
+        result["losses"].append(float(loss))
+        if kind == "tfmem":
+            result["peaks"].append(runner.last_step.device_peak_bytes)
+            result["step_partitions"].append(runner.last_step.partitions)
+        else:
+            result["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
+    if kind == "tfmem":
+        report = runner.memory_report()
+        result["report"] = {k: [type(v).__name__, v] for k, v in vars(report).items()}
+        runner.close()
+    else:
+        sess.close()
+    return result
+
+
+out["plain"] = train("plain")
+out["auto"] = train("tfmem", partition_size="auto")
+out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
+out["edge"] = train("tfmem", device_memory_budget=EDGE)
+
+# A budget nothing fits: refused before the step runs.
+model = models.mlp(layers=12)
+sess = tf1.Session(graph=model.graph)
+tfs = tfmem.TFMemSession(sess, device_memory_budget="4MiB")
+try:  # the variables alone (6 MiB) do not fit
+    tfs.run(model.init)
+    out["tiny_init"] = None
+except Exception as err:
+    out["tiny_init"] = type(err).__name__
+with model.graph.as_default():
+    out["uninitialised"] = len(sess.run(tf1.report_uninitialized_variables()))
+sess.run(model.init)
+before = variables(sess, model.graph)
+started = time.perf_counter()
+try:
+    tfs.run([model.train, model.loss], model.feed(BATCH))
+    out["tiny"] = {"raised": None}
+except Exception as err:
+    out["tiny"] = {"raised": type(err).__name__, "message": str(err)}
+out["tiny"]["seconds"] = time.perf_counter() - started
+out["tiny"]["last_step_is_none"] = tfs.last_step is None
+out["tiny"]["unchanged"] = all(np.array_equal(a, b)
+                               for a, b in zip(before, variables(sess, model.graph)))
+out["tiny"]["ops"] = [op.name for op in model.graph.get_operations()]
+sess.close()
+
+# The host guard: swapped tensors of 40 GB each (static shapes only).  Under the
+# cap, a guard that let the step run would hit ResourceExhaustedError, not the host.
+graph = tf.Graph()
+with graph.as_default():
+    a = tf.ones([HUGE, HUGE], name="a")
+    b = tf.add(a, 1.0, name="b")
+    c = tf.sin(b, name="c")
+    d = tf.cos(c, name="d")
+    e = tf.add(d, a, name="e")
+    f = tf.add(e, b, name="f")
+    total = tf.reduce_sum(f, name="total")
+sess = tf1.Session(graph=graph)
+tfs = tfmem.TFMemSession(sess, partition_size=1, swap="all")
+trace = tfs.simulate(total)
+guard = out["host"] = {"peak_host": trace.peak_host, "bytes_to_host": trace.bytes_to_host,
+                       "partitions": len(trace.partitions)}
+guard["available_before"] = psutil.virtual_memory().available
+started = time.perf_counter()
+try:
+    tfs.run(total)
+    guard["raised"] = None
+except Exception as err:
+    guard["raised"] = type(err).__name__
+    guard["message"] = str(err)
+guard["seconds"] = time.perf_counter() - started
+guard["available_after"] = psutil.virtual_memory().available
+guard["last_step_is_none"] = tfs.last_step is None
+guard["allocator_current"] = accelerator.device_memory("CPU:0")["current"]
+guard["host_buffers"] = tfs.host_buffers.capacity_bytes
+sess.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def capped():
+    done = subprocess.run(
+        [sys.executable, "-c", CAPPED_SCRIPT, str(CAP_MIB), str(BUDGET_MIB), str(HUGE), EDGE],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, f"capped process failed:\n{done.stderr[-4000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for key in ("plain", "auto", "budget", "edge"):
+        run = out[key]
+        print(f"\n{key:>6}: peaks {[round(p / MIB, 1) for p in run['peaks']]} MiB, "
+              f"partitions {run.get('step_partitions')}, losses {run['losses']}")
+    return out
+
+
+def test_the_process_ran_under_the_cap(capped):
+    assert capped["cap_mib"] == CAP_MIB
+    plain = capped["plain"]
+    assert len(plain["losses"]) == 3 and all(np.isfinite(plain["losses"]))
+    # The premise: plain fits under the cap, and not under the budget.
+    assert BUDGET_MIB * MIB < max(plain["peaks"]) <= CAP_MIB * MIB
+
+
+def test_auto_under_the_cap_runs_one_partition_with_plain_losses(capped):
+    auto = capped["auto"]
+    assert auto["partition_size"] == "auto"
+    assert auto["planned_partitions"] == 1
+    assert auto["step_partitions"] == [1, 1, 1]
+    np.testing.assert_allclose(auto["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
+    assert auto["report"]["device_budget"] == ["int", CAP_MIB * MIB]
+    assert max(auto["peaks"]) <= CAP_MIB * MIB
+
+
+def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
+    run = capped["budget"]
+    assert run["planned_partitions"] > 1
+    assert run["step_partitions"] == [run["planned_partitions"]] * 3
+    np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
+    assert all(isinstance(p, int) for p in run["peaks"])
+    assert max(run["peaks"]) <= BUDGET_MIB * MIB, (
+        f"tfmem peaks {[p / MIB for p in run['peaks']]} MiB over a {BUDGET_MIB} MiB budget")
+
+
+def test_a_budget_just_above_the_prediction_still_holds(capped):
+    """The margin covers the simulator's MLP under-prediction (-11..-21% at one partition)."""
+    run = capped["edge"]
+    budget_bytes = tfmem.parse_bytes(EDGE)
+    predicted = run["report"]["predicted_device_peak"][1]
+    assert predicted <= budget_bytes * (1 - budget.DEFAULT_MARGIN)
+    np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
+    assert max(run["peaks"]) <= budget_bytes, (
+        f"{run['planned_partitions']} partition(s) predicted at {predicted / MIB:.1f} MiB "
+        f"measure {[round(p / MIB, 1) for p in run['peaks']]} MiB, over a {EDGE} budget")
+
+
+def test_memory_report_under_the_cap(capped):
+    run = capped["budget"]
+    assert "run a step first" in run["report_before"]
+    report = run["report"]
+    for field, (kind, value) in report.items():
+        assert kind == "int", (field, kind, value)
+    assert report["device_budget"][1] == BUDGET_MIB * MIB
+    assert report["device_peak"][1] == run["peaks"][-1]
+    predicted = report["predicted_device_peak"][1]
+    assert 0 < predicted <= BUDGET_MIB * MIB * (1 - budget.DEFAULT_MARGIN)
+    assert report["host_available"][1] > 0
+    assert report["host_buffers"][1] > 0  # it swapped
+    assert report["predicted_host_peak"][1] > 0
+
+
+def test_a_budget_nothing_fits_raises_before_running(capped):
+    tiny = capped["tiny"]
+    assert capped["tiny_init"] == "BudgetError"
+    assert capped["uninitialised"] == 24  # twelve weights and their momentum slots
+    assert tiny["raised"] == "BudgetError", tiny
+    assert tiny["unchanged"], "a variable changed: the step ran"
+    assert tiny["last_step_is_none"]
+    assert tiny["seconds"] < 10, "refused while planning"
+    message = tiny["message"]
+    assert "4.0 MiB" in message
+    largest = re.search(r"largest op, '([^']+)' \((\w+)\), alone reads and writes "
+                        r"(\d+\.\d) MiB", message)
+    assert largest, message
+    assert largest.group(1) in tiny["ops"], message
+    assert float(largest.group(3)) > 0
+
+
+def test_host_guard_refuses_a_plan_the_host_cannot_hold(capped):
+    guard = capped["host"]
+    needed = guard["peak_host"]
+    assert needed >= HUGE * HUGE * 4
+    assert guard["bytes_to_host"] >= needed
+    if needed <= guard["available_before"] * 0.9:
+        pytest.skip(f"the host has {guard['available_before'] / MIB:.0f} MiB available, "
+                    f"enough for {needed / MIB:.0f} MiB")
+    assert guard["raised"] == "HostMemoryError", guard
+    assert guard["seconds"] < 5, "the guard runs before anything is allocated"
+    assert guard["last_step_is_none"]
+    assert guard["host_buffers"] == 0
+    assert guard["allocator_current"] < MIB, "TensorFlow allocated the step's tensors"
+    figures = re.search(r"needs (\d+) MiB of host memory .* only (\d+) MiB is available",
+                        guard["message"])
+    assert figures, guard["message"]
+    assert int(figures.group(1)) == round(needed / MIB)
+    low = min(guard["available_before"], guard["available_after"]) * 0.9
+    high = max(guard["available_before"], guard["available_after"]) * 1.1
+    assert low <= int(figures.group(2)) * MIB <= high
+
