@@ -1,0 +1,86 @@
+"""Smoke test of tools/bench.py: its functions on a tiny model, two steps, no timing asserted.
+
+The capped part starts fresh processes (and TensorFlow's BFC allocator waits
+10 s before it reports running out of memory), so here only its summary is
+checked, on a synthetic child result.
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("tfmem_bench",
+                                                  os.path.join(ROOT, "tools", "bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trace(swap_out_us, upload_us):
+    """A Chrome trace shaped like tfmem's: metadata events, then spans."""
+    tracks = ("partitions", "swap-out", "prefetch", "wait")
+    events = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": i, "args": {"name": t}}
+              for i, t in enumerate(tracks)]
+    events.append({"ph": "X", "name": "partition 0", "pid": 1, "tid": 0, "ts": 0, "dur": 900})
+    events.append({"ph": "X", "name": "a:0", "pid": 1, "tid": 1, "ts": 10, "dur": swap_out_us})
+    events.append({"ph": "X", "name": "upload", "pid": 1, "tid": 2, "ts": 20, "dur": upload_us})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def test_bench_smoke_reports_ratio_fields():
+    bench = _bench()
+    fits = bench.bench_fits(blocks=(1, 1, 1), batch=4, width=4, image=8,
+                            partition_sizes=(20, "auto"), steps=2, warmup=0,
+                            breakdown_steps=1)
+    plan = bench.bench_plan(n_ops=400)
+    results = dict(env=bench.environment("test"), fits=fits, plan=plan)
+    lines = []
+    bench.report(results, out=lines.append)
+    text = "\n".join(lines)
+
+    by_size = {c["partition_size"]: c for c in fits["configs"]}
+    assert set(by_size) == {20, "auto"}
+    assert by_size["auto"]["partitions"] == 1  # the budget is far above the step
+    assert by_size[20]["partitions"] > 1
+    for config in fits["configs"]:
+        for key in ("ratio", "paired_ratio", "cpu_ratio", "plain_ms", "tfmem_ms",
+                    "overhead_ms_per_partition", "overhead_excl_transfers_ms_per_partition"):
+            assert config[key] is not None, key
+        assert len(config["plain_times_ms"]) == len(config["tfmem_times_ms"]) == 2
+    for name in ("fits_ps20_ratio", "auto_ratio", "overhead_ms_per_partition",
+                 "cached_plan_s"):
+        assert f"TARGET {name}=" in text, name
+    assert plan["partitions"] >= 2 and plan["cached_same_plan"]
+    assert any(line.startswith("TARGET plan_") for line in lines)
+
+
+def test_capped_summary_from_traces():
+    bench = _bench()
+    trace = _trace(swap_out_us=100, upload_us=200)
+    tracks = bench.trace_durations(trace)
+    assert tracks["swap-out"] == (1, pytest.approx(100e-6))
+    assert tracks["prefetch"] == (1, pytest.approx(200e-6))
+    run = dict(step_times=[0.5, 0.4, 0.6], waits=[0.01, 0.02, 0.03], walls=[0.5, 0.4, 0.6],
+               traced=[dict(wall=0.001, wait=0.0001,
+                            tracks={k: list(v) for k, v in tracks.items()})])
+    summary = bench.summarize_capped(run, batch=100)
+    assert summary["throughput"] == 100 / 0.5
+    assert abs(summary["transfer_share"] - 0.3) < 1e-9
+    assert abs(summary["prefetch_wait_share"] - 0.05) < 1e-9
+    results = dict(env=bench.environment("test"),
+                   capped=dict(model="MLP", batch=100, partition_size="auto", cap_mib=1,
+                               plain_peak_mib=2.0, plain_uncapped=dict(step_times=[0.1]),
+                               plain_capped=dict(oom=True, error="OOM", failed=False),
+                               tfmem_capped=dict(run, failed=False, oom=False, partitions=3,
+                                                 last_step="..."),
+                               tfmem_peak_mib=1.0, **summary))
+    lines = []
+    bench.report(results, out=lines.append)
+    assert "TARGET capped_plain=OOM (info)" in lines
+    assert any(line.startswith("TARGET prefetch_wait_share=0.05 (goal < 0.1) ok")
+               for line in lines)

@@ -1,0 +1,823 @@
+"""Benchmark of tfmem's step time, per-partition overhead, planning time and
+capped training (issue 6).
+
+    python tools/bench.py [--quick] [--steps N] [--warmup N] [--json OUT.json]
+                          [--skip-fits] [--skip-plan] [--skip-capped] [--profile]
+
+(a) A model that fits: ResNet-56 (`tfmem.models.resnet(blocks=(9, 9, 9))`,
+    batch 32).  One graph, two sessions (plain, and the one tfmem wraps),
+    both initialised; per partition size (50, 200, "auto" with a budget far
+    above the step's peak, so budget mode should choose one partition) the
+    steps alternate plain/tfmem (the order flips every step), warm-up steps
+    and tfmem's first (planning + compiling) step are excluded, and medians
+    and the ratio tfmem/plain are printed.
+
+    Per-partition overhead: every callable tfmem makes on the wrapped
+    session is wrapped in a timer *in this tool* (the session instance's
+    `_make_callable_from_options` is replaced before tfmem compiles, so the
+    library is unchanged).  Calls on the main thread are the partitions; calls
+    on tfmem's prefetch thread are uploads.  overhead = (tfs.run wall time -
+    sum of the step's partition calls) / partitions: everything tfmem does on
+    the main thread outside TensorFlow (request building, swap manager, the
+    swap-out copies, waits for prefetches, results).  The timer itself costs
+    1-2 us per call (measured and printed) and is counted in the overhead.
+    A second figure excludes the transfers: the executor loop's time less its
+    Session calls, prefetch waits and swap-out copies, from a few extra steps
+    run with a Chrome trace after the timed ones (the trace has the swap-out
+    copies), plus the untraced steps' time outside the executor.
+
+    Planning: a chain graph of ~100,000 ops (a forward chain and a
+    hand-written backward chain that reads every forward activation, so
+    transfers span the graph the way a training step's do), imported as one
+    GraphDef (building it op by op would take minutes).  `tfs.plan` is timed
+    on its first call and again on a second call, which should only look the
+    plan up in the cache.
+
+(b) A model that trains only with tfmem: `tfmem.models.mlp(layers=24,
+    width=256)` at batch 2048.  Three fresh processes (the emulated cap is
+    read when TensorFlow starts): plain peak without a cap (TensorFlow's BFC
+    allocator, capped far above the step, so it reports its peak); plain
+    under half that peak (must run out of memory); tfmem under the same cap
+    (partition_size="auto": the cap is the budget).  tfmem's throughput is
+    measured on untraced steps; transfer shares from extra steps with a
+    Chrome trace: swap-out copies (main thread) and uploads (prefetch
+    thread, overlapping compute) summed over the step, divided by the step's
+    wall time; the prefetch wait share is last_step.prefetch_wait_time /
+    last_step.wall_time.
+
+Each goal is printed last as one machine-readable line:
+`TARGET name=value (goal ...) ok|MISSED`.
+
+Two private hooks are used, in this tool only: the session's
+`_make_callable_from_options` (to time the Session calls) and
+`TFMemSession._trace` (switched on for the traced breakdown steps only, so
+the timed steps carry no tracing cost).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import tfmem  # noqa: E402  (imports no TensorFlow: children set the cap first)
+
+MIB = 1 << 20
+
+GOALS = {  # name -> (comparison, bound)
+    "fits_ps200_ratio": ("<=", 1.15),
+    "auto_ratio": ("<=", 1.02),
+    "overhead_ms_per_partition": ("<=", 0.2),
+    "plan_100k_s": ("<=", 10.0),
+    "cached_plan_s": ("<=", 0.01),
+    "prefetch_wait_share": ("<", 0.10),
+}
+
+FULL = dict(steps=20, warmup=3, breakdown_steps=3, capped_steps=10, capped_warmup=2)
+QUICK = dict(steps=6, warmup=2, breakdown_steps=2, capped_steps=4, capped_warmup=1)
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _tf():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return tf
+
+
+# --------------------------------------------------------------------------
+# timing Session calls
+
+
+class CallTimer:
+    """Times every callable made on one session, per thread.
+
+    Install before tfmem compiles a plan on `sess`: it replaces the session
+    instance's `_make_callable_from_options` (the path tfmem's executor,
+    prefetcher and releaser use), so every raw callable made afterwards
+    records (thread id, seconds) per call.
+    """
+
+    def __init__(self, sess):
+        self.records = []  # (thread ident, seconds); list.append is atomic
+        make = sess._make_callable_from_options  # pylint: disable=protected-access
+        records = self.records
+        clock = time.perf_counter
+        ident = threading.get_ident
+
+        def make_timed(options):
+            call = make(options)
+
+            def timed(*args, **kwargs):
+                started = clock()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    records.append((ident(), clock() - started))
+            return timed
+
+        sess._make_callable_from_options = make_timed  # pylint: disable=protected-access
+
+    def mark(self):
+        return len(self.records)
+
+    def since(self, mark, thread=None):
+        """(count, seconds) of the calls since `mark` on `thread` (None: other threads)."""
+        main = threading.get_ident() if thread is None else thread
+        calls = self.records[mark:]
+        own = [s for t, s in calls if t == main]
+        other = [s for t, s in calls if t != main]
+        return (len(own), sum(own)), (len(other), sum(other))
+
+
+def timer_cost(calls=20000):
+    """Seconds one CallTimer wrapper adds to a call (measured on a no-op callable)."""
+    clock = time.perf_counter
+    records = []
+    ident = threading.get_ident
+
+    def call():
+        return None
+
+    def timed():
+        started = clock()
+        try:
+            return call()
+        finally:
+            records.append((ident(), clock() - started))
+    started = clock()
+    for _ in range(calls):
+        call()
+    bare = clock() - started
+    started = clock()
+    for _ in range(calls):
+        timed()
+    return max((clock() - started - bare) / calls, 0.0)
+
+
+# --------------------------------------------------------------------------
+# Chrome traces
+
+
+def trace_durations(trace):
+    """{track: (events, seconds)} of a Chrome trace written by tfmem (dict or path)."""
+    if not isinstance(trace, dict):
+        with open(trace, encoding="utf-8") as handle:
+            trace = json.load(handle)
+    names = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("ph") == "M"}
+    totals = {}
+    for event in trace["traceEvents"]:
+        if event.get("ph") != "X":
+            continue
+        track = names.get(event["tid"], str(event["tid"]))
+        count, seconds = totals.get(track, (0, 0.0))
+        totals[track] = (count + 1, seconds + event["dur"] * 1e-6)
+    return totals
+
+
+def _traced_steps(tfs, run, steps, path):
+    """Run `steps` steps with a Chrome trace; per step the trace's durations and StepStats.
+
+    Switches the private TFMemSession._trace on for these steps only.
+    """
+    if not hasattr(tfs, "_trace") or steps <= 0:
+        return []
+    previous = tfs._trace  # pylint: disable=protected-access
+    tfs._trace = path  # pylint: disable=protected-access
+    out = []
+    try:
+        for _ in range(steps):
+            run()
+            out.append((trace_durations(path), tfs.last_step))
+    finally:
+        tfs._trace = previous  # pylint: disable=protected-access
+    return out
+
+
+# --------------------------------------------------------------------------
+# (a) a model that fits
+
+
+def _session(tf, graph):
+    return tf.compat.v1.Session(graph=graph)
+
+
+def _request_ops(tfs, fetches, feed):
+    plan = tfs.plan(fetches, feed)
+    return plan.num_ops
+
+
+def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
+               warmup=2, budget="8GiB", breakdown_steps=2, width=16, image=32, swap="auto",
+               log=None):
+    """Plain vs tfmem on one graph in this process; a dict with one entry per partition size."""
+    log = log or (lambda text: None)
+    tf = _tf()
+    from tfmem import models  # pylint: disable=import-outside-toplevel
+    started = time.perf_counter()
+    model = models.resnet(blocks=blocks, width=width, image=image)
+    build_s = time.perf_counter() - started
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    plain = _session(tf, model.graph)
+    wrapped = _session(tf, model.graph)
+    timer = CallTimer(wrapped)
+    plain.run(model.init)
+    wrapped.run(model.init)
+    depth = 6 * blocks[0] + 2 if len(set(blocks)) == 1 else None
+    result = dict(model=f"ResNet-{depth}" if depth else f"ResNet blocks={blocks}",
+                  blocks=list(blocks), batch=batch, width=width, image=image,
+                  graph_ops=len(model.graph.get_operations()), build_s=build_s,
+                  steps=steps, warmup=warmup, swap=swap, timer_cost_us=timer_cost() * 1e6, configs=[])
+    log(f"(a) {result['model']}, batch {batch}: graph of {result['graph_ops']} ops built in "
+        f"{build_s:.1f} s")
+    trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
+    main_thread = threading.get_ident()
+    for size in partition_sizes:
+        kwargs = dict(device_memory_budget=budget) if size == "auto" else {}
+        tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap, **kwargs)
+        t0 = time.perf_counter()
+        tfs.run(fetches, feed)  # plans, rewrites, compiles
+        first_s = time.perf_counter() - t0
+        plain.run(fetches, feed)  # the plain session extends itself to the grown graph
+        for _ in range(warmup):
+            plain.run(fetches, feed)
+            tfs.run(fetches, feed)
+        plain_times, tfmem_times, plain_cpu, tfmem_cpu, rows = [], [], [], [], []
+        for i in range(steps):
+            order = ("plain", "tfmem") if i % 2 == 0 else ("tfmem", "plain")
+            for which in order:
+                if which == "plain":
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    plain.run(fetches, feed)
+                    plain_times.append(time.perf_counter() - t0)
+                    plain_cpu.append(time.process_time() - c0)
+                else:
+                    mark = timer.mark()
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    tfs.run(fetches, feed)
+                    wall = time.perf_counter() - t0
+                    tfmem_cpu.append(time.process_time() - c0)
+                    (calls, call_s), (uploads, upload_s) = timer.since(mark, main_thread)
+                    tfmem_times.append(wall)
+                    rows.append(dict(wall=wall, executor=tfs.last_step.wall_time, calls=calls,
+                                     call_s=call_s, uploads=uploads, upload_s=upload_s,
+                                     wait=tfs.last_step.prefetch_wait_time))
+        stats = tfs.last_step
+        parts = stats.partitions
+        # Traced steps (after the timed ones): the swap-out copies' time, and the
+        # executor loop's own time less Session calls, waits and swap-out copies,
+        # all from the same step.
+        traced_calls = []
+
+        def traced_run():
+            mark = timer.mark()
+            tfs.run(fetches, feed)
+            traced_calls.append(timer.since(mark, main_thread)[0][1])
+        traced = _traced_steps(tfs, traced_run, breakdown_steps,
+                               os.path.join(trace_dir, f"fits_{size}.json"))
+        swap_outs = [d.get("swap-out", (0, 0.0))[1] for d, _ in traced]
+        swap_out_s = _median(swap_outs)
+        loop_excl = [s.wall_time - c - s.prefetch_wait_time - o
+                     for (_, s), c, o in zip(traced, traced_calls, swap_outs)]
+        plain_med, tfmem_med = _median(plain_times), _median(tfmem_times)
+        overhead = [(r["wall"] - r["call_s"]) / parts for r in rows]
+        loop_overhead = [(r["executor"] - r["call_s"]) / parts for r in rows]
+        outside = [r["wall"] - r["executor"] for r in rows]
+        # untraced time outside the executor (request, results) + the traced loop's own time
+        excl = ((_median(outside) + _median(loop_excl)) / parts) if loop_excl else None
+        config = dict(
+            partition_size=size, partitions=parts, first_step_s=first_s,
+            request_ops=_request_ops(tfs, fetches, feed),
+            plain_ms=plain_med * 1e3, tfmem_ms=tfmem_med * 1e3, ratio=tfmem_med / plain_med,
+            paired_ratio=_median([t / p for t, p in zip(tfmem_times, plain_times)]),
+            plain_cpu_ms=_median(plain_cpu) * 1e3, tfmem_cpu_ms=_median(tfmem_cpu) * 1e3,
+            cpu_ratio=_median(tfmem_cpu) / _median(plain_cpu),
+            plain_times_ms=[t * 1e3 for t in plain_times],
+            tfmem_times_ms=[t * 1e3 for t in tfmem_times],
+            calls_ms=_median([r["call_s"] for r in rows]) * 1e3,
+            uploads=rows[-1]["uploads"] if rows else 0,
+            upload_ms=_median([r["upload_s"] for r in rows]) * 1e3,
+            prefetch_wait_ms=_median([r["wait"] for r in rows]) * 1e3,
+            swap_out_ms=None if swap_out_s is None else swap_out_s * 1e3,
+            outside_executor_ms=_median(outside) * 1e3,
+            overhead_ms_per_partition=_median(overhead) * 1e3,
+            loop_overhead_ms_per_partition=_median(loop_overhead) * 1e3,
+            overhead_excl_transfers_ms_per_partition=None if excl is None else excl * 1e3,
+            swapped_out=stats.swapped_out, swapped_out_mib=stats.swapped_out_bytes / MIB,
+            swapped_in=stats.swapped_in, peak_device_handles=stats.peak_device_handles)
+        result["configs"].append(config)
+        log(f"    partition_size={size}: {parts} partitions, plain {config['plain_ms']:.0f} ms, "
+            f"tfmem {config['tfmem_ms']:.0f} ms ({config['ratio']:.2f}x); first step "
+            f"{first_s:.1f} s")
+    plain.close()
+    wrapped.close()
+    return result
+
+
+# --------------------------------------------------------------------------
+# planning a ~100k-op graph
+
+
+def chain_graph(n_ops=100_000, width=8):
+    """A ~n_ops-op graph: forward chain, then a backward chain reading every activation.
+
+    Per layer, forward: MatMul, Relu, Mul, AddV2; backward: Mul, ReluGrad,
+    MatMul(transpose_b).  Built as one GraphDef and imported.  Returns
+    (graph, x placeholder, loss tensor).
+    """
+    tf = _tf()
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    layers = max(1, (n_ops - 6) // 7)
+    graph_def = tf1.GraphDef()
+    dtype = tf1.AttrValue(type=tf.float32.as_datatype_enum)
+
+    def node(name, op, inputs=(), **attrs):
+        new = graph_def.node.add(name=name, op=op)
+        new.input.extend(inputs)
+        for key, value in attrs.items():
+            new.attr[key].CopyFrom(value)
+
+    def const(name, value):
+        node(name, "Const", dtype=tf1.AttrValue(type=tf.as_dtype(value.dtype).as_datatype_enum),
+             value=tf1.AttrValue(tensor=tf.make_tensor_proto(value)))
+
+    node("x", "Placeholder", dtype=dtype,
+         shape=tf1.AttrValue(shape=tf.TensorShape([None, width]).as_proto()))
+    const("w", np.eye(width, dtype=np.float32) / 1.5)
+    const("half", np.float32(0.5))
+    const("axes", np.array([0, 1], dtype=np.int32))
+    h, acts = "x", []
+    for i in range(layers):
+        node(f"f{i}/mm", "MatMul", [h, "w"], T=dtype)
+        node(f"f{i}/relu", "Relu", [f"f{i}/mm"], T=dtype)
+        node(f"f{i}/mul", "Mul", [f"f{i}/relu", "half"], T=dtype)
+        node(f"f{i}/add", "AddV2", [f"f{i}/mul", f"f{i}/relu"], T=dtype)
+        acts.append(f"f{i}/relu")
+        h = f"f{i}/add"
+    node("seed", "OnesLike", [h], T=dtype)
+    grad = "seed"
+    for i in reversed(range(layers)):
+        node(f"b{i}/scale", "Mul", [grad, "half"], T=dtype)
+        node(f"b{i}/relugrad", "ReluGrad", [f"b{i}/scale", acts[i]], T=dtype)
+        node(f"b{i}/mm", "MatMul", [f"b{i}/relugrad", "w"], T=dtype,
+             transpose_b=tf1.AttrValue(b=True))
+        grad = f"b{i}/mm"
+    node("loss", "Sum", [grad, "axes"], T=dtype,
+         Tidx=tf1.AttrValue(type=tf.int32.as_datatype_enum))
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return graph, graph.get_tensor_by_name("x:0"), graph.get_tensor_by_name("loss:0")
+
+
+def bench_plan(n_ops=100_000, partition_size=200, log=None):
+    """First and cached `tfs.plan` time on a chain graph of ~n_ops ops."""
+    log = log or (lambda text: None)
+    tf = _tf()
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    started = time.perf_counter()
+    graph, x, loss = chain_graph(n_ops)
+    build_s = time.perf_counter() - started
+    sess = _session(tf, graph)
+    tfs = tfmem.TFMemSession(sess, partition_size=partition_size)
+    feed = {x: np.ones((4, 8), np.float32)}
+    started = time.perf_counter()
+    plan = tfs.plan(loss, feed)
+    first_s = time.perf_counter() - started
+    started = time.perf_counter()
+    again = tfs.plan(loss, feed)
+    cached_s = time.perf_counter() - started
+    sess.close()
+    result = dict(graph_ops=len(graph.get_operations()), request_ops=plan.num_ops,
+                  build_s=build_s, partition_size=partition_size, plan_s=first_s,
+                  cached_s=cached_s, cached_same_plan=again is plan,
+                  partitions=len(plan.partitions), transfers=len(plan.transfers))
+    log(f"(a) planning: {result['request_ops']} ops: first plan {first_s:.1f} s, "
+        f"cached {cached_s * 1e3:.2f} ms")
+    return result
+
+
+# --------------------------------------------------------------------------
+# (b) a model that trains only with tfmem, in capped subprocesses
+
+
+def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, partition_size):
+    """One capped run in this (fresh) process: kind is peak, plain or tfmem. Returns a dict."""
+    tfmem.emulate_accelerator(cap_mib)  # before TensorFlow is imported
+    tf = _tf()
+    from tfmem import accelerator, models  # pylint: disable=import-outside-toplevel
+    model = models.mlp(layers=layers, width=width)
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    sess = _session(tf, model.graph)
+    sess.run(model.init)
+    accelerator.reset_peak("CPU:0")
+    out = dict(kind=kind, cap_mib=cap_mib, oom=False, error=None, step_times=[], peak_bytes=0)
+    if kind in ("peak", "plain"):
+        runner = sess
+    else:
+        size = partition_size if partition_size == "auto" else int(partition_size)
+        runner = tfmem.TFMemSession(sess, partition_size=size)
+    peak = 0
+    try:
+        for i in range(warmup + steps):
+            started = time.perf_counter()
+            runner.run(fetches, feed)
+            elapsed = time.perf_counter() - started
+            memory = accelerator.device_memory("CPU:0")
+            peak = max(peak, memory["peak"] if memory else 0)
+            if i >= warmup:
+                out["step_times"].append(elapsed)
+                if kind == "tfmem":
+                    s = runner.last_step
+                    out.setdefault("waits", []).append(s.prefetch_wait_time)
+                    out.setdefault("walls", []).append(s.wall_time)
+    except tf.errors.ResourceExhaustedError as err:
+        out["oom"] = True
+        lines = [line.strip() for line in str(err.message).splitlines() if line.strip()]
+        out["error"] = next((line for line in lines if line.startswith("OOM")), lines[0])
+    out["peak_bytes"] = peak
+    if kind == "tfmem" and not out["oom"]:
+        s = runner.last_step
+        out.update(partitions=s.partitions, swapped_out=s.swapped_out,
+                   swapped_out_bytes=s.swapped_out_bytes, swapped_in=s.swapped_in,
+                   swapped_in_bytes=s.swapped_in_bytes, last_step=str(s))
+        path = os.path.join(tempfile.mkdtemp(prefix="tfmem-bench-"), "capped.json")
+        traced = _traced_steps(runner, lambda: runner.run(fetches, feed), breakdown_steps, path)
+        out["traced"] = [dict(wall=s.wall_time, wait=s.prefetch_wait_time,
+                              tracks={k: list(v) for k, v in d.items()}) for d, s in traced]
+        out["trace_path"] = path
+    return out
+
+
+def _run_child(kind, cap_mib, settings, timeout=900):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--cap", str(cap_mib),
+           "--child-settings", json.dumps(settings)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN crashed at the cap (README)
+    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        env.pop(name, None)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        return dict(kind=kind, failed=True, returncode=proc.returncode, stderr_tail=tail)
+    out = json.loads(lines[-1])
+    out["failed"] = False
+    out["process_s"] = time.perf_counter() - started
+    return out
+
+
+def summarize_capped(run, batch):
+    """Throughput and transfer shares of a capped tfmem run (the child's dict)."""
+    median = _median(run["step_times"])
+    shares, exposed = [], []
+    for step in run.get("traced", []):
+        tracks = step["tracks"]
+        swap_out = tracks.get("swap-out", (0, 0.0))[1]
+        upload = tracks.get("prefetch", (0, 0.0))[1]
+        shares.append((swap_out + upload) / step["wall"])
+        exposed.append((swap_out + step["wait"]) / step["wall"])
+    waits = [w / t for w, t in zip(run.get("waits", []), run.get("walls", []))]
+    return dict(step_ms=median * 1e3 if median else None,
+                throughput=batch / median if median else None,
+                transfer_share=_median(shares), exposed_transfer_share=_median(exposed),
+                prefetch_wait_share=_median(waits))
+
+
+def bench_capped(layers=24, width=256, batch=2048, steps=4, warmup=1, breakdown_steps=2,
+                 partition_size="auto", fallback=50, log=None):
+    """Plain peak, plain under half of it, tfmem under half of it: three processes."""
+    log = log or (lambda text: None)
+    settings = dict(layers=layers, width=width, batch=batch, steps=steps, warmup=warmup,
+                    breakdown_steps=breakdown_steps, partition_size=partition_size)
+    result = dict(model=f"MLP {layers}x{width}", **settings)
+    peak = _run_child("peak", 16384, dict(settings, steps=2, warmup=1))
+    result["plain_uncapped"] = peak
+    if peak["failed"] or not peak["peak_bytes"]:
+        log("(b) plain peak run failed:\n" + peak.get("stderr_tail", ""))
+        return result
+    cap = int(peak["peak_bytes"] / MIB / 2)
+    result["plain_peak_mib"] = peak["peak_bytes"] / MIB
+    result["cap_mib"] = cap
+    log(f"(b) {result['model']}, batch {batch}: plain peak {result['plain_peak_mib']:.1f} MiB, "
+        f"cap {cap} MiB")
+    result["plain_capped"] = _run_child("plain", cap, dict(settings, steps=1, warmup=0))
+    run = _run_child("tfmem", cap, settings)
+    if not run["failed"] and run["oom"] and fallback and partition_size != fallback:
+        # Budget mode plans to the cap less 10 %; where the simulator underestimates the
+        # measured peak (README: the MLP) a step can still run out: say so, then measure
+        # a fixed partition size with room to spare.
+        result["oom_at"] = dict(partition_size=partition_size, error=run["error"])
+        log(f"    tfmem partition_size={partition_size} ran out of memory under the cap; "
+            f"measuring partition_size={fallback}")
+        result["partition_size"] = fallback
+        run = _run_child("tfmem", cap, dict(settings, partition_size=fallback))
+    result["tfmem_capped"] = run
+    if not run["failed"] and not run["oom"]:
+        result.update(summarize_capped(run, batch))
+        result["tfmem_peak_mib"] = run["peak_bytes"] / MIB
+    return result
+
+
+# --------------------------------------------------------------------------
+# profile
+
+
+def profile_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200), steps=5, top=18,
+                 log=print):
+    """cProfile of tfmem steps (after 3 unprofiled ones); prints the top functions.
+
+    For native frames (inside TensorFlow) run the bench under py-spy instead:
+    `py-spy record --native -o spy.svg -- python tools/bench.py --profile ...`.
+    """
+    import cProfile  # pylint: disable=import-outside-toplevel
+    import io  # pylint: disable=import-outside-toplevel
+    import pstats  # pylint: disable=import-outside-toplevel
+    tf = _tf()
+    from tfmem import models  # pylint: disable=import-outside-toplevel
+    model = models.resnet(blocks=blocks)
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    sess = _session(tf, model.graph)
+    sess.run(model.init)
+    out = {}
+    for size in partition_sizes:
+        tfs = tfmem.TFMemSession(sess, partition_size=size)
+        for _ in range(3):
+            tfs.run(fetches, feed)
+        profiler = cProfile.Profile()
+        started = time.perf_counter()
+        profiler.enable()
+        for _ in range(steps):
+            tfs.run(fetches, feed)
+        profiler.disable()
+        wall = time.perf_counter() - started
+        stream = io.StringIO()
+        stats = pstats.Stats(profiler, stream=stream)
+        stats.sort_stats("tottime").print_stats(top)
+        raw = stats.stats  # pylint: disable=no-member
+        tf_s = sum(v[2] for k, v in raw.items() if "TF_SessionRunCallable" in k[2])
+        out[size] = dict(wall_s=wall, tf_call_s=tf_s, steps=steps,
+                         partitions=tfs.last_step.partitions)
+        log(f"--- cProfile, partition_size={size}, {steps} steps, "
+            f"{tfs.last_step.partitions} partitions: wall {wall:.2f} s, in "
+            f"TF_SessionRunCallable {tf_s:.2f} s ({tf_s / wall:.0%}), Python "
+            f"{(wall - tf_s) / steps / tfs.last_step.partitions * 1e3:.3f} ms/partition "
+            f"(profiled)")
+        log("\n".join(stream.getvalue().splitlines()[:top + 12]))
+    sess.close()
+    return out
+
+
+# --------------------------------------------------------------------------
+# report
+
+
+def targets(results):
+    """[(name, value)] of the machine-readable figures."""
+    values = {}
+    fits = results.get("fits")
+    if fits:
+        by_size = {c["partition_size"]: c for c in fits["configs"]}
+        for size, config in by_size.items():
+            key = "auto_ratio" if size == "auto" else f"fits_ps{size}_ratio"
+            values[key] = config["ratio"]
+        numeric = [c for c in fits["configs"] if c["partition_size"] != "auto"]
+        if numeric:
+            most = max(numeric, key=lambda c: c["partitions"])
+            values["overhead_ms_per_partition"] = most["overhead_ms_per_partition"]
+            values["overhead_excl_transfers_ms_per_partition"] = \
+                most["overhead_excl_transfers_ms_per_partition"]
+        for config in fits["configs"]:
+            if config["partition_size"] == "auto":
+                values["auto_partitions"] = config["partitions"]
+    plan = results.get("plan")
+    if plan:
+        values["plan_100k_s" if plan["request_ops"] >= 90_000 else
+               f"plan_{plan['request_ops'] // 1000}k_s"] = plan["plan_s"]
+        values["cached_plan_s"] = plan["cached_s"]
+    capped = results.get("capped")
+    if capped:
+        plain = capped.get("plain_capped") or {}
+        values["capped_plain"] = "OOM" if plain.get("oom") else (
+            "failed" if plain.get("failed", True) else "fits")
+        if capped.get("throughput"):
+            values["capped_tfmem_examples_per_s"] = capped["throughput"]
+            values["transfer_share"] = capped["transfer_share"]
+            values["prefetch_wait_share"] = capped["prefetch_wait_share"]
+        else:
+            values["capped_tfmem_examples_per_s"] = "failed"
+    return list(values.items())
+
+
+def _target_line(name, value):
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    goal = GOALS.get(name)
+    if goal is None:
+        return f"TARGET {name}={text} (info)"
+    op, bound = goal
+    if not isinstance(value, (int, float)):
+        return f"TARGET {name}={text} (goal {op} {bound:g}) MISSED"
+    ok = value <= bound if op == "<=" else value < bound
+    return f"TARGET {name}={text} (goal {op} {bound:g}) {'ok' if ok else 'MISSED'}"
+
+
+def _fmt(value, width, digits):
+    return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
+def report(results, out=print):
+    """The compact report, then one TARGET line per figure."""
+    env = results["env"]
+    out(f"tfmem bench: TensorFlow {env['tensorflow']}, Python {env['python']}, "
+        f"{env['cpus']} CPUs, {env['mode']}, load average at start {env['loadavg']}")
+    fits = results.get("fits")
+    if fits:
+        out(f"\n(a) fits: {fits['model']} (blocks {tuple(fits['blocks'])}, width "
+            f"{fits['width']}, {fits['image']}x{fits['image']}), batch {fits['batch']}, "
+            f"swap={fits['swap']!r}; "
+            f"one graph, two sessions; {fits['steps']} steps per side after "
+            f"{fits['warmup']} warm-up, alternating")
+        out(f"{'part.size':>9} {'parts':>5} {'ops':>5} {'plain ms':>8} {'tfmem ms':>8} "
+            f"{'ratio':>6} {'paired':>6} {'cpu':>5} {'ovh/part':>8} {'excl.xfer':>9} {'in TF ms':>8} "
+            f"{'wait ms':>7} {'swapout':>7} {'first s':>7}")
+        for c in fits["configs"]:
+            swap = f"{c['swap_out_ms']:.1f}" if c["swap_out_ms"] is not None else "n/a"
+            out(f"{str(c['partition_size']):>9} {c['partitions']:>5} {c['request_ops']:>5} "
+                f"{c['plain_ms']:>8.1f} {c['tfmem_ms']:>8.1f} {c['ratio']:>6.3f} "
+                f"{c['paired_ratio']:>6.3f} {c['cpu_ratio']:>5.2f} "
+                f"{c['overhead_ms_per_partition']:>8.3f} "
+                f"{_fmt(c['overhead_excl_transfers_ms_per_partition'], 9, 3)} "
+                f"{c['calls_ms']:>8.1f} "
+                f"{c['prefetch_wait_ms']:>7.1f} {swap:>7} {c['first_step_s']:>7.1f}")
+        out("  ratio: median tfmem / median plain wall time; paired: median of per-step ratios "
+            "(adjacent steps); cpu: the same for process CPU time (less sensitive to other load)")
+        out("  ovh/part: (tfs.run wall - partition Session calls) / partitions, ms; excl.xfer: "
+            "the same less prefetch waits and swap-out copies (loop time from traced steps);")
+        out("  in TF: partition Session calls per step, ms;")
+        out("  swapout: ms/step copying swapped tensors to host (traced steps); first s: "
+            "planning + rewrite + compile + first step")
+        for c in fits["configs"]:
+            if c["swapped_out"]:
+                out(f"  partition_size={c['partition_size']}: swapped out {c['swapped_out']} "
+                    f"({c['swapped_out_mib']:.1f} MiB) per step, {c['uploads']} upload calls "
+                    f"({c['upload_ms']:.1f} ms on the prefetch thread), handles peak "
+                    f"{c['peak_device_handles']}")
+        out(f"  timer cost {fits['timer_cost_us']:.2f} us per Session call (counted as overhead)")
+    plan = results.get("plan")
+    if plan:
+        out(f"\n(a) planning: chain graph of {plan['graph_ops']} ops ({plan['request_ops']} in "
+            f"the request, built in {plan['build_s']:.1f} s), partition_size "
+            f"{plan['partition_size']}: first tfs.plan {plan['plan_s']:.2f} s -> "
+            f"{plan['partitions']} partitions, {plan['transfers']} transfers; second call "
+            f"{plan['cached_s'] * 1e3:.2f} ms (same plan object: {plan['cached_same_plan']})")
+    capped = results.get("capped")
+    if capped:
+        out(f"\n(b) capped: {capped['model']}, batch {capped['batch']}, one process per run, "
+            f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '0')}")
+        peak = capped.get("plain_uncapped", {})
+        if "cap_mib" not in capped:
+            out(f"  plain peak run failed: {peak.get('stderr_tail', '')}")
+        else:
+            out(f"  plain, no cap:    peak {capped['plain_peak_mib']:.1f} MiB, median step "
+                f"{_median(peak['step_times']) * 1e3:.0f} ms")
+            out(f"  cap:              {capped['cap_mib']} MiB (half the plain peak)")
+            plain = capped["plain_capped"]
+            if plain.get("failed"):
+                out(f"  plain under cap:  process failed ({plain.get('returncode')})")
+            else:
+                out("  plain under cap:  " + (f"OOM ({plain['error']})" if plain["oom"]
+                                              else "trained (no OOM!)"))
+            run = capped["tfmem_capped"]
+            if capped.get("oom_at"):
+                out(f"  tfmem under cap:  partition_size={capped['oom_at']['partition_size']}: "
+                    f"OOM ({capped['oom_at']['error']})")
+            if run.get("failed") or run.get("oom"):
+                out(f"  tfmem under cap:  FAILED {run.get('error') or run.get('stderr_tail')}")
+            else:
+                out(f"  tfmem under cap:  partition_size={capped['partition_size']}: "
+                    f"{run['partitions']} partitions, median step {capped['step_ms']:.0f} ms, "
+                    f"{capped['throughput']:.0f} examples/s, peak {capped['tfmem_peak_mib']:.1f}"
+                    f" MiB")
+                out(f"                    transfers (swap-out + uploads) "
+                    f"{capped['transfer_share']:.1%} of step time, exposed (swap-out + wait) "
+                    f"{capped['exposed_transfer_share']:.1%}, prefetch wait "
+                    f"{capped['prefetch_wait_share']:.1%}")
+                out(f"  tfmem last step:  {run['last_step']}")
+    out("")
+    for name, value in targets(results):
+        out(_target_line(name, value))
+
+
+def environment(mode):
+    tf = _tf()
+    try:
+        load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        load = "n/a"
+    return dict(tensorflow=tf.__version__, python=platform.python_version(),
+                cpus=os.cpu_count(), mode=mode, loadavg=load)
+
+
+def run_all(args, log=None):
+    """The whole benchmark as a dict (see `report`)."""
+    log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+    settings = dict(QUICK if args.quick else FULL)
+    if args.steps is not None:
+        settings["steps"] = settings["capped_steps"] = args.steps
+    if args.warmup is not None:
+        settings["warmup"] = settings["capped_warmup"] = args.warmup
+    results = dict(env=environment("quick" if args.quick else "full"), settings=settings)
+    if not args.skip_fits:
+        results["fits"] = bench_fits(blocks=tuple(args.blocks), batch=args.batch,
+                                     steps=settings["steps"], warmup=settings["warmup"],
+                                     breakdown_steps=settings["breakdown_steps"],
+                                     budget=args.budget, swap=args.swap,
+                                     partition_sizes=tuple(
+                                         p if p == "auto" else int(p)
+                                         for p in args.partition_sizes),
+                                     log=log)
+    if not args.skip_plan:
+        results["plan"] = bench_plan(args.plan_ops, log=log)
+    if not args.skip_capped:
+        results["capped"] = bench_capped(
+            layers=args.capped_layers, width=256, batch=args.capped_batch,
+            steps=settings["capped_steps"], warmup=settings["capped_warmup"],
+            breakdown_steps=settings["breakdown_steps"],
+            partition_size=args.capped_partition_size, log=log)
+    if args.profile:
+        results["profile"] = profile_fits(blocks=tuple(args.blocks), batch=args.batch)
+    return results
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="python tools/bench.py", description=__doc__.split(
+        "\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer steps (about 4 minutes on 2 cores)")
+    parser.add_argument("--steps", type=int, help="timed steps per side and configuration")
+    parser.add_argument("--warmup", type=int, help="warm-up steps (after tfmem's first step)")
+    parser.add_argument("--blocks", type=int, nargs=3, default=[9, 9, 9],
+                        help="ResNet blocks per stage (default 9 9 9: ResNet-56)")
+    parser.add_argument("--batch", type=int, default=32, help="ResNet batch (default 32)")
+    parser.add_argument("--partition-sizes", nargs="+", default=["50", "200", "auto"],
+                        help="tfmem configurations of (a) (default: 50 200 auto)")
+    parser.add_argument("--swap", choices=("auto", "all", "none"), default="auto",
+                        help="tfmem's swap policy in (a) (default auto)")
+    parser.add_argument("--budget", default="8GiB",
+                        help="device_memory_budget of the 'auto' configuration (default 8GiB)")
+    parser.add_argument("--plan-ops", type=int, default=100_000,
+                        help="ops of the planning graph (default 100000)")
+    parser.add_argument("--capped-layers", type=int, default=24)
+    parser.add_argument("--capped-batch", type=int, default=2048)
+    parser.add_argument("--capped-partition-size", default="auto",
+                        help="tfmem's partition_size under the cap (default auto)")
+    parser.add_argument("--skip-fits", action="store_true")
+    parser.add_argument("--skip-plan", action="store_true")
+    parser.add_argument("--skip-capped", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="also cProfile tfmem steps at partition_size 50 and 200")
+    parser.add_argument("--json", metavar="OUT", help="write every figure as JSON")
+    # internal: one capped run in this process
+    parser.add_argument("--child", choices=("peak", "plain", "tfmem"), help=argparse.SUPPRESS)
+    parser.add_argument("--cap", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--child-settings", default="{}", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.child:
+        out = child(args.child, args.cap, **json.loads(args.child_settings))
+        print(json.dumps(out))
+        return 0
+    started = time.perf_counter()
+    results = run_all(args)
+    results["total_s"] = time.perf_counter() - started
+    report(results)
+    print(f"(bench took {results['total_s']:.0f} s)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
