@@ -1,0 +1,805 @@
+"""Shared machinery of the experiments: one trial per process, the max-size search, reports.
+
+An experiment script (``resnet.py``; later ``moe.py``, ``deepspeech.py``)
+describes its model with an :class:`Experiment` (how to build the graph from
+TensorFlow ops, its size knob and its defaults) and calls :func:`main`.
+Everything else lives here:
+
+* **one trial** (the script run with ``--system`` and a size): sets the
+  emulated device-memory cap *before* TensorFlow is imported, builds the
+  model, trains ``--steps`` steps with plain TensorFlow (``tf``), TensorFlow
+  with Grappler's memory optimizer at its strongest setting (``grappler``) or
+  a ``tfmem.TFMemSession`` (``tfmem``), and prints one JSON line;
+* **the search** (``--find-max``): per system, the largest size that trains
+  under the cap, by exponential then binary search on the size knob, each
+  trial in its own process (the cap is read once, when TensorFlow starts),
+  with a time limit per trial and a text progress bar on stderr;
+* **reports**: the paper-shaped table as markdown and CSV, every trial as
+  CSV and JSON, a PNG of size against throughput (skipped, with a note, when
+  matplotlib is missing), and a ``RESULT`` line.
+
+Nothing here imports TensorFlow at module level.
+"""
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import tfmem
+
+MIB = 1 << 20
+SYSTEMS = ("tf", "grappler", "tfmem")
+# Grappler's memory optimizer levels (RewriterConfig.MemOptType).  HEURISTICS is
+# the strongest: it runs the recomputation heuristics (cheap ops such as batch
+# norm and ReLU recomputed in the backward pass) and the scheduling and swapping
+# passes, which plain TensorFlow (DEFAULT_MEM_OPT) runs without recomputation.
+GRAPPLER_MEMORY_OPTIMIZATION = "HEURISTICS"
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+SYSTEM_LABELS = {"tf": "TensorFlow",
+                 "grappler": f"TensorFlow + Grappler memory optimizer ({GRAPPLER_MEMORY_OPTIMIZATION})",
+                 "tfmem": "tfmem (TFMemSession)"}
+# How a failed trial is described in the reports: what limited the system there.
+LIMITS = {"oom": "device memory (ResourceExhaustedError)",
+          "crash": "device memory (the process crashed at the cap)",
+          "budget": "device memory (tfmem: nothing fits the budget)",
+          "host-memory": "host memory (tfmem refused the plan)",
+          "timeout": "time (trial time limit)",
+          "error": "error",
+          "search-time": "time (search time limit)",
+          "max-size": "the --max-size limit"}
+
+
+@dataclasses.dataclass
+class Model:
+    """A built training step: what a trial runs."""
+    graph: object
+    loss: object
+    train_op: object
+    init: object
+    feed: dict  # a feed_dict of seeded synthetic data, fed at every step
+    parameters: int  # trainable parameters
+    examples: int  # examples per step (the batch size)
+
+
+@dataclasses.dataclass
+class Experiment:
+    """What a model script tells the shared machinery.
+
+    sizes: search index k (1, 2, ...) -> size knob value (strictly increasing).
+    index_of: size knob value -> k; raises ValueError for a size the model cannot take.
+    build: (tensorflow module, size, parsed args) -> Model, in a new graph.
+    add_arguments: adds the model's own options (forwarded to trials: model_args).
+    defaults / quick: option values without / with --quick (None in argparse means unset).
+    """
+    name: str
+    title: str
+    size: str  # the size option, e.g. "layers"
+    size_help: str
+    sizes: object
+    index_of: object
+    build: object
+    script: str
+    add_arguments: object = None
+    model_args: tuple = ()
+    defaults: dict = dataclasses.field(default_factory=dict)
+    quick: dict = dataclasses.field(default_factory=dict)
+    unit: str = "examples"
+
+
+BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size="auto",
+                     budget=None, swap="auto", swap_distance=2, prefetch=1, swap_min_bytes=None,
+                     start=None, max_size=None, tolerance=0.0, trial_timeout=600.0,
+                     search_time=None, max_trials=40, inter_op_threads=0)
+
+
+# --------------------------------------------------------------------------
+# arguments
+
+
+def _positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
+    return value
+
+
+def _partition_size(text):
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def build_parser(experiment):
+    size = experiment.size.replace("_", "-")
+    parser = argparse.ArgumentParser(
+        prog=f"python experiments/{Path(experiment.script).name}",
+        description=f"{experiment.title}. With --system and --{size}: one trial in this "
+                    "process, one JSON line on stdout. With --find-max: the largest "
+                    f"--{size} that trains under the cap, per system, one process per trial. "
+                    "--quick: the find-max run with small defaults, its table and a RESULT line.")
+    run = parser.add_argument_group("what to run")
+    run.add_argument("--system", action="append", choices=SYSTEMS,
+                     help="tf (plain TensorFlow), grappler (TensorFlow with Grappler's memory "
+                          f"optimizer at {GRAPPLER_MEMORY_OPTIMIZATION}) or tfmem; repeat for "
+                          "several (--find-max: default all three)")
+    run.add_argument(f"--{size}", type=_positive_int, dest="size", metavar="N",
+                     help=experiment.size_help)
+    run.add_argument("--find-max", action="store_true",
+                     help="search the largest size that trains under the cap, per system")
+    run.add_argument("--quick", action="store_true",
+                     help="--find-max with small defaults (under 10 minutes on 2 cores), the "
+                          "table and a RESULT line")
+    trial = parser.add_argument_group("trial")
+    trial.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+                       help="emulated device-memory cap (TensorFlow's CPU allocator capped, "
+                            "tfmem.emulate_accelerator)")
+    trial.add_argument("--batch-size", type=_positive_int)
+    trial.add_argument("--inter-op-threads", type=_non_negative_int, metavar="N",
+                       help="the sessions' inter_op_parallelism_threads (default 0: TensorFlow's "
+                            "choice; 1 runs one op at a time: lower, steadier peaks, slower steps)")
+    trial.add_argument("--steps", type=_positive_int,
+                       help="training steps per trial; throughput is measured on the steps after "
+                            "the first")
+    tfm = parser.add_argument_group("tfmem")
+    tfm.add_argument("--partition-size", type=_partition_size, metavar="N|auto",
+                     help="ops per partition, or auto: budget mode (default auto)")
+    tfm.add_argument("--budget", type=_positive_int, metavar="MiB",
+                     help="budget mode's device-memory budget (default: the cap)")
+    tfm.add_argument("--swap", choices=("auto", "all", "none"))
+    tfm.add_argument("--swap-distance", type=_non_negative_int)
+    tfm.add_argument("--prefetch", type=_non_negative_int)
+    tfm.add_argument("--swap-min-bytes", type=_non_negative_int, metavar="BYTES",
+                     help="tensors smaller than this stay on the device (default: tfmem's)")
+    search = parser.add_argument_group("search (--find-max, --quick)")
+    search.add_argument("--start", type=_positive_int, metavar="N",
+                        help=f"the --{size} the first system's search starts at (later systems "
+                             "start at the largest size found so far)")
+    search.add_argument("--max-size", type=_positive_int, metavar="N",
+                        help=f"never try a --{size} above this")
+    search.add_argument("--tolerance", type=float, metavar="FRACTION",
+                        help="stop the binary search when the bracket is within this fraction "
+                             "of the largest size that trained (default 0: exact)")
+    search.add_argument("--trial-timeout", type=float, metavar="SECONDS",
+                        help="a trial running longer counts as failed (time)")
+    search.add_argument("--search-time", type=float, metavar="SECONDS",
+                        help="per system: start no trial after this much search time")
+    search.add_argument("--max-trials", type=_positive_int, help="per system")
+    search.add_argument("--out-dir", type=Path, default=RESULTS_DIR,
+                        help=f"where tables, CSV, JSON and the plot go (default {RESULTS_DIR})")
+    search.add_argument("--tag", help="file name part of the outputs (default: quick, or "
+                                      "cap<MiB>-b<batch>)")
+    if experiment.add_arguments:
+        experiment.add_arguments(parser.add_argument_group(f"model ({experiment.name})"))
+    return parser
+
+
+def parse_args(experiment, argv=None):
+    """Parsed options with unset values filled from --quick's or the normal defaults."""
+    parser = build_parser(experiment)
+    args = parser.parse_args(argv)
+    defaults = dict(BASE_DEFAULTS, **experiment.defaults)
+    if args.quick:
+        defaults.update(experiment.quick)
+        args.find_max = True
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.size is not None:
+        try:
+            experiment.index_of(args.size)
+        except ValueError as err:
+            parser.error(str(err))
+    if not args.find_max:
+        if not args.system or len(args.system) != 1 or args.size is None:
+            parser.error(f"one trial needs one --system and --{experiment.size.replace('_', '-')}"
+                         " (or use --find-max / --quick)")
+    if args.tolerance < 0:
+        parser.error("--tolerance must be >= 0")
+    return args
+
+
+def trial_options(experiment, args):
+    """The command-line options that reproduce this run's trial settings in a child."""
+    options = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
+               "--partition-size", str(args.partition_size), "--swap", args.swap,
+               "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
+               "--inter-op-threads", str(args.inter_op_threads)]
+    if args.device_memory is not None:
+        options += ["--device-memory", str(args.device_memory)]
+    if args.budget is not None:
+        options += ["--budget", str(args.budget)]
+    if args.swap_min_bytes is not None:
+        options += ["--swap-min-bytes", str(args.swap_min_bytes)]
+    for name in experiment.model_args:
+        value = getattr(args, name)
+        if value is not None:
+            options += [f"--{name.replace('_', '-')}", str(value)]
+    return options
+
+
+# --------------------------------------------------------------------------
+# one trial, in this process
+
+
+def session_config(tf, system, inter_op_threads=0):
+    """The ConfigProto of a system's session: TensorFlow's defaults, plus Grappler's
+    memory optimizer for `grappler`."""
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads)
+    if system == "grappler":
+        from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=import-outside-toplevel
+        config.graph_options.rewrite_options.memory_optimization = getattr(
+            rewriter_config_pb2.RewriterConfig, GRAPPLER_MEMORY_OPTIMIZATION)
+    return config
+
+
+def _first_line(message):
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("OOM when allocating"):
+            return line.split(" on /job")[0]
+    return lines[0][:300] if lines else ""
+
+
+PHASE = "PHASE"  # stderr marker of a trial's progress, read back when it times out or crashes
+
+
+def _phase(name, started):
+    print(f"{PHASE} {name} {time.perf_counter() - started:.1f}", file=sys.stderr, flush=True)
+
+
+def run_trial(experiment, args):
+    """Build and train one size with one system in this process; the result dict.
+
+    The cap must already be set (main does it before importing TensorFlow).
+    Progress goes to stderr as PHASE lines, so that a parent that has to kill
+    the trial (time limit) or sees it crash can tell how far it got.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    started = time.perf_counter()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+
+    system = args.system[0]
+    result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
+                  size=args.size, index=experiment.index_of(args.size),
+                  batch_size=args.batch_size, steps=args.steps,
+                  device_memory_mib=accelerator.emulated_memory_mib(),
+                  model={name: getattr(args, name) for name in experiment.model_args},
+                  status=None, ok=False, error=None, parameters=None, state_bytes=None,
+                  step_times=[], losses=[], throughput=None, peak_bytes=None, step_peaks=[],
+                  resident_after_init_bytes=None, resident_after_steps_bytes=None,
+                  build_seconds=None, first_step_seconds=None, seconds=None,
+                  grappler=GRAPPLER_MEMORY_OPTIMIZATION if system == "grappler" else None,
+                  tfmem=None)
+    _phase("building", started)
+    model = experiment.build(tf, args.size, args)
+    result["parameters"] = model.parameters
+    with model.graph.as_default():
+        result["state_bytes"] = sum(
+            v.shape.num_elements() * v.dtype.size for v in tf.compat.v1.global_variables())
+    result["build_seconds"] = time.perf_counter() - started
+    sess = tf.compat.v1.Session(graph=model.graph,
+                                config=session_config(tf, system, args.inter_op_threads))
+    runner = sess
+    if system == "tfmem":
+        settings = dict(partition_size=args.partition_size, swap=args.swap,
+                        swap_distance=args.swap_distance, prefetch=args.prefetch)
+        if args.swap_min_bytes is not None:
+            settings["swap_min_bytes"] = args.swap_min_bytes
+        if args.budget is not None:
+            settings["device_memory_budget"] = args.budget * MIB
+        runner = tfmem.TFMemSession(sess, **settings)
+        budget = args.budget if args.budget is not None else (
+            result["device_memory_mib"] if args.partition_size == "auto" else None)
+        result["tfmem"] = dict(settings, budget_mib=budget)
+    peak = 0
+    try:
+        _phase("initialising", started)
+        # Variables are initialised through the plain session for every system (tfmem
+        # shares its state): planning the one-off init request would only cost tfmem time.
+        sess.run(model.init)
+        memory = accelerator.device_memory("CPU:0")
+        result["resident_after_init_bytes"] = memory["current"] if memory else None
+        accelerator.reset_peak("CPU:0")
+        for step in range(args.steps):
+            _phase(f"step {step}", started)
+            step_started = time.perf_counter()
+            try:
+                _, loss = runner.run([model.train_op, model.loss], feed_dict=model.feed)
+            finally:
+                memory = accelerator.device_memory("CPU:0")
+                if memory is not None:
+                    peak = max(peak, memory["peak"])
+            result["step_times"].append(time.perf_counter() - step_started)
+            result["losses"].append(float(loss))
+            result["step_peaks"].append(memory["peak"] if memory else None)
+            result["resident_after_steps_bytes"] = memory["current"] if memory else None
+        result["status"], result["ok"] = "ok", True
+    except tf.errors.ResourceExhaustedError as err:
+        result["status"], result["error"] = "oom", _first_line(err.message)
+    except tfmem.BudgetError as err:
+        result["status"], result["error"] = "budget", str(err)
+    except tfmem.HostMemoryError as err:
+        result["status"], result["error"] = "host-memory", str(err)
+    except Exception as err:  # pylint: disable=broad-except
+        result["status"], result["error"] = "error", f"{type(err).__name__}: {_first_line(err)}"
+    if not result["ok"]:
+        result["failed_in"] = f"step {len(result['step_times'])}" if result["step_times"] or \
+            result["status"] in ("oom", "budget", "host-memory") else None
+    result["peak_bytes"] = peak or None
+    times = result["step_times"]
+    if times:
+        result["first_step_seconds"] = times[0]
+        steady = times[1:] or times
+        result["throughput"] = model.examples / statistics.median(steady)
+    if system == "tfmem" and runner.last_step is not None:
+        stats = runner.last_step
+        info = result["tfmem"]
+        info.update(partitions=stats.partitions, swapped_out_bytes=stats.swapped_out_bytes,
+                    host_buffer_bytes=stats.host_buffer_bytes, host_rss_bytes=stats.host_rss_bytes,
+                    prefetch_wait_seconds=stats.prefetch_wait_time, last_step=str(stats))
+        if result["ok"]:
+            plan = runner.plan([model.train_op, model.loss], feed_dict=model.feed)
+            report = runner.memory_report()
+            info.update(plan_partition_size=plan.partition_size,
+                        predicted_peak_bytes=report.predicted_device_peak)
+    if system == "tfmem":
+        runner.close()
+    else:
+        sess.close()
+    result["seconds"] = time.perf_counter() - started
+    _phase("done", started)
+    return result
+
+
+def describe_trial(result):
+    """One line about a trial, for people."""
+    size = f"{result['size_name']}={result['size']}"
+    if result.get("ok"):
+        peak = result.get("peak_bytes")
+        text = (f"{result['system']} {size}: trained {len(result['step_times'])} steps, "
+                f"{result['throughput']:.2f} {result.get('unit', 'examples')}/s"
+                + (f", peak {peak / MIB:.1f} MiB" if peak else ""))
+        info = result.get("tfmem") or {}
+        if info.get("partitions"):
+            text += (f", {info['partitions']} partitions, "
+                     f"{info['swapped_out_bytes'] / MIB:.0f} MiB swapped out")
+        return text
+    return f"{result['system']} {size}: {result.get('status')} {result.get('error') or ''}".strip()
+
+
+# --------------------------------------------------------------------------
+# one trial, in a child process
+
+
+def _stderr_tail(text, lines=12):
+    keep = [line for line in text.strip().splitlines()
+            if not line.startswith(("I0000", "W0000", "WARNING: All log", PHASE))
+            and "cuInit" not in line]
+    return "\n".join(keep[-lines:])
+
+
+def _last_phase(text):
+    """(phase, seconds into the trial) of the last PHASE line in a trial's stderr."""
+    for line in reversed((text or "").splitlines()):
+        if line.startswith(PHASE + " "):
+            name, _, seconds = line[len(PHASE) + 1:].rpartition(" ")
+            return name, float(seconds)
+    return None, None
+
+
+def spawn_trial(experiment, args, system, size, timeout):
+    """Run one trial in a fresh process (the cap is set there before TensorFlow starts).
+
+    Returns the trial's dict; a process that times out, crashes or prints no
+    result gets status timeout, crash or error.
+    """
+    cmd = [sys.executable, str(Path(experiment.script).resolve()), "--system", system,
+           f"--{experiment.size.replace('_', '-')}", str(size)] + trial_options(experiment, args)
+    env = dict(os.environ)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The child sets its own cap from --device-memory; never inherit one.
+    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        env.pop(name, None)
+    started = time.perf_counter()
+    base = dict(experiment=experiment.name, system=system, size_name=experiment.size,
+                size=size, index=experiment.index_of(size), batch_size=args.batch_size,
+                device_memory_mib=args.device_memory, ok=False, command=cmd)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
+        stdout, stderr = proc.communicate()
+        phase, at = _last_phase(stderr)
+        return dict(base, status="timeout", seconds=time.perf_counter() - started,
+                    failed_in=phase, error=f"no result within {timeout:.0f} s"
+                    + (f" (still in {phase}, begun at {at:.0f} s)" if phase else ""))
+    elapsed = time.perf_counter() - started
+    phase, at = _last_phase(stderr)
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if lines:
+        result = json.loads(lines[-1])
+        result.update(command=cmd, process_seconds=elapsed, unit=experiment.unit)
+        return result
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return dict(base, status="crash", seconds=elapsed, returncode=proc.returncode,
+                    failed_in=phase, error=f"killed by {name}" + (f" in {phase}" if phase else ""),
+                    stderr_tail=_stderr_tail(stderr))
+    return dict(base, status="error", seconds=elapsed, returncode=proc.returncode,
+                failed_in=phase, error=f"exit {proc.returncode} without a result"
+                + (f" (in {phase})" if phase else ""), stderr_tail=_stderr_tail(stderr))
+
+
+# --------------------------------------------------------------------------
+# the search
+
+
+class Progress:
+    """A one-line text progress bar on stderr (a line per update when not a terminal).
+
+    The bar fills with the larger of trials used / max_trials and search time
+    used / search_time: whichever budget ends the search first.
+    """
+
+    def __init__(self, label, max_trials, search_time=None, stream=None, width=24):
+        self.label, self.max_trials, self.search_time = label, max_trials, search_time
+        self.width = width
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.started = time.perf_counter()
+
+    def update(self, done, text):
+        elapsed = time.perf_counter() - self.started
+        fraction = done / max(self.max_trials, 1)
+        if self.search_time:
+            fraction = max(fraction, elapsed / self.search_time)
+        filled = min(self.width, round(self.width * fraction))
+        line = (f"{self.label:<9}[{'#' * filled}{'.' * (self.width - filled)}] "
+                f"{done:>2} trials {int(elapsed) // 60}:{int(elapsed) % 60:02d}  {text}")
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self):
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def find_max(trial, start, sizes, max_index=None, tolerance=0.0, max_trials=40,
+             search_time=None, progress=None):
+    """The largest search index whose trial succeeds: exponential, then binary search.
+
+    trial(k) -> result dict with "ok".  Doubles k from `start` until a trial
+    fails (or `max_index`), then bisects between the largest success and the
+    smallest failure until they are adjacent, or within `tolerance` times the
+    success.  A failing start bisects downwards.  Returns a dict: best (index
+    or 0), failed_at (smallest failing index or None), trials (in order),
+    stopped (why the search ended early, or None), seconds.
+    """
+    started = time.perf_counter()
+    trials, results = [], {}
+    low, high, stopped = 0, None, None
+
+    def run(k):
+        nonlocal low, high
+        result = trial(k)
+        results[k] = result
+        trials.append(result)
+        if result.get("ok"):
+            low = max(low, k)
+        else:
+            high = k if high is None else min(high, k)
+        if progress:
+            bracket = f"[{sizes(low) if low else '-'}, {sizes(high) if high else '?'})"
+            progress(len(trials), f"{describe_trial(result)}  bracket {bracket}")
+        return result
+
+    def out_of_budget():
+        nonlocal stopped
+        if len(trials) >= max_trials:
+            stopped = "max-trials"
+        elif search_time is not None and time.perf_counter() - started >= search_time:
+            stopped = "search-time"
+        return stopped is not None
+
+    k = start if max_index is None else min(start, max_index)
+    while not out_of_budget():
+        if not run(k).get("ok"):
+            break
+        if max_index is not None and k >= max_index:
+            stopped = "max-size"
+            break
+        k = k * 2 if max_index is None else min(k * 2, max_index)
+    while high is not None and high - low > 1 and not out_of_budget():
+        if low and high - low <= tolerance * low:
+            break
+        middle = (low + high) // 2
+        run(middle)
+    return dict(best=low, failed_at=high, trials=trials, stopped=stopped,
+                seconds=time.perf_counter() - started)
+
+
+def search_systems(experiment, args, out=None):
+    """find_max for every requested system; a list of per-system summaries."""
+    systems = args.system or list(SYSTEMS)
+    first = experiment.index_of(args.start) if args.start else 1
+    max_index = experiment.index_of(args.max_size) if args.max_size else None
+    summaries, best_so_far = [], 0
+    for system in systems:
+        start = max(first, best_so_far)
+        bar = Progress(system, args.max_trials, args.search_time)
+        outcome = find_max(
+            lambda k, s=system: spawn_trial(experiment, args, s, experiment.sizes(k),
+                                            args.trial_timeout),
+            start, experiment.sizes, max_index=max_index, tolerance=args.tolerance,
+            max_trials=args.max_trials, search_time=args.search_time, progress=bar.update)
+        bar.close()
+        summary = summarise(experiment, args, system, outcome)
+        summaries.append(summary)
+        best_so_far = max(best_so_far, outcome["best"])
+        if out:
+            out(format_summary(summary))
+    return summaries
+
+
+def summarise(experiment, args, system, outcome):
+    """The report row of one system's search."""
+    by_index = {t["index"]: t for t in outcome["trials"]}
+    best = by_index.get(outcome["best"]) if outcome["best"] else None
+    failed = by_index.get(outcome["failed_at"]) if outcome["failed_at"] else None
+    if failed is not None:
+        limit = failed["status"]
+    else:
+        limit = outcome["stopped"]
+    info = (best or {}).get("tfmem") or {}
+    return dict(
+        experiment=experiment.name, system=system, label=SYSTEM_LABELS[system],
+        batch_size=args.batch_size, device_memory_mib=args.device_memory,
+        size_name=experiment.size, max_size=best["size"] if best else None,
+        parameters=best["parameters"] if best else None,
+        throughput=best["throughput"] if best else None, unit=experiment.unit,
+        peak_mib=round(best["peak_bytes"] / MIB, 1) if best and best.get("peak_bytes") else None,
+        state_mib=round(best["state_bytes"] / MIB, 1) if best and best.get("state_bytes") else None,
+        first_failing_size=failed["size"] if failed else None,
+        limit=limit, limit_text=LIMITS.get(limit, limit or ""),
+        failure=(failed or {}).get("error"),
+        partitions=info.get("partitions"), swapped_out_mib=(
+            round(info["swapped_out_bytes"] / MIB, 1) if info.get("swapped_out_bytes") is not None
+            else None),
+        trials=len(outcome["trials"]), search_seconds=round(outcome["seconds"], 1),
+        stopped=outcome["stopped"], all_trials=outcome["trials"])
+
+
+def format_summary(summary):
+    if summary["max_size"] is None:
+        head = f"{summary['system']}: nothing trained"
+    else:
+        head = (f"{summary['system']}: max {summary['size_name']} {summary['max_size']} "
+                f"({summary['parameters']:,} parameters, {summary['throughput']:.2f} "
+                f"{summary['unit']}/s)")
+    after = (f"; {summary['size_name']} {summary['first_failing_size']} failed: "
+             f"{summary['limit_text']}" if summary["first_failing_size"] else
+             (f"; search stopped: {summary['limit_text']}" if summary["limit"] else ""))
+    return f"{head}{after}; {summary['trials']} trials in {summary['search_seconds']:.0f} s"
+
+
+# --------------------------------------------------------------------------
+# reports
+
+COLUMNS = ("system", "batch", "max_size", "parameters", "throughput", "peak_mib", "state_mib",
+           "first_failing_size", "limit", "partitions", "trials", "search_seconds")
+
+
+def table_rows(summaries):
+    """Flat rows (COLUMNS) of the per-system summaries."""
+    return [dict(system=s["system"], batch=s["batch_size"], max_size=s["max_size"],
+                 parameters=s["parameters"],
+                 throughput=None if s["throughput"] is None else round(s["throughput"], 2),
+                 peak_mib=s["peak_mib"], state_mib=s["state_mib"],
+                 first_failing_size=s["first_failing_size"], limit=s["limit_text"],
+                 partitions=s["partitions"], trials=s["trials"],
+                 search_seconds=s["search_seconds"]) for s in summaries]
+
+
+def _cell(value):
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def markdown_table(summaries, size_name, unit):
+    """The paper-shaped table (system, batch, max size, parameters, throughput) and context."""
+    head = ["system", "batch", f"max {size_name}", "parameters", f"throughput ({unit}/s)",
+            "peak MiB", "state MiB", f"first failing {size_name}", "what stopped it",
+            "trials", "search s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in table_rows(summaries):
+        cells = [row["system"], row["batch"], row["max_size"], row["parameters"],
+                 row["throughput"], row["peak_mib"], row["state_mib"], row["first_failing_size"],
+                 row["limit"], row["trials"], row["search_seconds"]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def write_markdown(summaries, path, title, notes=()):
+    size_name = summaries[0]["size_name"] if summaries else "size"
+    unit = summaries[0]["unit"] if summaries else "examples"
+    text = [f"# {title}", "", markdown_table(summaries, size_name, unit), ""]
+    text += [f"- {note}" for note in notes]
+    Path(path).write_text("\n".join(text).rstrip() + "\n")
+
+
+def write_csv(summaries, path):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(table_rows(summaries))
+
+
+TRIAL_COLUMNS = ("system", "size", "status", "parameters", "throughput", "peak_mib",
+                 "first_step_seconds", "seconds", "partitions", "error")
+
+
+def write_trials_csv(summaries, path):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=TRIAL_COLUMNS)
+        writer.writeheader()
+        for summary in summaries:
+            for t in summary["all_trials"]:
+                writer.writerow(dict(
+                    system=t["system"], size=t["size"], status=t.get("status"),
+                    parameters=t.get("parameters"),
+                    throughput=None if t.get("throughput") is None else round(t["throughput"], 3),
+                    peak_mib=round(t["peak_bytes"] / MIB, 1) if t.get("peak_bytes") else None,
+                    first_step_seconds=(None if t.get("first_step_seconds") is None
+                                        else round(t["first_step_seconds"], 2)),
+                    seconds=round(t.get("process_seconds") or t.get("seconds") or 0, 1),
+                    partitions=(t.get("tfmem") or {}).get("partitions"),
+                    error=(t.get("error") or "")[:200]))
+
+
+def write_plot(summaries, path, title):
+    """Size against throughput of every trial that trained, one line per system.
+
+    Returns None when written, else a note saying why not (matplotlib missing).
+    """
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    from matplotlib.ticker import ScalarFormatter  # pylint: disable=import-outside-toplevel
+    fig, axis = plt.subplots(figsize=(7, 4.5))
+    for summary in summaries:
+        points = sorted((t["size"], t["throughput"]) for t in summary["all_trials"]
+                        if t.get("ok") and t.get("throughput"))
+        line, = axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                          label=f"{summary['system']} (max {summary['max_size'] or '-'})")
+        if summary["first_failing_size"]:
+            axis.axvline(summary["first_failing_size"], linestyle=":", linewidth=1,
+                         color=line.get_color())
+    unit = summaries[0]["unit"] if summaries else "examples"
+    axis.set_xlabel((summaries[0]["size_name"] if summaries else "size")
+                    + "  (dotted: smallest size that failed)")
+    axis.set_ylabel(f"throughput ({unit}/s, log scale)")
+    axis.set_yscale("log")
+    axis.yaxis.set_major_formatter(ScalarFormatter())
+    axis.yaxis.set_minor_formatter(ScalarFormatter())
+    axis.set_xlim(left=0)
+    axis.set_title(title, fontsize=10)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def result_line(summaries):
+    """RESULT system=tfmem max=<size> ratio=<tfmem max / tf max>."""
+    by_system = {s["system"]: s for s in summaries}
+    tfm, plain = by_system.get("tfmem"), by_system.get("tf")
+    best = tfm["max_size"] if tfm else None
+    ratio = (f"{best / plain['max_size']:.2f}" if best and plain and plain["max_size"]
+             else "n/a")
+    return f"RESULT system=tfmem max={best if best is not None else 'none'} ratio={ratio}"
+
+
+def write_reports(experiment, args, summaries, seconds, out=print):
+    """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or ("quick" if args.quick else f"cap{args.device_memory}-b{args.batch_size}")
+    stem = out_dir / f"{experiment.name}-{tag}"
+    cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
+    title = f"{experiment.title}: largest {experiment.size} under {cap}, batch {args.batch_size}"
+    model = ", ".join(f"{name.replace('_', ' ')} {getattr(args, name)}"
+                      for name in experiment.model_args)
+    tfmem_mode = (f"partition_size=auto (budget mode, budget "
+                  f"{args.budget or args.device_memory} MiB)"
+                  if args.partition_size == "auto" else f"partition_size={args.partition_size}")
+    notes = [f"model: {model}; {args.steps} steps per trial, throughput = batch / median time "
+             "of the steps after the first, at the max size",
+             f"systems: tf = TensorFlow defaults; grappler = memory_optimization "
+             f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
+             f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}",
+             f"search: exponential then binary on {experiment.size}, one process per trial, "
+             f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
+             f"whole run {seconds:.0f} s",
+             "peak MiB: TensorFlow's allocator peak at the max size; state MiB: variables "
+             "(weights, optimizer slots, moving averages), which stay on the emulated device",
+             result_line(summaries)]
+    note = write_plot(summaries, f"{stem}.png", title)
+    if note:
+        notes.append(note)
+    write_markdown(summaries, f"{stem}.md", title, notes)
+    write_csv(summaries, f"{stem}.csv")
+    write_trials_csv(summaries, f"{stem}-trials.csv")
+    with open(f"{stem}.json", "w") as handle:
+        json.dump(dict(settings={k: (str(v) if isinstance(v, Path) else v)
+                                 for k, v in vars(args).items()},
+                       seconds=seconds, summaries=summaries), handle, indent=1)
+    paths = [f"{stem}.md", f"{stem}.csv", f"{stem}-trials.csv", f"{stem}.json"]
+    if not note:
+        paths.append(f"{stem}.png")
+    else:
+        out(note)
+    return paths
+
+
+# --------------------------------------------------------------------------
+# entry point
+
+
+def main(experiment, argv=None):
+    """The experiment script's command line; returns the exit code."""
+    args = parse_args(experiment, argv)
+    if not args.find_max:
+        if args.device_memory is not None:
+            tfmem.emulate_accelerator(args.device_memory)  # before TensorFlow is imported
+        result = run_trial(experiment, args)
+        result["unit"] = experiment.unit
+        print(describe_trial(result), file=sys.stderr)
+        print(json.dumps(result), flush=True)
+        return 0 if result["ok"] else 3
+    started = time.perf_counter()
+    cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
+    print(f"{experiment.title}: searching the largest {experiment.size} under {cap}, batch "
+          f"{args.batch_size}, {args.steps} steps per trial, trial limit "
+          f"{args.trial_timeout:.0f} s", file=sys.stderr)
+    summaries = search_systems(experiment, args,
+                               out=lambda line: print(line, file=sys.stderr, flush=True))
+    seconds = time.perf_counter() - started
+    paths = write_reports(experiment, args, summaries, seconds,
+                          out=lambda line: print(line, file=sys.stderr))
+    print(markdown_table(summaries, experiment.size, experiment.unit))
+    print()
+    print(f"outputs: {', '.join(str(p) for p in paths)}")
+    print(f"total time: {seconds:.0f} s")
+    print(result_line(summaries), flush=True)
+    return 0 if any(s["max_size"] for s in summaries) else 1

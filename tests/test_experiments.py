@@ -1,0 +1,189 @@
+"""Smoke tests of the experiments (experiments/common.py, experiments/resnet.py).
+
+One tiny ResNet trial per system, each in its own process as the search runs
+them (the emulated cap must be set before TensorFlow starts), plus the search
+and the report writers on fake results.  The three trials run concurrently;
+the module takes well under 40 s on 2 cores.
+"""
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import common  # noqa: E402  pylint: disable=wrong-import-position
+import resnet  # noqa: E402  pylint: disable=wrong-import-position
+
+MIB = 1 << 20
+CAP = 256
+TINY = ["--device-memory", str(CAP), "--steps", "2", "--image", "32", "--batch-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def trials():
+    """{system: result} of one 8-layer trial per system, each in a fresh process."""
+    args = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    with ThreadPoolExecutor(len(common.SYSTEMS)) as pool:
+        futures = {system: pool.submit(common.spawn_trial, resnet.EXPERIMENT, args, system, 8, 120)
+                   for system in common.SYSTEMS}
+        return {system: future.result() for system, future in futures.items()}
+
+
+@pytest.mark.parametrize("system", common.SYSTEMS)
+def test_one_trial_per_system_prints_its_json_result(trials, system):
+    result = trials[system]
+    assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
+    assert result["ok"] is True
+    assert result["system"] == system
+    assert (result["size_name"], result["size"], result["index"]) == ("layers", 8, 1)
+    assert result["device_memory_mib"] == CAP
+    assert result["batch_size"] == 8 and result["steps"] == 2
+    assert result["parameters"] == resnet.parameters(8) > 0
+    assert len(result["losses"]) == 2 and all(math.isfinite(v) for v in result["losses"])
+    assert 0 < result["peak_bytes"] <= CAP * MIB
+    assert result["throughput"] > 0
+    assert result["state_bytes"] > 4 * result["parameters"]  # weights, momentum, BN averages
+
+
+def test_systems_are_what_they_say(trials):
+    assert trials["tf"]["grappler"] is None and trials["tf"]["tfmem"] is None
+    assert trials["grappler"]["grappler"] == common.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
+    info = trials["tfmem"]["tfmem"]
+    assert info["partition_size"] == "auto" and info["budget_mib"] == CAP
+    assert info["partitions"] >= 1 and info["predicted_peak_bytes"] > 0
+
+
+def test_same_losses_on_every_system(trials):
+    # Same graph, seeds and data: tfmem runs the same computation as plain TensorFlow.
+    reference = trials["tf"]["losses"]
+    for system in ("grappler", "tfmem"):
+        assert trials[system]["losses"] == pytest.approx(reference, rel=1e-4)
+
+
+def test_a_trial_over_its_time_limit_is_a_timeout():
+    args = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    result = common.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
+    assert result["status"] == "timeout" and not result["ok"]
+    assert "within" in result["error"]
+
+
+def test_single_trial_command_line_exit_code_and_json():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "resnet.py"), "--system", "tf",
+         "--layers", "9"], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "even" in proc.stderr  # 9 layers do not exist
+
+
+def test_layers_map_to_third_stage_blocks():
+    assert [resnet.layers_of(k) for k in (1, 2, 25)] == [8, 10, 56]
+    assert [resnet.blocks_of(n) for n in (8, 10, 56)] == [1, 2, 25]
+    for bad in (6, 7, 9):
+        with pytest.raises(ValueError):
+            resnet.blocks_of(bad)
+
+
+def test_parse_args_defaults_and_quick():
+    quick = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    assert quick.find_max and quick.device_memory == resnet.EXPERIMENT.quick["device_memory"]
+    assert quick.trial_timeout == 60 and quick.batch_size == 16
+    assert quick.partition_size == "auto"
+    given = common.parse_args(resnet.EXPERIMENT, ["--quick", "--device-memory", "100",
+                                                  "--partition-size", "50"])
+    assert given.device_memory == 100 and given.partition_size == 50
+    with pytest.raises(SystemExit):
+        common.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
+
+
+# --------------------------------------------------------------------------
+# the search, on a fake trial
+
+
+def _fake(limit, calls):
+    def trial(k):
+        calls.append(k)
+        return dict(index=k, size=resnet.layers_of(k), system="tf", size_name="layers",
+                    ok=k <= limit, status="ok" if k <= limit else "oom",
+                    throughput=100.0 / k, parameters=1000 * k, peak_bytes=k * MIB,
+                    state_bytes=k * MIB // 4, error=None if k <= limit else "OOM")
+    return trial
+
+
+def test_find_max_exponential_then_binary():
+    calls = []
+    outcome = common.find_max(_fake(37, calls), 1, resnet.layers_of)
+    assert outcome["best"] == 37 and outcome["failed_at"] == 38
+    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert len(calls) <= 7 + 6
+
+
+def test_find_max_failing_start_searches_down_and_tolerance_stops_early():
+    calls = []
+    assert common.find_max(_fake(5, calls), 40, resnet.layers_of)["best"] == 5
+    calls = []
+    outcome = common.find_max(_fake(100, calls), 1, resnet.layers_of, tolerance=0.1)
+    assert 91 <= outcome["best"] <= 100 and outcome["failed_at"] - outcome["best"] <= 10
+    assert common.find_max(_fake(0, []), 4, resnet.layers_of)["best"] == 0
+
+
+def test_find_max_respects_max_size_and_trial_budget():
+    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_index=20)
+    assert outcome["best"] == 20 and outcome["stopped"] == "max-size"
+    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_trials=3)
+    assert outcome["best"] == 4 and outcome["stopped"] == "max-trials"
+
+
+# --------------------------------------------------------------------------
+# reports from fake results
+
+
+def _summaries():
+    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    summaries = []
+    for system, limit in (("tf", 6), ("grappler", 5), ("tfmem", 30)):
+        outcome = common.find_max(_fake(limit, []), 1, resnet.layers_of)
+        for t in outcome["trials"]:
+            t["system"] = system
+        summaries.append(common.summarise(resnet.EXPERIMENT, args, system, outcome))
+    return args, summaries
+
+
+def test_summary_rows_and_result_line():
+    _, summaries = _summaries()
+    assert [s["max_size"] for s in summaries] == [18, 16, 66]
+    assert summaries[0]["first_failing_size"] == 20
+    assert summaries[0]["limit_text"].startswith("device memory")
+    assert common.result_line(summaries) == "RESULT system=tfmem max=66 ratio=3.67"
+
+
+def test_markdown_csv_and_plot_written(tmp_path):
+    args, summaries = _summaries()
+    args.out_dir, args.tag = tmp_path, "fake"
+    paths = common.write_reports(resnet.EXPERIMENT, args, summaries, 12.0, out=lambda _: None)
+    markdown = (tmp_path / "resnet-fake.md").read_text()
+    header = markdown.splitlines()[2]
+    for column in ("system", "batch", "max layers", "parameters", "throughput (images/s)"):
+        assert column in header
+    assert "| tfmem | 16 | 66 |" in markdown
+    assert "RESULT system=tfmem max=66 ratio=3.67" in markdown
+    with open(tmp_path / "resnet-fake.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["system"] for r in rows] == ["tf", "grappler", "tfmem"]
+    assert rows[2]["max_size"] == "66" and rows[0]["parameters"] == "6000"
+    with open(tmp_path / "resnet-fake-trials.csv", newline="") as handle:
+        assert len(list(csv.DictReader(handle))) == sum(s["trials"] for s in summaries)
+    assert json.loads((tmp_path / "resnet-fake.json").read_text())["summaries"][2]["max_size"] == 66
+    try:
+        import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        assert "matplotlib" in markdown and not (tmp_path / "resnet-fake.png").exists()
+    else:
+        assert (tmp_path / "resnet-fake.png").stat().st_size > 1000
+        assert str(tmp_path / "resnet-fake.png") in paths
