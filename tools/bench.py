@@ -58,6 +58,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -240,7 +241,8 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     result = dict(model=f"ResNet-{depth}" if depth else f"ResNet blocks={blocks}",
                   blocks=list(blocks), batch=batch, width=width, image=image,
                   graph_ops=len(model.graph.get_operations()), build_s=build_s,
-                  steps=steps, warmup=warmup, swap=swap, timer_cost_us=timer_cost() * 1e6, configs=[])
+                  steps=steps, warmup=warmup, swap=swap, timer_cost_us=timer_cost() * 1e6,
+                  configs=[])
     log(f"(a) {result['model']}, batch {batch}: graph of {result['graph_ops']} ops built in "
         f"{build_s:.1f} s")
     trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
@@ -324,6 +326,7 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
             f"{first_s:.1f} s")
     plain.close()
     wrapped.close()
+    shutil.rmtree(trace_dir, ignore_errors=True)
     return result
 
 
@@ -456,11 +459,12 @@ def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, p
         out.update(partitions=s.partitions, swapped_out=s.swapped_out,
                    swapped_out_bytes=s.swapped_out_bytes, swapped_in=s.swapped_in,
                    swapped_in_bytes=s.swapped_in_bytes, last_step=str(s))
-        path = os.path.join(tempfile.mkdtemp(prefix="tfmem-bench-"), "capped.json")
-        traced = _traced_steps(runner, lambda: runner.run(fetches, feed), breakdown_steps, path)
+        trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
+        traced = _traced_steps(runner, lambda: runner.run(fetches, feed), breakdown_steps,
+                               os.path.join(trace_dir, "capped.json"))
+        shutil.rmtree(trace_dir, ignore_errors=True)
         out["traced"] = [dict(wall=s.wall_time, wait=s.prefetch_wait_time,
                               tracks={k: list(v) for k, v in d.items()}) for d, s in traced]
-        out["trace_path"] = path
     return out
 
 
@@ -656,7 +660,8 @@ def report(results, out=print):
             f"one graph, two sessions; {fits['steps']} steps per side after "
             f"{fits['warmup']} warm-up, alternating")
         out(f"{'part.size':>9} {'parts':>5} {'ops':>5} {'plain ms':>8} {'tfmem ms':>8} "
-            f"{'ratio':>6} {'paired':>6} {'cpu':>5} {'ovh/part':>8} {'excl.xfer':>9} {'in TF ms':>8} "
+            f"{'ratio':>6} {'paired':>6} {'cpu':>5} {'ovh/part':>8} {'excl.xfer':>9} "
+            f"{'in TF ms':>8} "
             f"{'wait ms':>7} {'swapout':>7} {'first s':>7}")
         for c in fits["configs"]:
             swap = f"{c['swap_out_ms']:.1f}" if c["swap_out_ms"] is not None else "n/a"
