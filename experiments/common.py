@@ -54,7 +54,8 @@ LIMITS = {"oom": "device memory (ResourceExhaustedError)",
           "timeout": "time (trial time limit)",
           "error": "error",
           "search-time": "time (search time limit)",
-          "max-size": "the --max-size limit"}
+          "max-size": "the --max-size limit",
+          "max-trials": "the --max-trials limit"}
 
 
 @dataclasses.dataclass
@@ -104,14 +105,14 @@ BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size=
 # arguments
 
 
-def _positive_int(text):
+def positive_int(text):
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
-def _non_negative_int(text):
+def non_negative_int(text):
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
@@ -119,7 +120,7 @@ def _non_negative_int(text):
 
 
 def _partition_size(text):
-    return "auto" if text == "auto" else _positive_int(text)
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def build_parser(experiment):
@@ -135,7 +136,7 @@ def build_parser(experiment):
                      help="tf (plain TensorFlow), grappler (TensorFlow with Grappler's memory "
                           f"optimizer at {GRAPPLER_MEMORY_OPTIMIZATION}) or tfmem; repeat for "
                           "several (--find-max: default all three)")
-    run.add_argument(f"--{size}", type=_positive_int, dest="size", metavar="N",
+    run.add_argument(f"--{size}", type=positive_int, dest="size", metavar="N",
                      help=experiment.size_help)
     run.add_argument("--find-max", action="store_true",
                      help="search the largest size that trains under the cap, per system")
@@ -143,31 +144,31 @@ def build_parser(experiment):
                      help="--find-max with small defaults (under 10 minutes on 2 cores), the "
                           "table and a RESULT line")
     trial = parser.add_argument_group("trial")
-    trial.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+    trial.add_argument("--device-memory", type=positive_int, metavar="MiB",
                        help="emulated device-memory cap (TensorFlow's CPU allocator capped, "
                             "tfmem.emulate_accelerator)")
-    trial.add_argument("--batch-size", type=_positive_int)
-    trial.add_argument("--inter-op-threads", type=_non_negative_int, metavar="N",
+    trial.add_argument("--batch-size", type=positive_int)
+    trial.add_argument("--inter-op-threads", type=non_negative_int, metavar="N",
                        help="the sessions' inter_op_parallelism_threads (default 0: TensorFlow's "
                             "choice; 1 runs one op at a time: lower, steadier peaks, slower steps)")
-    trial.add_argument("--steps", type=_positive_int,
+    trial.add_argument("--steps", type=positive_int,
                        help="training steps per trial; throughput is measured on the steps after "
                             "the first")
     tfm = parser.add_argument_group("tfmem")
     tfm.add_argument("--partition-size", type=_partition_size, metavar="N|auto",
                      help="ops per partition, or auto: budget mode (default auto)")
-    tfm.add_argument("--budget", type=_positive_int, metavar="MiB",
+    tfm.add_argument("--budget", type=positive_int, metavar="MiB",
                      help="budget mode's device-memory budget (default: the cap)")
     tfm.add_argument("--swap", choices=("auto", "all", "none"))
-    tfm.add_argument("--swap-distance", type=_non_negative_int)
-    tfm.add_argument("--prefetch", type=_non_negative_int)
-    tfm.add_argument("--swap-min-bytes", type=_non_negative_int, metavar="BYTES",
+    tfm.add_argument("--swap-distance", type=non_negative_int)
+    tfm.add_argument("--prefetch", type=non_negative_int)
+    tfm.add_argument("--swap-min-bytes", type=non_negative_int, metavar="BYTES",
                      help="tensors smaller than this stay on the device (default: tfmem's)")
     search = parser.add_argument_group("search (--find-max, --quick)")
-    search.add_argument("--start", type=_positive_int, metavar="N",
+    search.add_argument("--start", type=positive_int, metavar="N",
                         help=f"the --{size} the first system's search starts at (later systems "
                              "start at the largest size found so far)")
-    search.add_argument("--max-size", type=_positive_int, metavar="N",
+    search.add_argument("--max-size", type=positive_int, metavar="N",
                         help=f"never try a --{size} above this")
     search.add_argument("--tolerance", type=float, metavar="FRACTION",
                         help="stop the binary search when the bracket is within this fraction "
@@ -176,7 +177,7 @@ def build_parser(experiment):
                         help="a trial running longer counts as failed (time)")
     search.add_argument("--search-time", type=float, metavar="SECONDS",
                         help="per system: start no trial after this much search time")
-    search.add_argument("--max-trials", type=_positive_int, help="per system")
+    search.add_argument("--max-trials", type=positive_int, help="per system")
     search.add_argument("--out-dir", type=Path, default=RESULTS_DIR,
                         help=f"where tables, CSV, JSON and the plot go (default {RESULTS_DIR})")
     search.add_argument("--tag", help="file name part of the outputs (default: quick, or "
@@ -202,6 +203,9 @@ def parse_args(experiment, argv=None):
             experiment.index_of(args.size)
         except ValueError as err:
             parser.error(str(err))
+    if args.find_max and args.size is not None:
+        parser.error(f"--{experiment.size.replace('_', '-')} picks one trial; with --find-max "
+                     "use --start and --max-size")
     if not args.find_max:
         if not args.system or len(args.system) != 1 or args.size is None:
             parser.error(f"one trial needs one --system and --{experiment.size.replace('_', '-')}"
@@ -306,9 +310,9 @@ def run_trial(experiment, args):
         budget = args.budget if args.budget is not None else (
             result["device_memory_mib"] if args.partition_size == "auto" else None)
         result["tfmem"] = dict(settings, budget_mib=budget)
-    peak = 0
+    peak, phase = 0, "initialising"
     try:
-        _phase("initialising", started)
+        _phase(phase, started)
         # Variables are initialised through the plain session for every system (tfmem
         # shares its state): planning the one-off init request would only cost tfmem time.
         sess.run(model.init)
@@ -316,7 +320,8 @@ def run_trial(experiment, args):
         result["resident_after_init_bytes"] = memory["current"] if memory else None
         accelerator.reset_peak("CPU:0")
         for step in range(args.steps):
-            _phase(f"step {step}", started)
+            phase = f"step {step}"
+            _phase(phase, started)
             step_started = time.perf_counter()
             try:
                 _, loss = runner.run([model.train_op, model.loss], feed_dict=model.feed)
@@ -338,8 +343,7 @@ def run_trial(experiment, args):
     except Exception as err:  # pylint: disable=broad-except
         result["status"], result["error"] = "error", f"{type(err).__name__}: {_first_line(err)}"
     if not result["ok"]:
-        result["failed_in"] = f"step {len(result['step_times'])}" if result["step_times"] or \
-            result["status"] in ("oom", "budget", "host-memory") else None
+        result["failed_in"] = phase
     result["peak_bytes"] = peak or None
     times = result["step_times"]
     if times:
@@ -580,6 +584,10 @@ def summarise(experiment, args, system, outcome):
         throughput=best["throughput"] if best else None, unit=experiment.unit,
         peak_mib=round(best["peak_bytes"] / MIB, 1) if best and best.get("peak_bytes") else None,
         state_mib=round(best["state_bytes"] / MIB, 1) if best and best.get("state_bytes") else None,
+        resident_mib=(round(best["resident_after_steps_bytes"] / MIB, 1)
+                      if best and best.get("resident_after_steps_bytes") else None),
+        first_step_seconds=(round(best["first_step_seconds"], 1)
+                            if best and best.get("first_step_seconds") is not None else None),
         first_failing_size=failed["size"] if failed else None,
         limit=limit, limit_text=LIMITS.get(limit, limit or ""),
         failure=(failed or {}).get("error"),
@@ -606,8 +614,9 @@ def format_summary(summary):
 # --------------------------------------------------------------------------
 # reports
 
-COLUMNS = ("system", "batch", "max_size", "parameters", "throughput", "peak_mib", "state_mib",
-           "first_failing_size", "limit", "partitions", "trials", "search_seconds")
+COLUMNS = ("system", "batch", "max_size", "parameters", "throughput", "peak_mib", "resident_mib",
+           "state_mib", "first_step_seconds", "partitions", "first_failing_size", "limit",
+           "failure", "trials", "search_seconds")
 
 
 def table_rows(summaries):
@@ -615,9 +624,10 @@ def table_rows(summaries):
     return [dict(system=s["system"], batch=s["batch_size"], max_size=s["max_size"],
                  parameters=s["parameters"],
                  throughput=None if s["throughput"] is None else round(s["throughput"], 2),
-                 peak_mib=s["peak_mib"], state_mib=s["state_mib"],
+                 peak_mib=s["peak_mib"], resident_mib=s["resident_mib"], state_mib=s["state_mib"],
+                 first_step_seconds=s["first_step_seconds"], partitions=s["partitions"],
                  first_failing_size=s["first_failing_size"], limit=s["limit_text"],
-                 partitions=s["partitions"], trials=s["trials"],
+                 failure=s["failure"], trials=s["trials"],
                  search_seconds=s["search_seconds"]) for s in summaries]
 
 
@@ -634,13 +644,14 @@ def _cell(value):
 def markdown_table(summaries, size_name, unit):
     """The paper-shaped table (system, batch, max size, parameters, throughput) and context."""
     head = ["system", "batch", f"max {size_name}", "parameters", f"throughput ({unit}/s)",
-            "peak MiB", "state MiB", f"first failing {size_name}", "what stopped it",
-            "trials", "search s"]
+            "peak MiB", "resident MiB", "state MiB", "partitions", f"first failing {size_name}",
+            "what stopped it", "trials", "search s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table_rows(summaries):
         cells = [row["system"], row["batch"], row["max_size"], row["parameters"],
-                 row["throughput"], row["peak_mib"], row["state_mib"], row["first_failing_size"],
-                 row["limit"], row["trials"], row["search_seconds"]]
+                 row["throughput"], row["peak_mib"], row["resident_mib"], row["state_mib"],
+                 row["partitions"], row["first_failing_size"], row["limit"], row["trials"],
+                 row["search_seconds"]]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -751,9 +762,14 @@ def write_reports(experiment, args, summaries, seconds, out=print):
              f"search: exponential then binary on {experiment.size}, one process per trial, "
              f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
              f"whole run {seconds:.0f} s",
-             "peak MiB: TensorFlow's allocator peak at the max size; state MiB: variables "
-             "(weights, optimizer slots, moving averages), which stay on the emulated device",
-             result_line(summaries)]
+             "peak MiB: TensorFlow's allocator peak over the steps at the max size; resident "
+             "MiB: what the allocator still holds after the last step; state MiB: the variables "
+             "(weights, momentum, moving averages), which stay on the emulated device"]
+    for summary in summaries:
+        if summary["first_failing_size"]:
+            notes.append(f"{summary['system']} at {experiment.size} "
+                         f"{summary['first_failing_size']}: {summary['failure']}")
+    notes.append(result_line(summaries))
     note = write_plot(summaries, f"{stem}.png", title)
     if note:
         notes.append(note)

@@ -122,11 +122,11 @@ def build(tf, layers, args):
 
 
 def add_arguments(group):
-    group.add_argument("--width", type=common._positive_int,  # pylint: disable=protected-access
+    group.add_argument("--width", type=common.positive_int,
                        help="channels of the first stage (then 2x, 4x; default 16)")
-    group.add_argument("--image", type=common._positive_int,  # pylint: disable=protected-access
+    group.add_argument("--image", type=common.positive_int,
                        help="image side in pixels (default 64)")
-    group.add_argument("--classes", type=common._positive_int,  # pylint: disable=protected-access
+    group.add_argument("--classes", type=common.positive_int,
                        help="(default 10)")
     group.add_argument("--seed", type=int, help="(default 0)")
 
