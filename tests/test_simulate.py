@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import tfmem
 from tfmem import models
+from tfmem.budget import DEFAULT_MARGIN
 from tfmem.plan import make_plan
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
@@ -28,7 +29,7 @@ MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 0.15
 # The MLP at large partitions is a known gap (oneDNN scratch memory the
-# simulator cannot see; -8..-18% measured at sizes 100000 and 200): only size 20 is held to
+# simulator cannot see; -8..-21% measured at sizes 100000 and 200): only size 20 is held to
 # TOLERANCE.
 MLP_SANITY = 0.5
 
@@ -42,14 +43,12 @@ SIZES = (100000, 200, 50, 20)
 # One process: two side by side on a 2-core machine delay each other's prefetch
 # threads, which lowers the measured peaks (uploads land later) and widens the errors.
 GROUPS = (("resnet", "rnn", "mlp"),)
-# The measured peak is the largest of steps 2..STEPS: the first warms caches, and
-# the same step's peak varies by up to ~2 MiB (BFC chunks, inter-op scheduling).
+# Steps 2..STEPS are measured (the first warms caches). The same step's peak varies by
+# up to ~4 MiB from run to run (BFC chunks, inter-op scheduling, how the prefetcher's
+# uploads overlap a partition), so accuracy is judged against the median step and
+# safety against the worst one.
 STEPS = 5
-# rnn at partition_size 200 is over-predicted by +12..+17% on this 2-core machine
-# (the peak partitions' working sets): it is checked by its own, wider bound in
-# test_rnn_200_over_prediction_is_bounded, and the README reports the gap.
-ACCURATE = [(m, s) for m in ("resnet", "rnn") for s in SIZES if (m, s) != ("rnn", 200)] \
-    + [("mlp", 20)]
+ACCURATE = [(m, s) for m in ("resnet", "rnn") for s in SIZES] + [("mlp", 20)]
 
 ACCURACY_SCRIPT = r"""
 import json, os, sys
@@ -81,7 +80,8 @@ for key, (builder, kwargs, batch) in configs.items():
         report = tfs.memory_report()
         results.append(dict(model=key, partition_size=size, peaks=peaks, waits=waits,
                             load=os.getloadavg()[0],
-                            measured=max(peaks[1:]),  # step 1 warms caches
+                            measured=sorted(peaks[1:])[(steps - 1) // 2],  # median
+                            worst=max(peaks[1:]),
                             predicted=report.predicted_device_peak,
                             report_peak=report.device_peak,
                             partitions=tfs.last_step.partitions))
@@ -117,13 +117,15 @@ def accuracy():
     """{(model, partition_size): measurement} from capped processes."""
     rows = _measure(GROUPS)
     table = {}
-    print(f"\nsimulator accuracy (predicted vs TensorFlow's peak, max of steps 2..{STEPS}):")
+    print(f"\nsimulator accuracy (predicted vs TensorFlow's peak, median of steps 2..{STEPS}):")
     for row in rows:
         row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
+        row["worst_error"] = (row["predicted"] - row["worst"]) / row["worst"]
         table[row["model"], row["partition_size"]] = row
         print(f"  {row['model']:>6} partition_size={row['partition_size']:<6} "
               f"partitions={row['partitions']:<3} predicted {row['predicted'] / MIB:6.1f} MiB "
-              f"measured {row['measured'] / MIB:6.1f} MiB  error {row['error']:+6.1%}  "
+              f"measured {row['measured'] / MIB:6.1f} MiB  error {row['error']:+6.1%} "
+              f"(worst step {row['worst_error']:+6.1%})  "
               f"(steps {', '.join(f'{p / MIB:.1f}' for p in row['peaks'])}; "
               f"prefetch wait {max(row['waits'][1:]) * 1e3:.0f} ms; load {row['load']:.1f})")
     return table
@@ -144,9 +146,6 @@ def test_accuracy_run_measured_every_configuration(accuracy):
 @pytest.mark.parametrize("model,size", [pytest.param(m, s, id=f"{m}-{s}") for m, s in ACCURATE])
 def test_predicted_peak_within_tolerance(accuracy, model, size):
     row = accuracy[model, size]
-    # With prefetch=1 the measured peak depends on how uploads overlap each partition's
-    # own allocations (the prediction counts them from the start of their partition);
-    # it varies from run to run and was seen lower on a loaded machine.
     assert abs(row["error"]) <= TOLERANCE, (
         f"{model} partition_size={size}: predicted {row['predicted'] / MIB:.2f} MiB, "
         f"measured {row['measured'] / MIB:.2f} MiB ({row['error']:+.1%}); steps "
@@ -154,13 +153,10 @@ def test_predicted_peak_within_tolerance(accuracy, model, size):
         f"{[round(w * 1e3) for w in row['waits']]} ms, load average {row['load']:.1f}")
 
 
-def test_rnn_200_over_prediction_is_bounded(accuracy):
-    """The edge case errs on the safe side (more than TensorFlow uses) and not by much."""
-    row = accuracy["rnn", 200]
-    # Measured +12..+25% over a day of runs (the measured peak moves with prefetch
-    # overlap and machine load); the README reports it. An over-prediction is the
-    # safe side; this bounds it and fails on any under-prediction beyond TOLERANCE.
-    assert -TOLERANCE <= row["error"] <= 0.35, row
+def test_budget_margin_covers_the_worst_step(accuracy):
+    """Budget mode plans to (1 - margin) of the budget: even the worst step must fit."""
+    for (model, size), row in accuracy.items():
+        assert row["worst"] * (1 - DEFAULT_MARGIN) <= row["predicted"], (model, size, row)
 
 
 def test_mlp_large_partitions_known_gap_is_bounded(accuracy):

@@ -147,8 +147,12 @@ def _dependency_order(view, ops):
     return order + [name for name in ops if name not in set(order)]
 
 
-def _working_set(view, partition, size, keep_until_end):
-    """Peak bytes the partition allocates beyond what is resident when it starts."""
+def _working_set(view, partition, size, keep_until_end, freed_inside):
+    """Peak bytes the partition allocates beyond what is resident when it starts.
+
+    `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
+    to their bytes: they are released after their last reader, not at the end.
+    """
     order = _dependency_order(view, partition.ops)
     last_read = {}
     for step, name in enumerate(order):
@@ -173,6 +177,9 @@ def _working_set(view, partition, size, keep_until_end):
         peak = max(peak, current)
         for tensor in dying:
             current -= live.pop(tensor)
+        for tensor in dict.fromkeys(node.inputs):
+            if tensor in freed_inside and last_read.get(tensor) == step:
+                current -= freed_inside.pop(tensor)
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
             if tensor not in last_read and tensor not in keep_until_end:
@@ -196,7 +203,8 @@ def simulate(plan, shapes=None):
             to_device += size(tensor)
         before = state + sum(live.values())
         keep_until_end = set(partition.outputs) | set(partition.fetches)
-        peak = before + _working_set(view, partition, size, keep_until_end)
+        freed_inside = {key[0]: live[key] for key in schedule.frees[index] if key in live}
+        peak = before + _working_set(view, partition, size, keep_until_end, freed_inside)
         for key in schedule.frees[index]:
             live.pop(key, None)
         for tensor, reader in [k for k in schedule.uploads[index]]:
@@ -213,6 +221,9 @@ def simulate(plan, shapes=None):
             if transfer.swapped:
                 host[tensor] = size(tensor)
                 to_host += size(tensor)
-        trace.append(PartitionMemory(index, before, peak, state + sum(live.values()),
+        after = state + sum(live.values())
+        # An aliasing op's kept output holds a buffer the working set saw die.
+        peak = max(peak, after)
+        trace.append(PartitionMemory(index, before, peak, after,
                                      sum(host.values()), to_host, to_device))
     return MemoryTrace(tuple(trace), state, len(size.unknown))
