@@ -24,6 +24,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfmem  # noqa: E402
+from tfmem import accelerator  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -33,6 +34,17 @@ ATOL = 1e-6
 
 # --------------------------------------------------------------------------
 # sessions
+
+
+@pytest.fixture(autouse=True)
+def device_with_own_memory(monkeypatch):
+    """Run this CPU process as if its session had an accelerator's memory.
+
+    On a plain CPU session swap="auto" swaps nothing (a host copy frees no
+    memory); the suite checks the swap policy here and the real behaviour in
+    test_session_api.test_auto_swaps_nothing_without_device_memory.
+    """
+    monkeypatch.setattr(accelerator, "has_own_memory", lambda session: True)
 
 
 def session_config():

@@ -316,3 +316,33 @@ def test_feed_tuple_key(pair):
     plain, tfs = pair(g, 2)
     feed = {(a, b): (np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32))}
     assert_same_result(plain.run(out, feed_dict=feed), tfs.run(out, feed_dict=feed))
+
+
+def _long_lived_activation_graph():
+    """A tensor produced first and read last, far more than swap_distance partitions later."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [512, 1024], name="x")
+        early = tf.sin(x, name="early")
+        h = early
+        for i in range(12):
+            h = tf.cos(h, name=f"h{i}")
+        out = tf.reduce_sum(h + early, name="out")
+    return graph, x, out
+
+
+def test_auto_swaps_nothing_without_device_memory(monkeypatch):
+    """A plain CPU session's "device" is host memory: auto keeps tensors, all still swaps."""
+    monkeypatch.undo()  # the conftest fixture pretends to have an accelerator
+    graph, x, out = _long_lived_activation_graph()
+    feed = {x: np.ones([512, 1024], np.float32)}
+    with new_session(graph) as sess:
+        expected = sess.run(out, feed)
+        auto = tfmem.TFMemSession(sess, partition_size=2, swap_min_bytes=0)
+        forced = tfmem.TFMemSession(sess, partition_size=2, swap="all")
+        assert auto.plan(out, feed).policy.mode == "none"
+        assert not any(t.swapped for t in auto.plan(out, feed).transfers)
+        assert any(t.swapped for t in forced.plan(out, feed).transfers)
+        for tfs in (auto, forced):
+            np.testing.assert_allclose(tfs.run(out, feed), expected, rtol=1e-5)
+        assert auto.last_step.swapped_out == 0 and forced.last_step.swapped_out > 0

@@ -76,6 +76,13 @@ def memory_device(session):
     return accelerator_of(session) or "CPU:0"
 
 
+def has_own_memory(session):
+    """True when the session's tensors live in memory apart from the host's: an
+    accelerator, or the CPU under an emulated cap.  Only then does a host copy free
+    anything."""
+    return memory_device(session) != "CPU:0" or emulated_memory_mib() is not None
+
+
 def device_memory(device):
     """TensorFlow's {'current', 'peak'} bytes for `device`, or None where it keeps none."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -103,23 +103,30 @@ def split_tensor_name(name):
 
 
 def _shape_of(tensor):
-    shape = tensor.shape
-    return None if shape.rank is None else tuple(shape.as_list())
+    # The C shape, without building a TensorShape per tensor: planning a
+    # 100k-op graph reads hundreds of thousands of shapes.
+    dims, unknown_rank = tensor._shape  # pylint: disable=protected-access
+    return None if unknown_rank else tuple(dims)
 
 
-def _node(op):
+def _node(op, stateful_types):
+    """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type."""
     frame = None
     if op.type in optypes.ENTER:
         frame = op.get_attr("frame_name")
         frame = frame.decode() if isinstance(frame, bytes) else frame
+    stateful = stateful_types.get(op.type)
+    if stateful is None:
+        stateful = stateful_types[op.type] = op.op_def.is_stateful
+    inputs = op.inputs
     return OpNode(
         name=op.name,
         type=op.type,
-        inputs=tuple(t.name for t in op.inputs),
+        inputs=tuple(t.name for t in inputs),
         control_inputs=tuple(c.name for c in op.control_inputs),
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
-        stateful=op.op_def.is_stateful,
-        side_effects=op.op_def.is_stateful or any(optypes.is_run_bound(t.dtype) for t in op.inputs),
+        stateful=stateful,
+        side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
         frame=frame,
         device=op.device,
         state_bytes=_variable_bytes(op),
@@ -191,15 +198,19 @@ def _drop_unobservable(nodes, keep):
         for src in producers:
             control_readers[src].discard(name)
             pending.append(src)
-    return {name: dataclasses.replace(node, control_inputs=tuple(c for c in control[name]
-                                                                 if c in nodes))
-            for name, node in nodes.items() if name not in removed}
+    kept = {}
+    for name, node in nodes.items():
+        if name not in removed:
+            edges = tuple(c for c in control[name] if c in nodes)
+            kept[name] = node if edges == node.control_inputs else \
+                dataclasses.replace(node, control_inputs=edges)
+    return kept
 
 
 def analyse(fetch_tensors, target_ops, fed_tensors):
     """The GraphView of the ops `Session.run(fetches + targets)` would run."""
     fed = frozenset(t.name for t in fed_tensors)
-    nodes, sources = {}, {}
+    nodes, sources, stateful_types = {}, {}, {}
     seen = set()
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
@@ -215,9 +226,9 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
                     f"State op '{op.name}' ({op.type}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[op.name] = _node(op)
+            sources[op.name] = _node(op, stateful_types)
             continue
-        nodes[op.name] = _node(op)
+        nodes[op.name] = _node(op, stateful_types)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
         pending += [c for c in op.control_inputs

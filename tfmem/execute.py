@@ -72,9 +72,14 @@ class Executor:
         self._runtime = runtime  # the session-wide pool, prefetcher, releaser and device
         self._callables = {}  # serialized RunOptions -> list of callables
         self._schedule = Schedule(plan)
-        self._batches = {  # partition index -> upload callable
-            index: runtime.prefetcher.batch([plan.view.tensor(t).dtype for t, _ in keys])
-            for index, keys in enumerate(self._schedule.uploads) if keys}
+        dtypes = {index: [plan.view.tensor(t).dtype for t, _ in keys]
+                  for index, keys in enumerate(self._schedule.uploads) if keys}
+        for batch in dtypes.values():
+            runtime.prefetcher.add_batch(batch)
+        # Every op exists now: the callables below extend the session's graph once.
+        self._callables_for(None)
+        self._batches = {index: runtime.prefetcher.batch(batch)  # partition -> upload callable
+                         for index, batch in dtypes.items()}
         self._process = psutil.Process()
 
     def _callables_for(self, options):

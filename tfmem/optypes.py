@@ -20,6 +20,8 @@ v1 control flow (frames and cond regions) is classified here by op type and
 grouped in `units.py`.
 """
 
+import functools
+
 from tensorflow.python.framework import dtypes
 
 PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2"})
@@ -56,6 +58,7 @@ SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
 _SHARING_ATTRS = ("shared_name", "container")
 
 
+@functools.lru_cache(maxsize=None)
 def is_run_bound(dtype):
     """True for dtypes that must not cross a `Session.run` boundary."""
     return dtype.base_dtype == dtypes.resource or dtype != dtype.base_dtype

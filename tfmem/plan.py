@@ -12,6 +12,7 @@ checks the invariants every plan must hold, whoever built it.
 """
 
 import dataclasses
+import functools
 
 from tfmem import optypes
 from tfmem.analyse import analyse, split_tensor_name
@@ -77,7 +78,11 @@ class Plan:
     placement: Placement = place(None, None)
 
     def transfer(self, tensor):
-        return next(t for t in self.transfers if t.tensor == tensor)
+        return self._transfer_of[tensor]
+
+    @functools.cached_property
+    def _transfer_of(self):
+        return {t.tensor: t for t in self.transfers}
 
     @property
     def num_ops(self):
@@ -133,24 +138,34 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
     if not partitions and fetch_home:
         partitions = [()]  # only state sources are fetched: one run reads them
 
+    inputs, outputs, uploads = ([[] for _ in partitions] for _ in range(3))
+    for t in transfers:
+        outputs[t.producer].append(t.tensor)
+        for consumer in t.consumers:
+            inputs[consumer].append(t.tensor)
+        for span in t.spans:
+            if span.uploaded:
+                uploads[span.start].append(t.tensor)
+    fetches = [[] for _ in partitions]
+    for tensor, home in fetch_home.items():
+        fetches[home].append(tensor)
+
     built = []
     for i, ops in enumerate(partitions):
-        used_inputs = [t for name in ops for t in view.nodes[name].inputs]
-        fetched_sources = [split_tensor_name(t)[0] for t, home in fetch_home.items()
-                           if home == i and split_tensor_name(t)[0] in view.sources]
+        used = [(t, split_tensor_name(t)[0]) for name in ops for t in view.nodes[name].inputs]
+        fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
+                           if split_tensor_name(t)[0] in view.sources]
         built.append(Partition(
             index=i,
             ops=tuple(ops),
             units=len(partitioned_units[i]) if partitioned_units else 0,
-            inputs=tuple(t.tensor for t in transfers if i in t.consumers),
-            outputs=tuple(t.tensor for t in transfers if t.producer == i),
-            feeds=tuple(dict.fromkeys(t for t in used_inputs if t in view.feeds)),
+            inputs=tuple(inputs[i]),
+            outputs=tuple(outputs[i]),
+            feeds=tuple(dict.fromkeys(t for t, _ in used if t in view.feeds)),
             sources=tuple(dict.fromkeys(
-                [split_tensor_name(t)[0] for t in used_inputs
-                 if split_tensor_name(t)[0] in view.sources] + fetched_sources)),
-            fetches=tuple(t for t, home in fetch_home.items() if home == i),
-            uploads=tuple(dict.fromkeys(t.tensor for t in transfers
-                                        for span in t.spans if span.uploaded and span.start == i)),
+                [op for _, op in used if op in view.sources] + fetched_sources)),
+            fetches=tuple(fetches[i]),
+            uploads=tuple(dict.fromkeys(uploads[i])),
         ))
     return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
                 transfers=tuple(transfers), policy=policy,

@@ -26,11 +26,12 @@ class Prefetcher:
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tfmem-prefetch")
 
-    def batch(self, dtypes):
-        """A callable that uploads arrays of these dtypes in one Session call.
+    def add_batch(self, dtypes):
+        """Add the ops of an upload of arrays of these dtypes in one Session call.
 
-        Adds its ops on first use of a dtype combination: call it from the
-        main thread when compiling a plan, not while a step runs.
+        Call it from the main thread when compiling a plan, not while a step runs,
+        and before making any callable of the plan: each first callable after new
+        ops extends the session's graph, which copies the whole graph.
         """
         dtypes = tuple(dtypes)
         if dtypes not in self._batches:
@@ -44,9 +45,16 @@ class Prefetcher:
                                  else tf.identity(host))
                     feeds.append(host.name)
                     fetches.append(tf.raw_ops.GetSessionHandle(value=on_device).name)
-            self._batches[dtypes] = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                config_pb2.CallableOptions(feed=feeds, fetch=fetches))
-        return self._batches[dtypes]
+            self._batches[dtypes] = config_pb2.CallableOptions(feed=feeds, fetch=fetches)
+
+    def batch(self, dtypes):
+        """The callable of an upload added by `add_batch`."""
+        dtypes = tuple(dtypes)
+        batch = self._batches[dtypes]
+        if isinstance(batch, config_pb2.CallableOptions):
+            batch = self._batches[dtypes] = \
+                self._session._make_callable_from_options(batch)  # pylint: disable=protected-access
+        return batch
 
     def upload(self, batch, arrays):
         """A Future of the handles of the arrays' copies on the device."""

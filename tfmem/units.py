@@ -35,6 +35,7 @@ from tfmem.analyse import split_tensor_name
 class _UnionFind:
     def __init__(self, items):
         self.parent = {item: item for item in items}
+        self.unions = 0  # joins made; with none, every op is its own unit
 
     def find(self, item):
         root = item
@@ -48,6 +49,7 @@ class _UnionFind:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[rb] = ra
+            self.unions += 1
 
 
 def _producers(view, node):
@@ -163,8 +165,10 @@ def units(view):
     """The view's ops grouped into units; each unit lists its ops in view order."""
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
-    _join_frames_and_conds(view, uf)
-    _merge_cycles(view, uf)
+    if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
+        _join_frames_and_conds(view, uf)
+    if uf.unions:  # single-op units of a DAG form no cycle
+        _merge_cycles(view, uf)
     groups = {}
     for name in view.nodes:
         groups.setdefault(uf.find(name), []).append(name)
