@@ -44,6 +44,9 @@ BUDGET_MIB = 24  # under the MLP's plain peak (~34-38 MiB), over its state (~6 M
 # Just above the MLP's one-partition prediction (31.0 MiB) / (1 - margin) = 34.4 MiB.
 EDGE = "34.5MiB"
 HUGE = 100000  # HUGE x HUGE float32 = 40 GB: a static shape, never materialised
+# A variable the training request never reads: with it resident, the whole step
+# (~34-38 MiB) no longer fits the cap, though its prediction alone (31 MiB) fits 75 % of it.
+RESIDENT_MIB = 28
 
 # ---------------------------------------------------------------------------
 # parse_bytes
@@ -168,8 +171,8 @@ CAPPED_SCRIPT = r"""
 import json, os, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
-CAP, BUDGET, HUGE = (int(a) for a in sys.argv[1:4])
-EDGE = sys.argv[4]
+CAP, BUDGET, HUGE, RESIDENT_MIB = (int(a) for a in sys.argv[1:5])
+EDGE = sys.argv[5]
 tfmem.emulate_accelerator(CAP)
 import numpy as np
 import psutil
@@ -228,6 +231,26 @@ out["plain"] = train("plain")
 out["auto"] = train("tfmem", partition_size="auto")
 out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
 out["edge"] = train("tfmem", device_memory_budget=EDGE)
+
+# Memory the device already holds for something else (a variable this request never
+# reads, initialised by the plain session) is taken off the budget.
+model = models.mlp(layers=12)
+with model.graph.as_default():
+    other = tf1.get_variable("other", [RESIDENT_MIB << 18], initializer=tf1.zeros_initializer(),
+                             use_resource=True)
+sess = tf1.Session(graph=model.graph)
+sess.run(other.initializer)
+tfs = tfmem.TFMemSession(sess, partition_size="auto")
+resident = out["resident"] = {"losses": [], "peaks": []}
+tfs.run(model.init)
+resident["planned_partitions"] = len(tfs.plan([model.train, model.loss],
+                                              model.feed(BATCH)).partitions)
+for _ in range(STEPS):
+    _, loss = tfs.run([model.train, model.loss], model.feed(BATCH))
+    resident["losses"].append(float(loss))
+    resident["peaks"].append(tfs.last_step.device_peak_bytes)
+resident["predicted"] = tfs.memory_report().predicted_device_peak
+tfs.close()
 
 # A budget nothing fits: refused before the step runs.
 model = models.mlp(layers=12)
@@ -292,7 +315,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def capped():
     done = subprocess.run(
-        [sys.executable, "-c", CAPPED_SCRIPT, str(CAP_MIB), str(BUDGET_MIB), str(HUGE), EDGE],
+        [sys.executable, "-c", CAPPED_SCRIPT, str(CAP_MIB), str(BUDGET_MIB), str(HUGE),
+         str(RESIDENT_MIB), EDGE],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, f"capped process failed:\n{done.stderr[-4000:]}"
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -329,6 +353,15 @@ def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
     assert all(isinstance(p, int) for p in run["peaks"])
     assert max(run["peaks"]) <= BUDGET_MIB * MIB, (
         f"tfmem peaks {[p / MIB for p in run['peaks']]} MiB over a {BUDGET_MIB} MiB budget")
+
+
+def test_memory_resident_for_other_requests_is_taken_off_the_budget(capped):
+    run = capped["resident"]
+    assert capped["auto"]["planned_partitions"] == 1  # the same step, nothing else resident
+    assert run["planned_partitions"] > 1
+    assert run["predicted"] <= (CAP_MIB * (1 - budget.DEFAULT_MARGIN) - RESIDENT_MIB) * MIB
+    np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
+    assert RESIDENT_MIB * MIB < max(run["peaks"]) <= CAP_MIB * MIB
 
 
 def test_a_budget_just_above_the_prediction_still_holds(capped):

@@ -24,7 +24,7 @@ from tfmem.partition import partition
 from tfmem.place import place
 from tfmem.plan import build_plan, validate
 from tfmem.shapes import resolve_shapes
-from tfmem.simulate import TensorSizes, simulate
+from tfmem.simulate import TensorSizes, simulate, state_bytes
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
@@ -69,13 +69,19 @@ def _largest_op(view, size_of):
 
 
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
-        policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN):
-    """(plan, trace) of the largest partition size whose predicted peak fits the budget."""
+        policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0):
+    """(plan, trace) of the largest partition size whose predicted peak fits the budget.
+
+    `resident_bytes`: what the device holds already (its allocator's current bytes).
+    Beyond the request's own variables and constants, which every prediction counts,
+    it is taken off the budget: other requests' variables, tensors of other sessions.
+    """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
     shapes = resolve_shapes(graph, view, feed_shapes)
     placement = place(view, accelerator)
-    limit = budget_bytes * (1 - margin)
+    others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
+    limit = budget_bytes * (1 - margin) - others
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 
@@ -105,7 +111,9 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes))
         raise BudgetError(
             f"nothing fits in a device-memory budget of {_mib(budget_bytes)} (predictions must "
-            f"stay under {_mib(limit)}): even one op per partition needs {_mib(trace.peak_device)}"
+            f"stay under {_mib(limit)}"
+            + (f", after {_mib(others)} the device holds for other requests" if others else "")
+            + f"): even one op per partition needs {_mib(trace.peak_device)}"
             f", of which {_mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads and writes {_mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")

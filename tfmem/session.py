@@ -187,9 +187,11 @@ class TFMemSession:
             if self._budget is None:
                 return make_plan(request.fetch_tensors, request.targets, request.feeds,
                                  self._partition_size, self._policy, self._accelerator), None
+            memory = (accelerator.device_memory(self._runtime.device)
+                      if self._runtime.measure_device else None)
             return budget.fit(self.graph, request.fetch_tensors, request.targets,
                               request.feeds, request.feed_shapes(), self._budget, self._policy,
-                              self._accelerator)
+                              self._accelerator, resident_bytes=memory["current"] if memory else 0)
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""

@@ -187,13 +187,18 @@ def _working_set(view, partition, size, keep_until_end, freed_inside):
     return peak
 
 
+def state_bytes(view, size):
+    """Bytes of the variables and constants the request reads: resident for the whole step."""
+    return sum(node.state_bytes for node in view.sources.values()) + sum(
+        size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
+
+
 def simulate(plan, shapes=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`."""
     view = plan.view
     size = TensorSizes(view, shapes)
     schedule = Schedule(plan)
-    state = sum(node.state_bytes for node in view.sources.values())
-    state += sum(size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
+    state = state_bytes(view, size)
     live, host, uploads_left = {}, {}, dict(schedule.upload_count)
     trace = []
     for index, partition in enumerate(plan.partitions):
