@@ -299,3 +299,15 @@ def test_session_simulate_is_simulate_of_its_plan():
         assert tfs.last_step is None  # nothing ran
         bigger = tfs.simulate(fetches, model.feed(512))
         assert bigger.peak_device > trace.peak_device
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_graphs_have_no_tensor_of_unknown_size(name):
+    """Feeds resolve every shape; gradient broadcast axes are bounded by their input shapes."""
+    builder, kwargs, batch = MODELS[name]
+    model = getattr(models, builder)(**kwargs)
+    with tf1.Session(graph=model.graph) as sess:
+        trace = tfmem.TFMemSession(sess, partition_size=50).simulate(
+            [model.train, model.loss], model.feed(batch))
+    assert trace.unknown_tensors == 0
+    assert trace.peak_device > trace.state_bytes

@@ -112,12 +112,25 @@ class TensorSizes:
                 info.dtype.name in ("string", "resource", "variant"):
             return 0
         if shape is None or None in shape:
-            self.unknown.add(tensor)
-            return 0
+            bound = self._bound(tensor)
+            if bound is None:
+                self.unknown.add(tensor)
+            return bound or 0
         count = 1
         for dim in shape:
             count *= dim
         return count * info.dtype.size
+
+
+    def _bound(self, tensor):
+        """Bytes at most, for outputs whose length only their values decide."""
+        op_name, _ = split_tensor_name(tensor)
+        node = self._view.nodes.get(op_name)
+        if node is not None and node.type == "BroadcastGradientArgs":
+            # Axes to reduce: at most one per dimension of the longer input shape.
+            lengths = [self(t) for t in node.inputs]
+            return max(lengths) if all(lengths) else None
+        return None
 
 
 def _dependency_order(view, ops):
