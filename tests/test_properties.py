@@ -2,8 +2,9 @@
 
 Hypothesis draws a *recipe* (a list of small integer tuples) and the builder
 below turns it into a graph of elementwise ops, matmuls, split / unstack
-(several outputs), concat / stack, control edges, resource variables with
-`assign_add`, seeded random ops and `tf.cond`.  The recipe is built twice,
+(several outputs), concat / stack, control edges, resource or reference
+variables with `assign_add`, seeded random ops and `tf.cond` (control flow
+v2, or v1's Switch/Merge).  The recipe is built twice,
 into two graphs with the same graph-level and op-level seeds: one runs in a
 plain session, the other through a TFMemSession with a drawn
 `partition_size`, `swap` mode, `swap_distance` and `prefetch`
@@ -13,7 +14,9 @@ different feeds are compared, then the variables.
 
 Variable reads and writes are ordered by control edges (every read after the
 last write, every write after the reads before it), so that plain TensorFlow
-itself gives one answer.
+itself gives one answer.  A reference variable's read (an Identity of the
+ref) shares the variable's buffer, which `assign_add` changes in place: plain
+TensorFlow's result would depend on scheduling, so such reads are copied.
 """
 
 import numpy as np
@@ -38,10 +41,11 @@ BINARY = (lambda a, b: (a + b) * 0.5, lambda a, b: (a - b) * 0.5, tf.maximum,
 class _Builder:
     """Interprets a recipe in the default graph; indices pick from pools modulo their size."""
 
-    def __init__(self, x):
+    def __init__(self, x, use_resource):
         rs = np.random.RandomState(0)
         self.variables = [tf1.Variable(rs.standard_normal((N, N)).astype(np.float32),
-                                       name=f"v{i}", use_resource=True) for i in range(VARIABLES)]
+                                       name=f"v{i}", use_resource=use_resource)
+                          for i in range(VARIABLES)]
         self.last_write = [None] * VARIABLES
         self.reads = [[] for _ in range(VARIABLES)]  # reads since the last write
         self.updates = []
@@ -57,6 +61,8 @@ class _Builder:
         deps = [self.last_write[i]] if self.last_write[i] is not None else []
         with tf.control_dependencies(deps):
             value = self.variables[i].read_value()
+            if value.op.type == "Identity":  # a reference variable's read aliases its buffer,
+                value = tf.raw_ops.DeepCopy(x=value)  # which a later assign_add changes in place
         self.reads[i].append(value.op)
         self.pools["full"].append(value)
 
@@ -100,15 +106,22 @@ class _Builder:
             full.append(tf.negative(self.pick("full", a)))
 
 
-def build(recipe, picks):
-    """(graph, x, fetches, init): the recipe's graph and a fetch list over it."""
+def build(recipe, picks, use_resource=True, control_flow_v1=False):
+    """(graph, x, fetches, init, variables): the recipe's graph and a fetch list over it."""
     g = tf.Graph()
+    was_v2 = tf1.control_flow_v2_enabled()
     with g.as_default():
         tf1.set_random_seed(1234)
         x = tf1.placeholder(tf.float32, [N, N], name="x")
-        builder = _Builder(x)
-        for kind, a, b, c in recipe:
-            builder.step(KINDS[kind], a, b, c)
+        builder = _Builder(x, use_resource)
+        try:
+            if control_flow_v1:
+                tf1.disable_control_flow_v2()
+            for kind, a, b, c in recipe:
+                builder.step(KINDS[kind], a, b, c)
+        finally:
+            if was_v2:
+                tf1.enable_control_flow_v2()
         full = builder.pools["full"]
         out = tf.add_n([tf.reduce_sum(t) for t in full[-3:]], name="out")
         fetches = [out] + [builder.pick(pool, i) for pool, i in picks
@@ -129,16 +142,18 @@ configs = st.fixed_dictionaries({
     "swap_distance": st.integers(0, 3),
     "prefetch": st.integers(0, 3),
 })
+graph_kinds = st.fixed_dictionaries({"use_resource": st.booleans(),
+                                     "control_flow_v1": st.booleans()})
 
 
 # no "explain" phase: on a failure it reruns the example dozens of times, for minutes
-@settings(max_examples=40, deadline=None, derandomize=True, print_blob=True,
+@settings(max_examples=50, deadline=None, derandomize=True, print_blob=True,
           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow])
-@given(recipe=recipes, picks=picks, config=configs)
-def test_random_graph_matches_plain(recipe, picks, config):
-    g_plain, x_plain, f_plain, init_plain, v_plain = build(recipe, picks)
-    g_tfm, x_tfm, f_tfm, init_tfm, v_tfm = build(recipe, picks)
+@given(recipe=recipes, picks=picks, config=configs, kinds=graph_kinds)
+def test_random_graph_matches_plain(recipe, picks, config, kinds):
+    g_plain, x_plain, f_plain, init_plain, v_plain = build(recipe, picks, **kinds)
+    g_tfm, x_tfm, f_tfm, init_tfm, v_tfm = build(recipe, picks, **kinds)
     rs = np.random.RandomState(len(recipe))
     feeds = [rs.standard_normal((N, N)).astype(np.float32) for _ in range(2)]
     plain = new_session(g_plain)
