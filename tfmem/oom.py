@@ -134,8 +134,9 @@ def device_memory_error(session, plan, feeds, index, error):
         mode = policy.mode
     else:
         size = target = mode = None
-        lines.append("The simulator finds no plan that fits, even one op per partition: "
-                     "shrink the batch or the largest tensors.")
+        lines.append("The simulator finds no plan that fits this device with tfmem's "
+                     f"{budget.DEFAULT_MARGIN:.0%} margin, even one op per partition: shrink "
+                     "the batch or the largest tensors.")
     return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
                                     ops=ops, largest=largest, partition_size=size,
                                     budget=target, swap=mode)
