@@ -4,7 +4,8 @@ Mistakes in a request (a bad fetch, a feed of the wrong shape, an unfed
 placeholder) raise what `Session.run` raises for the same request, so that a
 wrapped session fails exactly like a plain one.  TFMemError is for what only
 tfmem can get wrong: a graph it cannot partition or a plan that breaks an
-invariant.
+invariant.  Out of device memory inside a partition is DeviceMemoryError, which
+is also TensorFlow's ResourceExhaustedError so existing handlers still catch it.
 """
 
 

@@ -93,7 +93,7 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
         policies.append(dataclasses.replace(plan.policy, mode="auto"))
     for policy in policies:
         target = capacity or failed_peak
-        for _ in range(MAX_HALVINGS):
+        for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
             try:
                 fitted, trace = budget.fit(graph, fetches, targets, fed, shapes_fed, target,
                                            policy)
@@ -134,8 +134,8 @@ def device_memory_error(session, plan, feeds, index, error):
         mode = policy.mode
     else:
         size = target = mode = None
-        lines.append("The simulator finds no plan that fits this device with tfmem's "
-                     f"{budget.DEFAULT_MARGIN:.0%} margin, even one op per partition: shrink "
+        lines.append("The simulator finds no plan predicted to need less (with tfmem's "
+                     f"{budget.DEFAULT_MARGIN:.0%} margin), even one op per partition: shrink "
                      "the batch or the largest tensors.")
     return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
                                     ops=ops, largest=largest, partition_size=size,
