@@ -65,3 +65,12 @@ def test_verdict_flags_growth(device, rss, ok):
     assert got is ok
     assert lines[-1] == "VERDICT " + ("no growth" if ok else "GROWTH or failure (see above)")
     assert growth["device"] >= 0
+
+
+@pytest.mark.parametrize("argv", [["--cap", "0"], ["--partition-size", "x"], ["--swap", "some"],
+                                  ["--steps", "100", "--warmup", "100"], ["--every", "-1"]])
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        soak.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err

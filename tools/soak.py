@@ -38,20 +38,37 @@ MIB = 1 << 20
 RESULT = "SOAK-RESULT "
 
 
+def _auto_or_positive(text):
+    """argparse type: 'auto' or an integer >= 1."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def _positive(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--warmup", type=int, default=100, help="steps before sampling starts")
-    parser.add_argument("--every", type=int, default=50, help="steps between samples")
-    parser.add_argument("--cap", default="auto",
+    parser.add_argument("--steps", type=_positive, default=2000)
+    parser.add_argument("--warmup", type=_positive, default=100,
+                        help="steps before sampling starts")
+    parser.add_argument("--every", type=_positive, default=50, help="steps between samples")
+    parser.add_argument("--cap", type=_auto_or_positive, default="auto",
                         help="emulated device memory in MiB, or 'auto': half plain TF's peak")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--partition-size", default="auto",
+    parser.add_argument("--layers", type=_positive, default=8)
+    parser.add_argument("--width", type=_positive, default=256)
+    parser.add_argument("--batch", type=_positive, default=1024)
+    parser.add_argument("--partition-size", type=_auto_or_positive, default="auto",
                         help="an int, or 'auto' (budget mode under the cap)")
-    parser.add_argument("--swap", default="auto")
-    parser.add_argument("--prefetch", type=int, default=1)
+    parser.add_argument("--swap", choices=["auto", "all", "none"], default="auto")
+    parser.add_argument("--prefetch", type=int, choices=range(0, 100), default=1,
+                        metavar="N")
     parser.add_argument("--rss-tolerance", type=float, default=2.0,
                         help="MiB of host RSS growth per 1000 steps still called no growth")
     parser.add_argument("--json", help="write every sample and figure to this file")
@@ -95,8 +112,8 @@ def _soak(args):
     import tfmem  # pylint: disable=import-outside-toplevel
     from tfmem import accelerator  # pylint: disable=import-outside-toplevel
     model, feeds = _model(args)
-    size = args.partition_size if args.partition_size == "auto" else int(args.partition_size)
-    tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=size, swap=args.swap,
+    tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=args.partition_size,
+                             swap=args.swap,
                              prefetch=args.prefetch, swap_min_bytes=0)
     tfs.run(model.init)
     plan = tfs.plan([model.train, model.loss], feed_dict=feeds[0])
@@ -194,7 +211,7 @@ def main(argv=None):
         plain_peak = _run_worker(args, argv + ["--worker", "plain-peak"])["plain_peak"]
         cap = max(plain_peak // 2 // MIB, 1)
     else:
-        cap = int(args.cap)
+        cap = args.cap
     result = _run_worker(args, argv + ["--worker", "soak"], cap_mib=cap)
     result["plain_peak"] = plain_peak
     ok, lines, growth = verdict(result, args.rss_tolerance)
