@@ -17,7 +17,8 @@ _EXPORTS = {
     "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
-    "HostMemoryError": "tfmem.errors", "MemoryReport": "tfmem.session",
+    "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
+    "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
 }
 

@@ -15,9 +15,10 @@ import threading
 import time
 
 import psutil
+import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator
+from tfmem import accelerator, oom
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
@@ -92,31 +93,44 @@ class Executor:
     def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
                         timeline):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
-            started = time.perf_counter()
-            swaps.start_uploads(index)
-            args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
-                    for s in program.feed_sources]
-            if run_metadata is not None:
-                metadata = config_pb2.RunMetadata()
-                values = call(*args, run_metadata=metadata)
-                run_metadata.MergeFrom(metadata)
-            else:
-                values = call(*args)
-            for (kind, name), value in zip(program.fetch_sinks, values):
-                if kind == HANDLE:
-                    swaps.keep(name, value)
-                elif kind == HOST:
-                    swaps.swap_out(name, value)
-                else:
-                    results[name] = value
-            # Fetched arrays can share TensorFlow's buffers: drop them so a
-            # swapped tensor's device copy is freed before the next partition.
-            values = value = None
-            swaps.finish(index)
-            if timeline:
-                timeline.span("partitions", f"partition {index}", started,
-                              {"ops": len(self._plan.partitions[index].ops)})
+            try:
+                self._run_partition(index, program, call, feeds, swaps, results, run_metadata,
+                                    timeline)
+            except tf.errors.ResourceExhaustedError as err:
+                if not oom.is_out_of_memory(err):
+                    raise  # another exhausted resource (a queue, a quota): as TensorFlow said
+                swaps.abort()  # free the step's device memory before diagnosing
+                raise oom.device_memory_error(self._session, self._plan, feeds, index,
+                                              err) from err
             deliver_interrupt()
+
+    def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,
+                       timeline):
+        """Run one partition: feed its inputs, hand its outputs to the swap manager."""
+        started = time.perf_counter()
+        swaps.start_uploads(index)
+        args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
+                for s in program.feed_sources]
+        if run_metadata is not None:
+            metadata = config_pb2.RunMetadata()
+            values = call(*args, run_metadata=metadata)
+            run_metadata.MergeFrom(metadata)
+        else:
+            values = call(*args)
+        for (kind, name), value in zip(program.fetch_sinks, values):
+            if kind == HANDLE:
+                swaps.keep(name, value)
+            elif kind == HOST:
+                swaps.swap_out(name, value)
+            else:
+                results[name] = value
+        # Fetched arrays can share TensorFlow's buffers: drop them so a
+        # swapped tensor's device copy is freed before the next partition.
+        values = value = None
+        swaps.finish(index)
+        if timeline:
+            timeline.span("partitions", f"partition {index}", started,
+                          {"ops": len(self._plan.partitions[index].ops)})
 
     def run(self, feeds, options=None, run_metadata=None, timeline=None):
         """Run one step; return ({requested tensor name: value}, StepStats).
