@@ -12,6 +12,7 @@ checks the invariants every plan must hold, whoever built it.
 """
 
 import dataclasses
+import functools
 
 from tfmem import optypes
 from tfmem.analyse import analyse, split_tensor_name
@@ -77,7 +78,12 @@ class Plan:
     placement: Placement = place(None, None)
 
     def transfer(self, tensor):
-        return next(t for t in self.transfers if t.tensor == tensor)
+        return self._transfer_of[tensor]
+
+    @functools.cached_property
+    def _transfer_of(self):
+        """tensor -> Transfer: a dict, so that looking up every transfer is not quadratic."""
+        return {t.tensor: t for t in self.transfers}
 
     @property
     def num_ops(self):
@@ -133,6 +139,16 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
     if not partitions and fetch_home:
         partitions = [()]  # only state sources are fetched: one run reads them
 
+    # Each transfer filed under its partitions in one pass, in transfer order: scanning
+    # every transfer per partition is quadratic on unrolled graphs.
+    inputs_of, outputs_of, uploads_of = {}, {}, {}
+    for t in transfers:
+        outputs_of.setdefault(t.producer, []).append(t.tensor)
+        for i in dict.fromkeys(t.consumers):
+            inputs_of.setdefault(i, []).append(t.tensor)
+        for span in t.spans:
+            if span.uploaded:
+                uploads_of.setdefault(span.start, []).append(t.tensor)
     built = []
     for i, ops in enumerate(partitions):
         used_inputs = [t for name in ops for t in view.nodes[name].inputs]
@@ -142,15 +158,14 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
             index=i,
             ops=tuple(ops),
             units=len(partitioned_units[i]) if partitioned_units else 0,
-            inputs=tuple(t.tensor for t in transfers if i in t.consumers),
-            outputs=tuple(t.tensor for t in transfers if t.producer == i),
+            inputs=tuple(inputs_of.get(i, ())),
+            outputs=tuple(outputs_of.get(i, ())),
             feeds=tuple(dict.fromkeys(t for t in used_inputs if t in view.feeds)),
             sources=tuple(dict.fromkeys(
                 [split_tensor_name(t)[0] for t in used_inputs
                  if split_tensor_name(t)[0] in view.sources] + fetched_sources)),
             fetches=tuple(t for t, home in fetch_home.items() if home == i),
-            uploads=tuple(dict.fromkeys(t.tensor for t in transfers
-                                        for span in t.spans if span.uploaded and span.start == i)),
+            uploads=tuple(dict.fromkeys(uploads_of.get(i, ()))),
         ))
     return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
                 transfers=tuple(transfers), policy=policy,
