@@ -244,3 +244,50 @@ def test_moe_quick_and_defaults():
     assert one.size == 12 and one.partition_size == "auto" and not one.find_max
     with pytest.raises(SystemExit):
         common.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
+
+
+# --------------------------------------------------------------------------
+# deepspeech.py: a tiny unrolled bidirectional RNN, plain TensorFlow against tfmem
+
+import deepspeech  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+# The paper's partition size 5 (the default) on a 4-frame sequence: many partitions.
+DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--features", "6",
+           "--hidden", "16", "--classes", "5", "--swap-min-bytes", "0"]
+
+
+@pytest.fixture(scope="module")
+def deepspeech_trials():
+    """{system: result} of one 4-frame trial for tf and tfmem, each in a fresh process."""
+    args = common.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
+    with ThreadPoolExecutor(2) as pool:
+        futures = {system: pool.submit(common.spawn_trial, deepspeech.EXPERIMENT, args, system,
+                                       4, 120) for system in ("tf", "tfmem")}
+        return {system: future.result() for system, future in futures.items()}
+
+
+def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
+    tf_result, tfm_result = deepspeech_trials["tf"], deepspeech_trials["tfmem"]
+    for result in (tf_result, tfm_result):
+        assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
+        assert (result["size_name"], result["size"], result["unit"]) == ("seq_len", 4, "sequences")
+        assert result["parameters"] == deepspeech.parameters(features=6, hidden=16, classes=5)
+        assert len(result["losses"]) == 2 and all(math.isfinite(v) for v in result["losses"])
+    assert tf_result["losses"][1] < tf_result["losses"][0]  # it trains
+    info = tfm_result["tfmem"]
+    assert info["partition_size"] == deepspeech.PAPER_PARTITION_SIZE == 5
+    assert info["partitions"] > 20 and info["swapped_out_bytes"] > 0
+    # Same graph, seeds and data: cut into partitions of 5 ops and swapped, the same step.
+    assert tfm_result["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
+
+
+def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
+    quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
+    assert quick.batch_size == 128 and quick.partition_size == "auto"
+    assert quick.time_seq_lens == "8,16,32" and quick.swap_min_bytes == 32 << 10
+    assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max"]).partition_size == 5
+    rows = [dict(seq_len=8, tf=0.1, tf_status="ok", grappler=None, grappler_status="oom",
+                 tfmem=0.15, tfmem_status="ok", tfmem_partitions=3, ratio=1.5)]
+    text = deepspeech._iteration_markdown(rows, common.SYSTEMS, quick)  # pylint: disable=protected-access
+    assert "| 8 | 0.100 | oom | 0.150 | 3 | 1.50x |" in text
+    assert "1.15 s vs 1.56 s" in text  # the paper's numbers beside ours
