@@ -23,6 +23,7 @@ few fixed lengths (--time-seq-lens): the paper's iteration-time table.
     python experiments/deepspeech.py --quick
 """
 
+import copy
 import csv
 import os
 import statistics
@@ -143,37 +144,53 @@ def _iteration_time(trial):
     return statistics.median(times[1:] or times)
 
 
+def _timed_runs(args):
+    """(label, system, args) of every column of the iteration-time table.
+
+    The search's settings per system, with --time-steps steps; plus tfmem at
+    --time-partition-size (the paper's 5 by default), which always partitions,
+    where budget mode runs a step that fits as one partition.
+    """
+    timed = copy.copy(args)
+    timed.steps = args.time_steps
+    runs = [(system, system, timed) for system in args.system or common.SYSTEMS]
+    size = args.time_partition_size
+    if "tfmem" in [r[0] for r in runs] and size not in (None, "none", str(args.partition_size)):
+        fixed = copy.copy(timed)
+        fixed.partition_size = size
+        runs.append((f"tfmem ps={size}", "tfmem", fixed))
+    return runs
+
+
 def iteration_times(args, summaries, stem, out=print):
     """The paper's second table: iteration time per sequence length, system by system.
 
-    One trial per (length, system), in its own process under the same cap and
-    settings as the search, so the times are comparable with the paper's
-    plain-TF / TFMem pairs at lengths both fit.
+    One trial per (length, column), in its own process under the same cap as
+    the search, so the times compare like the paper's plain-TF / TFMem pairs.
     """
     del summaries  # the lengths are fixed, not derived from the search
-    systems = args.system or list(common.SYSTEMS)
+    runs = _timed_runs(args)
+    labels = [label for label, _, _ in runs]
     rows = []
     for seq_len in _lengths(args.time_seq_lens):
         row = dict(seq_len=seq_len)
-        for system in systems:
-            trial = common.spawn_trial(EXPERIMENT, args, system, seq_len, args.trial_timeout)
-            row[system] = _iteration_time(trial)
-            row[f"{system}_status"] = trial.get("status")
+        for label, system, run_args in runs:
+            trial = common.spawn_trial(EXPERIMENT, run_args, system, seq_len, args.trial_timeout)
+            row[label] = _iteration_time(trial)
+            row[f"{label} status"] = trial.get("status")
             if system == "tfmem":
-                row["tfmem_partitions"] = (trial.get("tfmem") or {}).get("partitions")
-            out(f"iteration time: {common.describe_trial(dict(trial, unit=EXPERIMENT.unit))}")
-        if row.get("tf") and row.get("tfmem"):
-            row["ratio"] = row["tfmem"] / row["tf"]
+                row[f"{label} partitions"] = (trial.get("tfmem") or {}).get("partitions")
+            out(f"iteration time ({label}): "
+                f"{common.describe_trial(dict(trial, unit=EXPERIMENT.unit))}")
         rows.append(row)
-    markdown = _iteration_markdown(rows, systems, args)
+    markdown = _iteration_markdown(rows, labels, args)
     paths = [f"{stem}-iteration.csv"]
     with open(paths[0], "w", newline="") as handle:
-        columns = ["seq_len"] + [c for s in systems for c in (s, f"{s}_status")] + [
-            "tfmem_partitions", "ratio"]
-        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(
+            key for row in rows for key in row)) or ["seq_len"])
         writer.writeheader()
         writer.writerows(rows)
-    note = _iteration_plot(rows, systems, f"{stem}-iteration.png", args)
+    note = _iteration_plot(rows, labels, f"{stem}-iteration.png", args)
     if note:
         markdown += f"\n- {note}\n"
     else:
@@ -181,29 +198,39 @@ def iteration_times(args, summaries, stem, out=print):
     return common.Extra(markdown=markdown, data=rows, paths=tuple(paths))
 
 
-def _iteration_markdown(rows, systems, args):
+def _iteration_markdown(rows, labels, args):
     cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
-    head = ["seq len"] + [f"{s} s" for s in systems] + ["tfmem partitions", "tfmem / tf"]
+    tfmems = [label for label in labels if label.startswith("tfmem")]
+    head = (["seq len"] + [f"{label} s" for label in labels]
+            + [f"{label} partitions" for label in tfmems]
+            + [f"{label} / tf" for label in tfmems if "tf" in labels])
     lines = [f"## Iteration time per sequence length (batch {args.batch_size}, {cap})", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [str(row["seq_len"])]
-        for system in systems:
-            value = row.get(system)
-            cells.append(f"{value:.3f}" if value is not None else row[f"{system}_status"] or "-")
-        cells.append(str(row.get("tfmem_partitions") or "-"))
-        cells.append(f"{row['ratio']:.2f}x" if row.get("ratio") else "-")
+        for label in labels:
+            value = row.get(label)
+            cells.append(f"{value:.3f}" if value is not None else row[f"{label} status"] or "-")
+        cells += [str(row.get(f"{label} partitions") or "-") for label in tfmems]
+        if "tf" in labels:
+            cells += [f"{row[label] / row['tf']:.2f}x" if row.get(label) and row.get("tf")
+                      else "-" for label in tfmems]
         lines.append("| " + " | ".join(cells) + " |")
     paper = ", ".join(f"{n}: {tf_s} s vs {tfm_s} s ({tfm_s / tf_s:.2f}x)"
                       for n, (tf_s, tfm_s) in PAPER_TIMES.items())
-    lines += ["", "- iteration time: median seconds of the steps after the first, each "
-              "(length, system) a fresh process under the cap and settings of the search",
+    lines += ["", f"- iteration time: median seconds of the steps after the first of "
+              f"{args.time_steps}, each (length, column) a fresh process under the cap of the "
+              "search; tfmem: the search's settings"
+              + (f"; tfmem ps={args.time_partition_size}: partition size "
+                 f"{args.time_partition_size}"
+                 + (" (the paper's)" if args.time_partition_size == str(PAPER_PARTITION_SIZE)
+                    else "") if len(tfmems) > 1 else ""),
               f"- paper (TensorFlowMem, batch 128, partition size 5, 12 GB GPU), plain TF vs "
               f"TFMem per length: {paper}"]
     return "\n".join(lines) + "\n"
 
 
-def _iteration_plot(rows, systems, path, args):
+def _iteration_plot(rows, labels, path, args):
     """Sequence length against iteration time; None when written, else why not."""
     try:
         import matplotlib  # pylint: disable=import-outside-toplevel
@@ -212,9 +239,9 @@ def _iteration_plot(rows, systems, path, args):
     except ImportError:
         return "no iteration-time plot: matplotlib is not installed"
     fig, axis = plt.subplots(figsize=(7, 4.5))
-    for system in systems:
-        points = [(r["seq_len"], r[system]) for r in rows if r.get(system)]
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system)
+    for label in labels:
+        points = [(r["seq_len"], r[label]) for r in rows if r.get(label)]
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     axis.set_xlabel("sequence length (frames)")
     axis.set_ylabel("iteration time (s)")
     axis.set_xlim(left=0)
@@ -242,6 +269,11 @@ def add_arguments(group):
     group.add_argument("--time-seq-lens", metavar="N,N,...",
                        help="--find-max / --quick: after the search, time one trial per system "
                             "at each of these lengths (default 25,50,100; none: skip)")
+    group.add_argument("--time-steps", type=common.positive_int,
+                       help="steps of each timed trial (default 10)")
+    group.add_argument("--time-partition-size", metavar="N|auto|none",
+                       help="also time tfmem at this partition size (default 5, the paper's; "
+                            "none: only the search's settings)")
 
 
 EXPERIMENT = common.Experiment(
@@ -259,7 +291,8 @@ EXPERIMENT = common.Experiment(
     # and hidden 128, far below tfmem's 1 MiB swap_min_bytes, so swap from 32 KiB.
     defaults=dict(features=26, hidden=128, classes=29, learning_rate=0.001, seed=0,
                   batch_size=128, steps=5, partition_size=PAPER_PARTITION_SIZE,
-                  swap_min_bytes=32 << 10, start=25, time_seq_lens="25,50,100",
+                  swap_min_bytes=32 << 10, start=25, time_seq_lens="25,50,100", time_steps=10,
+                  time_partition_size=str(PAPER_PARTITION_SIZE),
                   trial_timeout=600.0),
     # Partition size 5 means one Session call per 5 ops (about 1,400 partitions at
     # length 100) and minutes of first step: --quick uses budget mode instead.

@@ -286,8 +286,12 @@ def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
     assert quick.batch_size == 128 and quick.partition_size == "auto"
     assert quick.time_seq_lens == "8,16,32" and quick.swap_min_bytes == 32 << 10
     assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max"]).partition_size == 5
-    rows = [dict(seq_len=8, tf=0.1, tf_status="ok", grappler=None, grappler_status="oom",
-                 tfmem=0.15, tfmem_status="ok", tfmem_partitions=3, ratio=1.5)]
-    text = deepspeech._iteration_markdown(rows, common.SYSTEMS, quick)  # pylint: disable=protected-access
-    assert "| 8 | 0.100 | oom | 0.150 | 3 | 1.50x |" in text
+    labels = [label for label, _, _ in deepspeech._timed_runs(quick)]  # pylint: disable=protected-access
+    assert labels == ["tf", "grappler", "tfmem", "tfmem ps=5"]  # budget mode and the paper's 5
+    rows = [{"seq_len": 8, "tf": 0.1, "tf status": "ok", "grappler": None,
+             "grappler status": "oom", "tfmem": 0.15, "tfmem status": "ok",
+             "tfmem partitions": 1, "tfmem ps=5": 0.4, "tfmem ps=5 status": "ok",
+             "tfmem ps=5 partitions": 90}]
+    text = deepspeech._iteration_markdown(rows, labels, quick)  # pylint: disable=protected-access
+    assert "| 8 | 0.100 | oom | 0.150 | 0.400 | 1 | 90 | 1.50x | 4.00x |" in text
     assert "1.15 s vs 1.56 s" in text  # the paper's numbers beside ours
