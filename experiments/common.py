@@ -78,6 +78,8 @@ class Experiment:
     index_of: size knob value -> k; raises ValueError for a size the model cannot take.
     build: (tensorflow module, size, parsed args) -> Model, in a new graph.
     add_arguments: adds the model's own options (forwarded to trials: model_args).
+    report: optional (args, summaries, stem, out) -> Extra, run after the search: the
+        model's own measurements and tables (files under `stem`, a path without suffix).
     defaults / quick: option values without / with --quick (None in argparse means unset).
     """
     name: str
@@ -93,6 +95,15 @@ class Experiment:
     defaults: dict = dataclasses.field(default_factory=dict)
     quick: dict = dataclasses.field(default_factory=dict)
     unit: str = "examples"
+    report: object = None
+
+
+@dataclasses.dataclass
+class Extra:
+    """What a model's own report adds to the run's outputs."""
+    markdown: str  # appended to the markdown file and printed after the main table
+    data: object = None  # stored in the JSON under "extra"
+    paths: tuple = ()  # files it wrote
 
 
 BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size="auto",
@@ -741,12 +752,17 @@ def result_line(summaries):
     return f"RESULT system=tfmem max={best if best is not None else 'none'} ratio={ratio}"
 
 
-def write_reports(experiment, args, summaries, seconds, out=print):
-    """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
+def output_stem(experiment, args):
+    """results/<model>-<tag>, the directory created: every output's path without suffix."""
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = args.tag or ("quick" if args.quick else f"cap{args.device_memory}-b{args.batch_size}")
-    stem = out_dir / f"{experiment.name}-{tag}"
+    return out_dir / f"{experiment.name}-{tag}"
+
+
+def write_reports(experiment, args, summaries, seconds, out=print, extra=None):
+    """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
+    stem = output_stem(experiment, args)
     cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
     title = f"{experiment.title}: largest {experiment.size} under {cap}, batch {args.batch_size}"
     model = ", ".join(f"{name.replace('_', ' ')} {getattr(args, name)}"
@@ -774,18 +790,22 @@ def write_reports(experiment, args, summaries, seconds, out=print):
     if note:
         notes.append(note)
     write_markdown(summaries, f"{stem}.md", title, notes)
+    if extra is not None:
+        with open(f"{stem}.md", "a") as handle:
+            handle.write("\n" + extra.markdown.rstrip() + "\n")
     write_csv(summaries, f"{stem}.csv")
     write_trials_csv(summaries, f"{stem}-trials.csv")
     with open(f"{stem}.json", "w") as handle:
         json.dump(dict(settings={k: (str(v) if isinstance(v, Path) else v)
                                  for k, v in vars(args).items()},
-                       seconds=seconds, summaries=summaries), handle, indent=1)
+                       seconds=seconds, summaries=summaries,
+                       extra=extra.data if extra is not None else None), handle, indent=1)
     paths = [f"{stem}.md", f"{stem}.csv", f"{stem}-trials.csv", f"{stem}.json"]
     if not note:
         paths.append(f"{stem}.png")
     else:
         out(note)
-    return paths
+    return paths + list(extra.paths if extra is not None else ())
 
 
 # --------------------------------------------------------------------------
@@ -810,11 +830,17 @@ def main(experiment, argv=None):
           f"{args.trial_timeout:.0f} s", file=sys.stderr)
     summaries = search_systems(experiment, args,
                                out=lambda line: print(line, file=sys.stderr, flush=True))
+    extra = (experiment.report(args, summaries, output_stem(experiment, args),
+                               out=lambda line: print(line, file=sys.stderr, flush=True))
+             if experiment.report else None)
     seconds = time.perf_counter() - started
     paths = write_reports(experiment, args, summaries, seconds,
-                          out=lambda line: print(line, file=sys.stderr))
+                          out=lambda line: print(line, file=sys.stderr), extra=extra)
     print(markdown_table(summaries, experiment.size, experiment.unit))
     print()
+    if extra is not None:
+        print(extra.markdown.rstrip())
+        print()
     print(f"outputs: {', '.join(str(p) for p in paths)}")
     print(f"total time: {seconds:.0f} s")
     print(result_line(summaries), flush=True)

@@ -187,3 +187,111 @@ def test_markdown_csv_and_plot_written(tmp_path):
     else:
         assert (tmp_path / "resnet-fake.png").stat().st_size > 1000
         assert str(tmp_path / "resnet-fake.png") in paths
+
+
+# --------------------------------------------------------------------------
+# moe.py: a tiny mixture of experts, plain TensorFlow against tfmem
+
+import moe  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+# Small partitions and no swap threshold, so tfmem really cuts and swaps this tiny graph.
+MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq-len", "16",
+            "--d-model", "32", "--d-ff", "32", "--heads", "2", "--vocab", "32",
+            "--partition-size", "40", "--swap-min-bytes", "0"]
+
+
+@pytest.fixture(scope="module")
+def moe_trials():
+    """{system: result} of one 3-expert trial for tf and tfmem, each in a fresh process."""
+    args = common.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
+    with ThreadPoolExecutor(2) as pool:
+        futures = {system: pool.submit(common.spawn_trial, moe.EXPERIMENT, args, system, 3, 120)
+                   for system in ("tf", "tfmem")}
+        return {system: future.result() for system, future in futures.items()}
+
+
+def test_moe_trials_train_the_same_losses(moe_trials):
+    tf_result, tfm_result = moe_trials["tf"], moe_trials["tfmem"]
+    for result in (tf_result, tfm_result):
+        assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
+        assert (result["size_name"], result["size"], result["unit"]) == ("experts", 3, "pairs")
+        assert result["parameters"] == moe.parameters(3, layers=1, d_model=32, d_ff=32, vocab=32,
+                                                      seq_len=16)
+        assert len(result["losses"]) == 2 and all(math.isfinite(v) for v in result["losses"])
+    info = tfm_result["tfmem"]
+    assert info["partition_size"] == 40 and info["partitions"] > 1
+    assert info["swapped_out_bytes"] > 0
+    # Same graph, seeds and data: partitioned and swapped, tfmem computes the same step.
+    assert tfm_result["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
+
+
+def test_moe_parameters_grow_with_experts():
+    one, two = moe.parameters(1), moe.parameters(2)
+    assert two - one == 2 * (2 * 64 * 128 + 64)  # per layer: two expert matrices, a gate column
+    assert moe.experts_of(48) == 48
+    with pytest.raises(ValueError):
+        moe.experts_of(0)
+
+
+def test_moe_quick_and_defaults():
+    quick = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    assert quick.find_max and quick.device_memory == moe.EXPERIMENT.quick["device_memory"]
+    assert quick.batch_size == 8 and quick.partition_size == 200  # the paper's MoE settings
+    assert quick.trial_timeout == 60 and quick.start == 4
+    assert "--swap-min-bytes" in common.trial_options(moe.EXPERIMENT, quick)
+    one = common.parse_args(moe.EXPERIMENT, ["--system", "tfmem", "--experts", "12",
+                                             "--partition-size", "auto"])
+    assert one.size == 12 and one.partition_size == "auto" and not one.find_max
+    with pytest.raises(SystemExit):
+        common.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
+
+
+# --------------------------------------------------------------------------
+# deepspeech.py: a tiny unrolled bidirectional RNN, plain TensorFlow against tfmem
+
+import deepspeech  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+# The paper's partition size 5 (the default) on a 4-frame sequence: many partitions.
+DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--features", "6",
+           "--hidden", "16", "--classes", "5", "--swap-min-bytes", "0"]
+
+
+@pytest.fixture(scope="module")
+def deepspeech_trials():
+    """{system: result} of one 4-frame trial for tf and tfmem, each in a fresh process."""
+    args = common.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
+    with ThreadPoolExecutor(2) as pool:
+        futures = {system: pool.submit(common.spawn_trial, deepspeech.EXPERIMENT, args, system,
+                                       4, 120) for system in ("tf", "tfmem")}
+        return {system: future.result() for system, future in futures.items()}
+
+
+def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
+    tf_result, tfm_result = deepspeech_trials["tf"], deepspeech_trials["tfmem"]
+    for result in (tf_result, tfm_result):
+        assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
+        assert (result["size_name"], result["size"], result["unit"]) == ("seq_len", 4, "sequences")
+        assert result["parameters"] == deepspeech.parameters(features=6, hidden=16, classes=5)
+        assert len(result["losses"]) == 2 and all(math.isfinite(v) for v in result["losses"])
+    assert tf_result["losses"][1] < tf_result["losses"][0]  # it trains
+    info = tfm_result["tfmem"]
+    assert info["partition_size"] == deepspeech.PAPER_PARTITION_SIZE == 5
+    assert info["partitions"] > 20 and info["swapped_out_bytes"] > 0
+    # Same graph, seeds and data: cut into partitions of 5 ops and swapped, the same step.
+    assert tfm_result["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
+
+
+def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
+    quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
+    assert quick.batch_size == 128 and quick.partition_size == "auto"
+    assert quick.time_seq_lens == "8,16,32" and quick.swap_min_bytes == 32 << 10
+    assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max"]).partition_size == 5
+    labels = [label for label, _, _ in deepspeech._timed_runs(quick)]  # pylint: disable=protected-access
+    assert labels == ["tf", "grappler", "tfmem", "tfmem ps=5"]  # budget mode and the paper's 5
+    rows = [{"seq_len": 8, "tf": 0.1, "tf status": "ok", "grappler": None,
+             "grappler status": "oom", "tfmem": 0.15, "tfmem status": "ok",
+             "tfmem partitions": 1, "tfmem ps=5": 0.4, "tfmem ps=5 status": "ok",
+             "tfmem ps=5 partitions": 90}]
+    text = deepspeech._iteration_markdown(rows, labels, quick)  # pylint: disable=protected-access
+    assert "| 8 | 0.100 | oom | 0.150 | 0.400 | 1 | 90 | 1.50x | 4.00x |" in text
+    assert "1.15 s vs 1.56 s" in text  # the paper's numbers beside ours

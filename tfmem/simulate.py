@@ -20,6 +20,7 @@ reported in `unknown_tensors`.
 """
 
 import dataclasses
+import heapq
 
 from tfmem.analyse import split_tensor_name
 from tfmem.optypes import SHAPE_ONLY, reads_state
@@ -147,17 +148,20 @@ def _dependency_order(view, ops):
                 continue
             waiting[name] += 1
             readers[src].append(name)
-    ready = sorted((name for name, n in waiting.items() if n == 0), key=position.get)
+    # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
+    # graph (tens of thousands of ops) orders in milliseconds.
+    ready = [position[name] for name, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
     order = []
     while ready:
-        name = ready.pop(0)
+        name = ops[heapq.heappop(ready)]
         order.append(name)
         for reader in readers[name]:
             waiting[reader] -= 1
             if waiting[reader] == 0:
-                ready.append(reader)
-        ready.sort(key=position.get)
-    return order + [name for name in ops if name not in set(order)]
+                heapq.heappush(ready, position[reader])
+    ordered = set(order)
+    return order + [name for name in ops if name not in ordered]
 
 
 def _working_set(view, partition, size, keep_until_end, freed_inside):
