@@ -42,6 +42,7 @@ def seq_len_of(k):
 
 
 def index_of(seq_len):
+    """Search index of a length; ValueError for lengths that do not exist."""
     if seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {seq_len}")
     return seq_len
@@ -70,8 +71,8 @@ def build(tf, seq_len, args):
         return tf1.get_variable(name, [size], initializer=tf1.zeros_initializer())
 
     def layer(x, w, b):
-        # One op per step of the clipped ReLU, bias add and its gradient: a
-        # broadcasting add or min(relu, 20) would add shape arithmetic per frame.
+        # relu6 and BiasAdd are one op each with one gradient op each; a broadcasting
+        # add or min(relu, 20) would add shape arithmetic to every frame's gradient.
         return tf.nn.relu6(tf.nn.bias_add(tf.matmul(x, w), b))
 
     with graph.as_default():
@@ -132,7 +133,8 @@ PAPER_TIMES = {100: (1.15, 1.56), 200: (2.3, 3.03), 400: (4.64, 6.03)}  # s: pla
 
 
 def _lengths(text):
-    """--time-seq-lens: comma-separated lengths, or none."""
+    """--time-seq-lens: comma-separated lengths, or none (checked when parsed, not after
+    the search)."""
     return [] if text in ("", "none") else [common.positive_int(n) for n in text.split(",")]
 
 
@@ -172,7 +174,7 @@ def iteration_times(args, summaries, stem, out=print):
     runs = _timed_runs(args)
     labels = [label for label, _, _ in runs]
     rows = []
-    for seq_len in _lengths(args.time_seq_lens):
+    for seq_len in args.time_seq_lens:
         row = dict(seq_len=seq_len)
         for label, system, run_args in runs:
             trial = common.spawn_trial(EXPERIMENT, run_args, system, seq_len, args.trial_timeout)
@@ -266,7 +268,7 @@ def add_arguments(group):
                             "apostrophe, blank)")
     group.add_argument("--learning-rate", type=float, help="(default 0.001)")
     group.add_argument("--seed", type=int, help="(default 0)")
-    group.add_argument("--time-seq-lens", metavar="N,N,...",
+    group.add_argument("--time-seq-lens", type=_lengths, metavar="N,N,...",
                        help="--find-max / --quick: after the search, time one trial per system "
                             "at each of these lengths (default 25,50,100; none: skip)")
     group.add_argument("--time-steps", type=common.positive_int,
@@ -291,13 +293,13 @@ EXPERIMENT = common.Experiment(
     # and hidden 128, far below tfmem's 1 MiB swap_min_bytes, so swap from 32 KiB.
     defaults=dict(features=26, hidden=128, classes=29, learning_rate=0.001, seed=0,
                   batch_size=128, steps=5, partition_size=PAPER_PARTITION_SIZE,
-                  swap_min_bytes=32 << 10, start=25, time_seq_lens="25,50,100", time_steps=10,
+                  swap_min_bytes=32 << 10, start=25, time_seq_lens=[25, 50, 100], time_steps=10,
                   time_partition_size=str(PAPER_PARTITION_SIZE),
                   trial_timeout=600.0),
     # Partition size 5 means one Session call per 5 ops (about 1,400 partitions at
     # length 100) and minutes of first step: --quick uses budget mode instead.
     quick=dict(device_memory=24, steps=3, partition_size="auto", start=32, tolerance=0.15,
-               trial_timeout=75.0, search_time=120.0, time_seq_lens="8,16,32"),
+               trial_timeout=75.0, search_time=120.0, time_seq_lens=[8, 16, 32]),
     unit="sequences",
     report=iteration_times,
 )

@@ -284,8 +284,12 @@ def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
 def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
     quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
     assert quick.batch_size == 128 and quick.partition_size == "auto"
-    assert quick.time_seq_lens == "8,16,32" and quick.swap_min_bytes == 32 << 10
+    assert quick.time_seq_lens == [8, 16, 32] and quick.swap_min_bytes == 32 << 10
     assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max"]).partition_size == 5
+    assert common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
+                                                     "none"]).time_seq_lens == []
+    with pytest.raises(SystemExit):  # a bad length stops the run before the search
+        common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens", "8,x"])
     labels = [label for label, _, _ in deepspeech._timed_runs(quick)]  # pylint: disable=protected-access
     assert labels == ["tf", "grappler", "tfmem", "tfmem ps=5"]  # budget mode and the paper's 5
     rows = [{"seq_len": 8, "tf": 0.1, "tf status": "ok", "grappler": None,
