@@ -152,7 +152,9 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
     view = analyse(fetches, targets, [x])
     shapes = resolve_shapes(model.graph, view, feed_shapes)
-    assert trace == simulate(plan, shapes)
+    # Budget mode predicts with device copies held to the end of each partition.
+    assert trace == simulate(plan, shapes, early_frees=False)
+    assert trace.peak_device >= simulate(plan, shapes).peak_device
     assert trace.peak_device <= limit
     assert 1 < len(plan.partitions)
     size = plan.partition_size
@@ -161,7 +163,7 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     for distance in range(policy.swap_distance, -1, -1):
         bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
                             dataclasses.replace(policy, swap_distance=distance), placement)
-        assert simulate(bigger, shapes).peak_device > limit, distance
+        assert simulate(bigger, shapes, early_frees=False).peak_device > limit, distance
 
 
 # ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A short soak (tools/soak.py, 200 steps under an emulated cap) and its verdict.
 
-The full 2000-step soak takes minutes and is run by hand (SOAK-RESULTS.md);
+The full 2000-step soak takes minutes and is run by hand (README, Results);
 here a small model trains for 200 steps and TensorFlow's own allocator figure
 between steps must not move at all, nor the host buffer pool.
 """

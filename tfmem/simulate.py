@@ -210,8 +210,14 @@ def state_bytes(view, size):
         size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
 
 
-def simulate(plan, shapes=None):
-    """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`."""
+def simulate(plan, shapes=None, early_frees=True):
+    """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`.
+
+    With `early_frees`, a device copy whose deleter runs in a partition is freed
+    after its last reader there (what usually happens); without, at the
+    partition's end, the bound budget mode plans with (TensorFlow's executor may
+    run the deleter late, and the prediction misses other memory: see budget).
+    """
     view = plan.view
     size = TensorSizes(view, shapes)
     schedule = Schedule(plan)
@@ -225,7 +231,8 @@ def simulate(plan, shapes=None):
             to_device += size(tensor)
         before = state + sum(live.values())
         keep_until_end = set(partition.outputs) | set(partition.fetches)
-        freed_inside = {key[0]: live[key] for key in schedule.frees[index] if key in live}
+        freed_inside = {key[0]: live[key] for key in schedule.frees[index]
+                        if key in live and early_frees}
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside)
         for key in schedule.frees[index]:
             live.pop(key, None)
