@@ -704,16 +704,24 @@ def write_trials_csv(summaries, path):
                     error=(t.get("error") or "")[:200]))
 
 
-def write_plot(summaries, path, title):
-    """Size against throughput of every trial that trained, one line per system.
-
-    Returns None when written, else a note saying why not (matplotlib missing).
-    """
+def pyplot():
+    """matplotlib.pyplot drawing to files (Agg), or None when matplotlib is missing."""
     try:
         import matplotlib  # pylint: disable=import-outside-toplevel
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     except ImportError:
+        return None
+    return plt
+
+
+def write_plot(summaries, path, title):
+    """Size against throughput of every trial that trained, one line per system.
+
+    Returns None when written, else a note saying why not (matplotlib missing).
+    """
+    plt = pyplot()
+    if plt is None:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
     from matplotlib.ticker import ScalarFormatter  # pylint: disable=import-outside-toplevel
     fig, axis = plt.subplots(figsize=(7, 4.5))

@@ -234,11 +234,8 @@ def _iteration_markdown(rows, labels, args):
 
 def _iteration_plot(rows, labels, path, args):
     """Sequence length against iteration time; None when written, else why not."""
-    try:
-        import matplotlib  # pylint: disable=import-outside-toplevel
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    except ImportError:
+    plt = common.pyplot()
+    if plt is None:
         return "no iteration-time plot: matplotlib is not installed"
     fig, axis = plt.subplots(figsize=(7, 4.5))
     for label in labels:

@@ -334,3 +334,13 @@ def build_chain(length=10, seed=0):
 
 
 Point = collections.namedtuple("Point", ["a", "b"])
+
+
+def worker_results(worker, timeout):
+    """The JSON a worker subprocess printed on its last "TFMEM-RESULTS " line."""
+    import json  # pylint: disable=import-outside-toplevel
+    stdout, stderr = worker.communicate(timeout=timeout)
+    lines = [line for line in stdout.splitlines() if line.startswith("TFMEM-RESULTS ")]
+    assert worker.returncode == 0 and lines, (
+        f"worker failed ({worker.returncode}):\n{stdout[-3000:]}\n{stderr[-5000:]}")
+    return json.loads(lines[-1][len("TFMEM-RESULTS "):])

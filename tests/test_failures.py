@@ -28,7 +28,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from conftest import ATOL, RTOL, assert_same_result, build_mlp, new_session
+from conftest import ATOL, RTOL, assert_same_result, build_mlp, new_session, worker_results
 
 tf1 = tf.compat.v1
 
@@ -377,11 +377,7 @@ def _worker():
 
 @pytest.fixture(scope="module")
 def measured(_worker):
-    stdout, stderr = _worker.communicate(timeout=300)
-    lines = [l for l in stdout.splitlines() if l.startswith("TFMEM-RESULTS ")]
-    assert _worker.returncode == 0 and lines, (
-        f"worker failed ({_worker.returncode}):\n{stdout[-3000:]}\n{stderr[-5000:]}")
-    return json.loads(lines[-1][len("TFMEM-RESULTS "):])
+    return worker_results(_worker, timeout=300)
 
 
 def _result(measured, *scenario):
