@@ -284,7 +284,7 @@ def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
 def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
     quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
     assert quick.batch_size == 128 and quick.partition_size == "auto"
-    assert quick.time_seq_lens == [8, 16, 32] and quick.swap_min_bytes == 32 << 10
+    assert quick.time_seq_lens == [16, 32] and quick.swap_min_bytes == 32 << 10
     assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max"]).partition_size == 5
     assert common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
                                                      "none"]).time_seq_lens == []
