@@ -19,6 +19,7 @@ import tfmem
 from tfmem import models
 from tfmem.budget import DEFAULT_MARGIN
 from tfmem.plan import make_plan
+from tfmem.proof import build_model
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.swap import SwapPolicy
@@ -177,24 +178,9 @@ def test_smaller_partitions_predict_and_measure_less(accuracy):
 # pure properties: plans and traces, no step runs
 
 
-def _static_model(batch=64, width=128, layers=6):
-    """A training graph whose every tensor has a static shape."""
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf1.placeholder(tf.float32, [batch, width], name="x")
-        h = x
-        for i in range(layers):
-            w = tf1.get_variable(f"w{i}", [width, width], use_resource=True,
-                                 initializer=tf1.glorot_uniform_initializer(seed=i))
-            h = tf.nn.relu(tf.matmul(h, w))
-            h = tf.sin(h) * 0.5 + h
-        loss = tf.reduce_mean(tf.square(h), name="loss")
-        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
-    return graph, x, loss, train
-
-
 def _plan(swap, partition_size=4):
-    graph, x, loss, train = _static_model()
+    # The proof's MLP: every tensor has a static shape.
+    graph, x, loss, train, _ = build_model(tf, layers=6, batch=64, width=128, seed=0)
     return make_plan([loss], [train], [x], partition_size, SwapPolicy(swap, 2, 1, 0))
 
 
