@@ -22,7 +22,8 @@ class Prefetcher:
     def __init__(self, session, device):
         self._session = session
         self._device = device  # "GPU:0", or "CPU:0" on an emulated accelerator
-        self._batches = {}  # tuple of dtypes -> raw callable
+        self._options = {}  # tuple of dtypes -> CallableOptions of its upload
+        self._batches = {}  # tuple of dtypes -> raw callable, made on first use
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tfmem-prefetch")
 
@@ -34,7 +35,7 @@ class Prefetcher:
         ops extends the session's graph, which copies the whole graph.
         """
         dtypes = tuple(dtypes)
-        if dtypes not in self._batches:
+        if dtypes not in self._options:
             graph = self._session.graph
             feeds, fetches = [], []
             with clean_context(graph), graph.name_scope("tfmem/upload/"), \
@@ -45,16 +46,15 @@ class Prefetcher:
                                  else tf.identity(host))
                     feeds.append(host.name)
                     fetches.append(tf.raw_ops.GetSessionHandle(value=on_device).name)
-            self._batches[dtypes] = config_pb2.CallableOptions(feed=feeds, fetch=fetches)
+            self._options[dtypes] = config_pb2.CallableOptions(feed=feeds, fetch=fetches)
 
     def batch(self, dtypes):
         """The callable of an upload added by `add_batch`."""
         dtypes = tuple(dtypes)
-        batch = self._batches[dtypes]
-        if isinstance(batch, config_pb2.CallableOptions):
-            batch = self._batches[dtypes] = \
-                self._session._make_callable_from_options(batch)  # pylint: disable=protected-access
-        return batch
+        if dtypes not in self._batches:
+            self._batches[dtypes] = self._session._make_callable_from_options(  # pylint: disable=protected-access
+                self._options[dtypes])
+        return self._batches[dtypes]
 
     def upload(self, batch, arrays):
         """A Future of the handles of the arrays' copies on the device."""
