@@ -27,6 +27,8 @@ from tfmem.swap_manager import Schedule, SwapManager
 def _callable_options(program, run_options):
     options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
                                          target=program.targets)
+    for source, original_input in program.connections:  # see rewrite: originals
+        options.tensor_connection.add(from_tensor=source, to_tensor=original_input)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
     return options

@@ -11,6 +11,10 @@ Three questions decide how an op may be partitioned:
   Input-free constants are mapped to the original the same way: they are
   stateless, and import-time shape inference needs their values (a TensorList's
   element shape, say), which a copy fed across a boundary would hide.
+* Does its kernel hold a random stream?  A stateful random op draws the next
+  numbers of one stream per op *name* in a session (TensorFlow caches the
+  kernels of stateful ops by node name), so the plain session and every plan
+  share a stream only if they all run the user's own op (see `analyse`).
 * Does an edge carry something that cannot leave a `Session.run`?  Resource
   handles and reference tensors are only meaningful inside the run that made
   them (TensorArrays and v1 while-loop stacks die with the run), so producer
@@ -54,6 +58,18 @@ CONTROL_FLOW = ENTER | EXIT | NEXT_ITERATION | SWITCH | MERGE | frozenset({
 # Ops that read only their input's shape: run beside the producer, they let a
 # large tensor die early and only a small shape vector crosses a boundary.
 SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
+
+# Stateful ops whose kernel keeps a random stream (Philox state seeded from the
+# op's seed/seed2 attrs) that advances on every run.
+RANDOM_STREAM = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop",
+    "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
+    "AllCandidateSampler", "UniformCandidateSampler", "LogUniformCandidateSampler",
+    "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler",
+})
 
 _SHARING_ATTRS = ("shared_name", "container")
 
