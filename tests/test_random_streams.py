@@ -13,6 +13,9 @@ random kernel seed per session and cannot be compared: for them the drawn
 samples must at least never repeat across plans and plain calls.
 """
 
+import dataclasses
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -178,3 +181,109 @@ def test_unseeded_ops_never_repeat_across_plans_and_plain_calls():
             samples.setdefault(key, []).append(value.tobytes())
     for key in ("normal", "truncated", "gamma"):  # continuous: a repeat means a restarted stream
         assert len(set(samples[key])) == len(samples[key]), key
+
+
+def test_random_op_reading_a_computed_tensor_runs_as_the_users_op():
+    """The plan keeps the op; the partition's callable connects the copies' values to it."""
+    g, x, y, loss, train, _, noise = build_model()
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=10)
+    try:
+        plan = tfs.plan([train, loss, noise], feed_dict={x: np.zeros((4, WIDTH)),
+                                                          y: np.zeros(4)})
+        random_ops = _random_ops(plan)
+        assert len(random_ops) == LAYERS + len(noise)
+        assert random_ops <= plan.view.originals
+        for name in random_ops:  # none reads only constants: each has a computed input
+            assert any(t.split(":")[0] in plan.view.nodes for t in plan.view.nodes[name].inputs)
+    finally:
+        tfs.close()
+
+
+def test_validate_rejects_an_original_with_a_control_input():
+    """Running the user's op would run its control inputs again: not a valid plan."""
+    g, x, y, loss, train, _, _ = build_model()
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=10)
+    try:
+        plan = tfs.plan([train, loss], feed_dict={x: np.zeros((4, WIDTH)), y: np.zeros(4)})
+        view = plan.view
+        original = sorted(_random_ops(plan))[0]
+        other = next(name for name in view.nodes if name not in view.originals)
+        nodes = dict(view.nodes)
+        nodes[original] = dataclasses.replace(nodes[original], control_inputs=(other,))
+        broken = dataclasses.replace(plan, view=dataclasses.replace(
+            view, nodes=types.MappingProxyType(nodes)))
+        with pytest.raises(tfmem.InvalidPlanError, match=original):
+            tfmem.validate(broken)
+    finally:
+        tfs.close()
+
+
+def test_random_op_under_a_control_dependency_stays_a_copy():
+    """A control edge cannot be cut like a data edge: such an op keeps a copy per plan.
+
+    This is the documented limit of stream sharing; the result of one plan
+    still equals a fresh plain session's.
+    """
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        counter = tf1.Variable(0.0, use_resource=True, name="counter")
+        bump = counter.assign_add(1.0)
+        shape = tf.shape(x)
+        with tf.control_dependencies([bump]):  # the random op itself gets the edge
+            r = tf.random.uniform(shape, seed=5, name="r")
+        assert [op.name for op in g.get_operation_by_name("r/RandomUniform").control_inputs] == \
+            [bump.name]
+        out = tf.reduce_sum(r * x)
+        init = tf1.global_variables_initializer()
+    plain, tfs = new_session(g), tfmem.TFMemSession(new_session(g), partition_size=2)
+    try:
+        plain.run(init)
+        tfs.run(init)
+        feed = {x: np.ones((2, 3), np.float32)}
+        plan = tfs.plan(out, feed_dict=feed)
+        assert "r/RandomUniform" in plan.view.nodes and "r/RandomUniform" not in plan.view.originals
+        for _ in range(2):
+            assert_same_result(plain.run(out, feed), tfs.run(out, feed))
+        assert_same_result(plain.run(counter), tfs.run(counter))  # bumped once per step
+    finally:
+        plain.close()
+        tfs.close()
+
+
+def _control_flow_model():
+    """Random ops inside a while loop, inside both branches of a cond, and after both."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+
+        def body(i, acc):
+            return i + 1, acc + tf.random.uniform(tf.shape(acc), seed=3)
+
+        _, acc = tf.while_loop(lambda i, acc: i < 2, body, [tf.constant(0), tf.tanh(x)])
+        chosen = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.nn.dropout(acc, 0.5, seed=4),
+                         lambda: tf.random.shuffle(acc, seed=5))
+        after = chosen + tf.random.normal(tf.shape(chosen), seed=6)
+        out = tf.reduce_sum(after, name="out")
+        other = tf.reduce_sum(acc * 2.0, name="other")
+    return g, x, out, other
+
+
+@pytest.mark.parametrize("partition_size", [3, 100000])
+def test_random_ops_in_and_after_control_flow(control_flow, partition_size):
+    """Loops, branches and what follows them: one stream per op across plans and plain runs."""
+    g, x, out, other = _control_flow_model()
+    mixed, reference = new_session(g), new_session(g)
+    tfs = tfmem.TFMemSession(mixed, partition_size=partition_size)
+    requests = [[out], [out, other], [other, out]]
+    try:
+        for step in range(6):
+            sign = 1.0 if step % 3 else -1.0
+            feed = {x: sign * np.ones((2 + step % 2, 3), np.float32)}
+            fetches = requests[step % len(requests)]
+            runner = mixed.run if step == 4 else tfs.run
+            assert_same_result(reference.run(fetches, feed), runner(fetches, feed),
+                               path=f"step {step}")
+    finally:
+        tfs.close()
+        reference.close()
