@@ -27,8 +27,10 @@ shape, an iterator's get_next) is an *original*: its partition runs the
 user's op itself instead of a copy, so its kernel state (a random stream) is
 the one the plain session and every other plan share.  TensorFlow keeps one
 kernel per stateful op *name* in a session, so a copy would start a stream of
-its own.  A random op (`optypes.RANDOM_STREAM`) is an original also when it
-reads computed tensors, such as dropout's `Shape` of an activation:
+its own.  A random op (`optypes.RANDOM_STREAM`), or a v2 loop, cond or
+function call whose body runs one (TensorFlow inlines the body under the
+caller's name), is an original also when it reads computed tensors, such as
+dropout's `Shape` of an activation:
 
     x -> h -> Shape -> RandomUniform (original) -> mask -> ...
          copies         ^ the copy of Shape is connected to its input
@@ -223,35 +225,28 @@ def _drop_unobservable(nodes, keep):
 
 
 def _after_v1_control_flow(nodes):
-    """Names of the nodes that v1 control-flow ops reach through data edges."""
-    tainted = {}
-    for root in nodes:
-        stack = [root]
-        while stack:
-            name = stack[-1]
-            if name in tainted:
-                stack.pop()
-                continue
-            producers = [p for p in (split_tensor_name(t)[0] for t in nodes[name].inputs)
-                         if p in nodes]
-            pending = [p for p in producers if p not in tainted]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
-            tainted[name] = nodes[name].type in optypes.CONTROL_FLOW or any(
-                tainted[p] for p in producers)
-    return {name for name, value in tainted.items() if value}
+    """Names of the nodes that v1 control-flow ops reach through data edges (loops included)."""
+    consumers = {}
+    for name, node in nodes.items():
+        for tensor in node.inputs:
+            consumers.setdefault(split_tensor_name(tensor)[0], []).append(name)
+    reached = {name for name, node in nodes.items() if node.type in optypes.CONTROL_FLOW}
+    pending = list(reached)
+    while pending:
+        for reader in consumers.get(pending.pop(), ()):
+            if reader not in reached:
+                reached.add(reader)
+                pending.append(reader)
+    return reached
 
 
-def _originals(nodes, sources, fed, control_on_sources):
+def _originals(nodes, sources, fed, control_on_sources, draws):
     """The stateful nodes that run as the user's own op (see the module docstring)."""
     def reads_given(node):
         return all(t in fed or split_tensor_name(t)[0] in sources for t in node.inputs)
 
     streams = [name for name, node in nodes.items()
-               if node.type in optypes.RANDOM_STREAM and name in control_on_sources
-               and not reads_given(node)]
+               if name in draws and name in control_on_sources and not reads_given(node)]
     if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
         after = _after_v1_control_flow(nodes)
         streams = [name for name in streams if name not in after]
@@ -265,6 +260,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
     fed = frozenset(t.name for t in fed_tensors)
     nodes, sources, stateful_types = {}, {}, {}
     control_on_sources = set()  # ops whose own control inputs are all state sources
+    draws = set()  # ops whose kernels keep random streams
     seen = set()
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
@@ -285,6 +281,8 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         nodes[op.name] = _node(op, stateful_types)
         if all(optypes.is_source(c) for c in op.control_inputs):
             control_on_sources.add(op.name)
+        if optypes.draws_random_stream(op):
+            draws.add(op.name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
         pending += [c for c in op.control_inputs
@@ -292,7 +290,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     nodes = _drop_unobservable(nodes, keep)
-    originals = _originals(nodes, sources, fed, control_on_sources)
+    originals = _originals(nodes, sources, fed, control_on_sources, draws)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
         originals=originals,

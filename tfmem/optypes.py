@@ -71,6 +71,11 @@ RANDOM_STREAM = frozenset({
     "ThreadUnsafeUnigramCandidateSampler",
 })
 
+# Stateful ops that call functions.  TensorFlow lowers them into the calling
+# graph with node names derived from the caller's name, so the random ops of
+# their bodies also keep one stream per caller name.
+STATEFUL_CALLS = frozenset({"While", "If", "Case", "StatefulPartitionedCall"})
+
 _SHARING_ATTRS = ("shared_name", "container")
 
 
@@ -112,3 +117,39 @@ def reads_state(node, sources):
         return producer in sources and sources[producer].outputs[0].dtype != \
             sources[producer].outputs[0].dtype.base_dtype
     return False
+
+
+def _function_names(attrs):
+    for value in attrs:
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            yield from (f.name for f in value.list.func)
+
+
+def _function_draws(graph, name, seen):
+    """True when the graph's function `name`, or one it calls, runs a random-stream op."""
+    if name in seen:
+        return False
+    seen.add(name)
+    function = graph._get_function(name)  # pylint: disable=protected-access
+    if function is None:
+        return False
+    for node in function.definition.node_def:
+        if node.op in RANDOM_STREAM or any(
+                _function_draws(graph, n, seen)
+                for n in [node.op, *_function_names(node.attr.values())]):
+            return True
+    return False
+
+
+def draws_random_stream(op):
+    """True for an op whose kernels keep random streams: a random op, or a stateful
+    call (a v2 loop or cond, a tf.function) whose body runs one."""
+    if op.type in RANDOM_STREAM:
+        return True
+    if op.type not in STATEFUL_CALLS:
+        return False
+    seen = set()
+    return any(_function_draws(op.graph, name, seen)
+               for name in _function_names(op.node_def.attr.values()))
