@@ -174,6 +174,8 @@ def test_unseeded_ops_never_repeat_across_plans_and_plain_calls():
              ("tfmem", "eval", 16), ("tfmem", "eval", 8), ("plain", "eval", 8)]
     got, _, plans = _run_sequence(calls, "none", {"device_memory_budget": "1GiB"})
     assert len({id(p) for p in plans}) == 3
+    for plan in plans:  # one kernel, hence one stream, per op: the user's
+        assert _random_ops(plan) and _random_ops(plan) <= plan.view.originals
     samples = {}
     for (_, what, _), result in zip(calls, got):
         noise = result[1] if what == "eval" else {"normal": result[2], "shuffled": result[3]}
