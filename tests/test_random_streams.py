@@ -159,7 +159,7 @@ configs = st.sampled_from([
 ])
 
 
-@settings(max_examples=10, deadline=None, derandomize=True, print_blob=True,
+@settings(max_examples=25, deadline=None, derandomize=True, print_blob=True,
           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow])
 @given(calls=sequences, seeding=st.sampled_from(SEEDINGS[:3]), config=configs)
