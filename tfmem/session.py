@@ -28,6 +28,7 @@ from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
+from tfmem.scratch import calibrate
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
@@ -87,6 +88,10 @@ class MemoryReport:
     predicted_host_peak: int
     host_rss: int
     host_available: int
+    # Per partition, kernel scratch included: the simulator's peaks, and TensorFlow's
+    # measured ones (None where it keeps no figures).
+    predicted_partition_peaks: tuple = ()
+    partition_peaks: tuple | None = None
 
 
 @dataclasses.dataclass
@@ -108,6 +113,8 @@ class _Compiled:
         self.graph_version = graph_version
         self.trace = trace
         self.executor = None
+        self.correction = None  # budget.Correction of the request's plans, in budget mode
+        self.replan = False  # budget mode learned from a step: plan again before the next
 
 
 class TFMemSession:
@@ -181,7 +188,13 @@ class TFMemSession:
             raise RuntimeError("The Session graph is empty. Add operations to the "
                                "graph before calling run().")
 
-    def _make_plan(self, request):
+    def _predict(self, plan, request):
+        """The plan's MemoryTrace for the request's fed shapes, kernel scratch included."""
+        feed_shapes = request.feed_shapes()
+        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
+                        scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
+
+    def _make_plan(self, request, correction=1.0):
         """(plan, predicted trace or None) for the request under this session's settings."""
         with _gc_paused():
             if self._budget is None:
@@ -191,7 +204,8 @@ class TFMemSession:
                       if self._runtime.measure_device else None)
             return budget.fit(self.graph, request.fetch_tensors, request.targets,
                               request.feeds, request.feed_shapes(), self._budget, self._policy,
-                              self._accelerator, resident_bytes=memory["current"] if memory else 0)
+                              self._accelerator, resident_bytes=memory["current"] if memory else 0,
+                              session=self._session, correction=correction)
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
@@ -211,6 +225,17 @@ class TFMemSession:
                 entry = None
             else:
                 entry.graph_version = version
+        if entry is not None and entry.replan:
+            entry.replan = False
+            plan, trace = self._make_plan(request, entry.correction.factor)
+            if (plan.partition_size, plan.policy) != (entry.plan.partition_size,
+                                                      entry.plan.policy):
+                log.info("request planned again with the corrected model: %d partitions "
+                         "(partition_size=%s), was %d", len(plan.partitions),
+                         plan.partition_size, len(entry.plan.partitions))
+                correction = entry.correction
+                entry = self._compiled[key] = _Compiled(plan, version, trace)
+                entry.correction = correction
         if entry is None:
             plan, trace = self._make_plan(request)
             entry = self._compiled[key] = _Compiled(plan, version, trace)
@@ -223,8 +248,7 @@ class TFMemSession:
         """
         self._check_open()
         request = Request(self.graph, fetches, feed_dict)
-        plan = self._entry(request).plan
-        return simulate(plan, resolve_shapes(self.graph, plan.view, request.feed_shapes()))
+        return self._predict(self._entry(request).plan, request)
 
     def plan(self, fetches, feed_dict=None):
         """The plan `run(fetches, feed_dict)` would execute, without running anything."""
@@ -240,8 +264,7 @@ class TFMemSession:
             with self._planning:
                 if entry.executor is None:
                     if entry.trace is None:
-                        entry.trace = simulate(entry.plan, resolve_shapes(
-                            self.graph, entry.plan.view, request.feed_shapes()))
+                        entry.trace = self._predict(entry.plan, request)
                     self._check_host_memory(entry.trace)
                     entry.executor = self._compile(entry.plan, entry.trace)
                     entry.graph_version = self.graph.version
@@ -252,7 +275,25 @@ class TFMemSession:
         if timeline:
             write_chrome_trace(timeline.events, self._trace)
         log.debug("step: %s", self.last_step)
+        if self._budget is not None:
+            self._learn(request, entry)
         return request.build_results(self._session, values)
+
+    def _learn(self, request, entry):
+        """Budget mode: when a partition measured over its prediction, correct the model
+        and plan the request again for the next step (this one is never run again)."""
+        if entry.correction is None:
+            entry.correction = budget.Correction()
+        measured = self.last_step.partition_peak_bytes
+        if not entry.correction.observe(entry.trace, measured):
+            return
+        worst = max(range(len(measured)), key=lambda i: measured[i] /
+                    max(entry.trace.partitions[i].device_peak, 1))
+        log.info("partition %d measured %.1f MiB against a predicted %.1f MiB: predictions of "
+                 "this request are now scaled by %.2f; planning it again for the next step",
+                 worst, measured[worst] / (1 << 20),
+                 entry.trace.partitions[worst].device_peak / (1 << 20), entry.correction.factor)
+        entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
     def _check_host_memory(self, trace):
         """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
@@ -277,7 +318,9 @@ class TFMemSession:
             host_buffers=self.last_step.host_buffer_bytes,
             predicted_host_peak=trace.peak_host,
             host_rss=self.last_step.host_rss_bytes,
-            host_available=psutil.virtual_memory().available)
+            host_available=psutil.virtual_memory().available,
+            predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
+            partition_peaks=self.last_step.partition_peak_bytes)
 
     def _compile(self, plan, trace):
         graph = self.graph
