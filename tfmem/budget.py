@@ -81,46 +81,78 @@ def _largest_op(view, size_of, scratch):
 
 
 class Correction:
-    """What budget mode learned from measured steps of one request: a factor its
-    predicted peaks are multiplied by (1.0 until a partition measured over its
-    prediction)."""
+    """What budget mode learned from measured steps of one request.
+
+    `scratch`: kernel scratch bytes per op seen in the request's own steps (from
+    their step statistics) where it exceeded the calibration; `factor`: what the
+    measured partition peaks still exceed the prediction by once those are in
+    (the allocator's fragmentation, the executor's order), 1.0 until then.
+    """
 
     def __init__(self):
         self.factor = 1.0
+        self.scratch = {}
 
-    def observe(self, trace, measured_peaks):
-        """Compare a step's measured partition peaks with `trace`'s predictions; True when
-        one went over (the factor then grows to cover it)."""
+    def learn(self, trace, measured_peaks, scratch_seen, predict):
+        """Compare a step's measured partition peaks with `trace`; when one went over,
+        take in the kernel scratch the step measured, and set the factor from the
+        prediction `predict(scratch)` makes with it.  True when something was learned."""
         if not measured_peaks or len(measured_peaks) != len(trace.partitions):
             return False
-        ratio = max(m / p.device_peak for m, p in zip(measured_peaks, trace.partitions)
-                    if p.device_peak > 0)
-        if ratio <= self.factor:
+        if all(m <= p.device_peak * self.factor
+               for m, p in zip(measured_peaks, trace.partitions)):
             return False
-        self.factor = ratio
+        for name, nbytes in scratch_seen.items():
+            self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
+        corrected = predict(self.scratch)
+        ratio = max(m / max(p.device_peak, 1)
+                    for m, p in zip(measured_peaks, corrected.partitions))
+        self.factor = max(self.factor, ratio)
         return True
+
+
+def merged_scratch(calibrated, correction):
+    """Calibrated kernel scratch, raised to what the request's own steps measured."""
+    if correction is None or not correction.scratch:
+        return calibrated
+    merged = dict(calibrated)
+    for name, nbytes in correction.scratch.items():
+        merged[name] = max(nbytes, merged.get(name, 0))
+    return merged
+
+
+def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
+    """The MemoryTrace budget mode plans with: kernel scratch (calibrated, raised to
+    `extra_scratch`), device copies held to the end of each partition that frees them."""
+    shapes = resolve_shapes(graph, plan.view, feed_shapes)
+    scratch = calibrate(graph, plan.view, feed_shapes, session)
+    if extra_scratch:
+        scratch = {**scratch, **{k: max(v, scratch.get(k, 0)) for k, v in extra_scratch.items()}}
+    return simulate(plan, shapes, early_frees=False, scratch=scratch)
 
 
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
         policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
-        scratch=None, session=None, correction=1.0):
+        scratch=None, session=None, correction=None):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
     Beyond the request's own variables and constants, which every prediction counts,
     it is taken off the budget: other requests' variables, tensors of other sessions.
     `scratch`: {op name: kernel scratch bytes}; measured with `scratch.calibrate`
-    (under `session`'s threads) when None.  `correction`: the factor learned from
-    measured steps (`Correction.factor`) predictions are multiplied by.
+    (under `session`'s threads) when None.  `correction`: a `Correction` learned
+    from measured steps (its kernel scratch, and its factor predictions are scaled by).
     """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
     shapes = resolve_shapes(graph, view, feed_shapes)
     if scratch is None:
         scratch = calibrate(graph, view, feed_shapes, session)
+    scratch = merged_scratch(scratch, correction)
+    factor = correction.factor if correction is not None else 1.0
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
-    limit = (budget_bytes * (1 - margin) - others) / correction
+    limit = (budget_bytes * (1 - margin) - others) / factor
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 
@@ -150,9 +182,9 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         raise BudgetError(
             f"nothing fits in a device-memory budget of {_mib(budget_bytes)} (predictions must "
-            f"stay under {_mib(limit * correction)}"
+            f"stay under {_mib(limit * factor)}"
             + (f", after {_mib(others)} the device holds for other requests" if others else "")
-            + f"): even one op per partition needs {_mib(trace.peak_device * correction)}"
+            + f"): even one op per partition needs {_mib(trace.peak_device * factor)}"
             f", of which {_mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {_mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")

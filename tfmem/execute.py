@@ -18,7 +18,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import oom
+from tfmem import accelerator, oom
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
@@ -53,6 +53,21 @@ def measured_peak(metadata):
                     value = memory.allocator_bytes_in_use - memory.live_bytes + memory.peak_bytes
                     best = value if best is None else max(best, value)
     return best
+
+
+def measured_scratch(metadata, ops, index):
+    """{op name: bytes its kernel allocated beyond what it returned} in partition `index`
+    whose `ops` ran as copies named `<scope>/p<index>/<op name>`."""
+    scratch = {}
+    marker = f"/p{index}/"
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            name = node.node_name.split(marker, 1)[-1]
+            if name in ops and node.memory:
+                extra = max(m.peak_bytes - m.live_bytes for m in node.memory)
+                if extra > 0:
+                    scratch[name] = max(extra, scratch.get(name, 0))
+    return scratch
 
 
 @contextlib.contextmanager
@@ -105,6 +120,8 @@ class Executor:
         self._batches = {index: runtime.prefetcher.batch(batch)  # partition -> upload callable
                          for index, batch in dtypes.items()}
         self._process = psutil.Process()
+        self._ops = [frozenset(p.ops) for p in plan.partitions]
+        self.last_scratch = {}  # op name -> kernel scratch measured in the last step
 
     def _callables_for(self, options):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
@@ -144,6 +161,10 @@ class Executor:
             values = call(*args, run_metadata=metadata)
             if self._runtime.measure_device:
                 peak = measured_peak(metadata)
+                if peak is None:  # no op of it allocated: it held what was resident
+                    memory = accelerator.device_memory(self._runtime.device)
+                    peak = memory["current"] if memory else None
+                self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
             if run_metadata is not None:
                 run_metadata.MergeFrom(metadata)
         else:
@@ -175,6 +196,7 @@ class Executor:
                             runtime.releaser, timeline)
         started = time.perf_counter()
         results, peaks = {}, []
+        self.last_scratch = {}
         try:
             with _deferred_interrupts() as deliver_interrupt:
                 self._run_partitions(callables, feeds, swaps, results, run_metadata,

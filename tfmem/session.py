@@ -194,7 +194,7 @@ class TFMemSession:
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
                         scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
 
-    def _make_plan(self, request, correction=1.0):
+    def _make_plan(self, request, correction=None):
         """(plan, predicted trace or None) for the request under this session's settings."""
         with _gc_paused():
             if self._budget is None:
@@ -227,7 +227,7 @@ class TFMemSession:
                 entry.graph_version = version
         if entry is not None and entry.replan:
             entry.replan = False
-            plan, trace = self._make_plan(request, entry.correction.factor)
+            plan, trace = self._make_plan(request, entry.correction)
             if (plan.partition_size, plan.policy) != (entry.plan.partition_size,
                                                       entry.plan.policy):
                 log.info("request planned again with the corrected model: %d partitions "
@@ -236,6 +236,8 @@ class TFMemSession:
                 correction = entry.correction
                 entry = self._compiled[key] = _Compiled(plan, version, trace)
                 entry.correction = correction
+            else:
+                entry.trace = trace  # the same plan, predicted with what was learned
         if entry is None:
             plan, trace = self._make_plan(request)
             entry = self._compiled[key] = _Compiled(plan, version, trace)
@@ -281,18 +283,24 @@ class TFMemSession:
 
     def _learn(self, request, entry):
         """Budget mode: when a partition measured over its prediction, correct the model
-        and plan the request again for the next step (this one is never run again)."""
+        and plan the request again before the next step (this one is never run again)."""
         if entry.correction is None:
             entry.correction = budget.Correction()
         measured = self.last_step.partition_peak_bytes
-        if not entry.correction.observe(entry.trace, measured):
+        feed_shapes = request.feed_shapes()
+        if not entry.correction.learn(
+                entry.trace, measured, entry.executor.last_scratch,
+                lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
+                                             self._session, extra)):
             return
         worst = max(range(len(measured)), key=lambda i: measured[i] /
                     max(entry.trace.partitions[i].device_peak, 1))
-        log.info("partition %d measured %.1f MiB against a predicted %.1f MiB: predictions of "
-                 "this request are now scaled by %.2f; planning it again for the next step",
-                 worst, measured[worst] / (1 << 20),
-                 entry.trace.partitions[worst].device_peak / (1 << 20), entry.correction.factor)
+        log.info("partition %d measured %.1f MiB against a predicted %.1f MiB: the model now "
+                 "takes the kernel scratch this step measured (%d ops) and scales predictions "
+                 "by %.2f; planning the request again for the next step", worst,
+                 measured[worst] / (1 << 20),
+                 entry.trace.partitions[worst].device_peak / (1 << 20),
+                 len(entry.correction.scratch), entry.correction.factor)
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
     def _check_host_memory(self, trace):

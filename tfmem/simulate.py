@@ -52,6 +52,7 @@ class PartitionMemory:
     host_after: int  # host buffers held after the run
     to_host: int  # bytes swapped out after the run
     to_device: int  # bytes the prefetcher uploads while it runs
+    scratch: int = 0  # the largest kernel scratch of one of its ops (counted in the peak)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,6 +258,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None):
         after = state + sum(live.values())
         # An aliasing op's kept output holds a buffer the working set saw die.
         peak = max(peak, after)
+        kernel = max((scratch.get(name, 0) for name in partition.ops), default=0) \
+            if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
-                                     sum(host.values()), to_host, to_device))
+                                     sum(host.values()), to_host, to_device, kernel))
     return MemoryTrace(tuple(trace), state, len(size.unknown))
