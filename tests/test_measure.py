@@ -17,7 +17,8 @@ import pytest
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAP_MIB = 512
-LEARN_BUDGET_MIB = 56  # under the ResNet step's measured peak (~61-64 MiB), over its parts
+# Over the ResNet step's measured peak (~61-65 MiB), under it / (1 - margin).
+LEARN_BUDGET_MIB = 64
 
 SCRIPT = r"""
 import json, logging, os, sys

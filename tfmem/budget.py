@@ -85,7 +85,7 @@ class Correction:
 
     `scratch`: kernel scratch bytes per op seen in the request's own steps (from
     their step statistics) where it exceeded the calibration; `factor`: what the
-    measured partition peaks still exceed the prediction by once those are in
+    measured step peak still exceeds the predicted one by once those are in
     (the allocator's fragmentation, the executor's order), 1.0 until then.
     """
 
@@ -94,20 +94,18 @@ class Correction:
         self.scratch = {}
 
     def learn(self, trace, measured_peaks, scratch_seen, predict):
-        """Compare a step's measured partition peaks with `trace`; when one went over,
-        take in the kernel scratch the step measured, and set the factor from the
-        prediction `predict(scratch)` makes with it.  True when something was learned."""
+        """Compare a step's measured peak with `trace`'s (the plan was fitted to that);
+        when it went over, take in the kernel scratch the step measured, and set the
+        factor from the prediction `predict(scratch)` makes with it.  True when
+        something was learned."""
         if not measured_peaks or len(measured_peaks) != len(trace.partitions):
             return False
-        if all(m <= p.device_peak * self.factor
-               for m, p in zip(measured_peaks, trace.partitions)):
+        if max(measured_peaks) <= trace.peak_device * self.factor:
             return False
         for name, nbytes in scratch_seen.items():
             self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
         corrected = predict(self.scratch)
-        ratio = max(m / max(p.device_peak, 1)
-                    for m, p in zip(measured_peaks, corrected.partitions))
-        self.factor = max(self.factor, ratio)
+        self.factor = max(self.factor, max(measured_peaks) / max(corrected.peak_device, 1))
         return True
 
 

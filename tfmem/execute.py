@@ -43,7 +43,7 @@ def measured_peak(metadata):
     allocator held `in use - live + peak`.  This reads TensorFlow's own figures
     without resetting its process-wide peak (`get_memory_info()['peak']`), which
     belongs to the user.  On this machine it equals the allocator's peak of a
-    freshly reset run to the byte (see tests/test_measure.py).
+    freshly reset run to the byte when nothing else allocates meanwhile.
     """
     best = None
     for device in metadata.step_stats.dev_stats:
@@ -156,14 +156,12 @@ class Executor:
         args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                 for s in program.feed_sources]
         peak = None
+        record = self._process_peak() if self._runtime.measure_device else None
         if run_metadata is not None or self._runtime.measure_device:
             metadata = config_pb2.RunMetadata()
             values = call(*args, run_metadata=metadata)
             if self._runtime.measure_device:
-                peak = measured_peak(metadata)
-                if peak is None:  # no op of it allocated: it held what was resident
-                    memory = accelerator.device_memory(self._runtime.device)
-                    peak = memory["current"] if memory else None
+                peak = self._partition_peak(metadata, record)
                 self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
             if run_metadata is not None:
                 run_metadata.MergeFrom(metadata)
@@ -183,6 +181,24 @@ class Executor:
         if timeline:
             timeline.span("partitions", f"partition {index}", started,
                           {"ops": len(self._plan.partitions[index].ops)})
+        return peak
+
+    def _process_peak(self):
+        memory = accelerator.device_memory(self._runtime.device)
+        return memory["peak"] if memory else None
+
+    def _partition_peak(self, metadata, record_before):
+        """The partition's device peak: from its step statistics, or TensorFlow's process
+        peak when the partition raised it (read, never reset: allocations of other
+        threads, the prefetcher's uploads, count there and not in the statistics)."""
+        peak = measured_peak(metadata)
+        memory = accelerator.device_memory(self._runtime.device)
+        if memory is None:
+            return peak
+        if peak is None:  # no op of it allocated: it held what was resident
+            peak = memory["current"]
+        if record_before is not None and memory["peak"] > record_before:
+            peak = max(peak, memory["peak"])
         return peak
 
     def run(self, feeds, options=None, run_metadata=None, timeline=None):

@@ -282,8 +282,9 @@ class TFMemSession:
         return request.build_results(self._session, values)
 
     def _learn(self, request, entry):
-        """Budget mode: when a partition measured over its prediction, correct the model
-        and plan the request again before the next step (this one is never run again)."""
+        """Budget mode: when the step measured over its predicted peak, correct the model
+        and plan the request again before the next step (this one is never run again).
+        memory_report() shows every partition's measured and predicted peak."""
         if entry.correction is None:
             entry.correction = budget.Correction()
         measured = self.last_step.partition_peak_bytes
@@ -293,13 +294,11 @@ class TFMemSession:
                 lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
                                              self._session, extra)):
             return
-        worst = max(range(len(measured)), key=lambda i: measured[i] /
-                    max(entry.trace.partitions[i].device_peak, 1))
-        log.info("partition %d measured %.1f MiB against a predicted %.1f MiB: the model now "
-                 "takes the kernel scratch this step measured (%d ops) and scales predictions "
-                 "by %.2f; planning the request again for the next step", worst,
-                 measured[worst] / (1 << 20),
-                 entry.trace.partitions[worst].device_peak / (1 << 20),
+        worst = max(range(len(measured)), key=measured.__getitem__)
+        log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
+                 "model now takes the kernel scratch this step measured (%d ops) and scales "
+                 "predictions by %.2f; planning the request again for the next step",
+                 measured[worst] / (1 << 20), worst, entry.trace.peak_device / (1 << 20),
                  len(entry.correction.scratch), entry.correction.factor)
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
