@@ -330,7 +330,7 @@ def capped():
     done = subprocess.run(
         [sys.executable, "-c", CAPPED_SCRIPT, str(CAP_MIB), str(BUDGET_MIB), str(HUGE),
          str(RESIDENT_MIB), str(RESIDENT_BUDGET_MIB)],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        capture_output=True, text=True, cwd=ROOT, timeout=1500,
         env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
     assert done.returncode == 0, f"capped process failed:\n{done.stderr[-4000:]}"
     out = json.loads(done.stdout.strip().splitlines()[-1])

@@ -122,6 +122,7 @@ class Executor:
         self._process = psutil.Process()
         self._ops = [frozenset(p.ops) for p in plan.partitions]
         self.last_scratch = {}  # op name -> kernel scratch measured in the last step
+        self.last_resident = None  # device bytes in use when the last step started
 
     def _callables_for(self, options):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
@@ -213,6 +214,9 @@ class Executor:
         started = time.perf_counter()
         results, peaks = {}, []
         self.last_scratch = {}
+        if runtime.measure_device:
+            memory = accelerator.device_memory(runtime.device)
+            self.last_resident = memory["current"] if memory else None
         try:
             with _deferred_interrupts() as deliver_interrupt:
                 self._run_partitions(callables, feeds, swaps, results, run_metadata,

@@ -288,6 +288,12 @@ class TFMemSession:
         if entry.correction is None:
             entry.correction = budget.Correction()
         measured = self.last_step.partition_peak_bytes
+        resident = entry.executor.last_resident
+        if measured and resident is not None:
+            # What the device held beyond the request's state (other requests' variables,
+            # other sessions) is in the measured peaks, not in the predictions.
+            foreign = max(resident - entry.trace.state_bytes, 0)
+            measured = tuple(m - foreign for m in measured)
         feed_shapes = request.feed_shapes()
         if not entry.correction.learn(
                 entry.trace, measured, entry.executor.last_scratch,
