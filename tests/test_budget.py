@@ -30,7 +30,7 @@ from tfmem.place import place
 from tfmem.plan import build_plan
 from tfmem.scratch import calibrate
 from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
+from tfmem.simulate import TensorSizes, simulate
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
@@ -49,7 +49,7 @@ HUGE = 100000  # HUGE x HUGE float32 = 40 GB: a static shape, never materialised
 # A variable the training request never reads: with it resident, the whole step
 # (~34-38 MiB) no longer fits a RESIDENT_BUDGET_MIB budget, though alone it does.
 RESIDENT_MIB = 28
-RESIDENT_BUDGET_MIB = 64
+RESIDENT_BUDGET_MIB = 60
 
 # ---------------------------------------------------------------------------
 # parse_bytes
@@ -156,8 +156,10 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     view = analyse(fetches, targets, [x])
     shapes = resolve_shapes(model.graph, view, feed_shapes)
     kernel_scratch = calibrate(model.graph, view, feed_shapes)
+    slack = budget.chunk_slack(view, TensorSizes(view, shapes))
+    assert slack == 1024 * 256 * 4  # the largest activation
     # Budget mode predicts with device copies held to the end of each partition.
-    assert trace == simulate(plan, shapes, early_frees=False, scratch=kernel_scratch)
+    assert trace == budget.predict(model.graph, plan, feed_shapes)
     assert trace.peak_device >= simulate(plan, shapes, scratch=kernel_scratch).peak_device
     assert 1 < len(plan.partitions)
     size = plan.partition_size
@@ -166,8 +168,8 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     for distance in range(policy.swap_distance, -1, -1):
         bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
                             dataclasses.replace(policy, swap_distance=distance), placement)
-        assert simulate(bigger, shapes, early_frees=False,
-                        scratch=kernel_scratch).peak_device > limit, distance
+        assert simulate(bigger, shapes, early_frees=False, scratch=kernel_scratch,
+                        slack=slack).peak_device > limit, distance
 
 
 # ---------------------------------------------------------------------------
@@ -365,10 +367,11 @@ def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
     assert auto["step_partitions"] == [1, 1, 1]
     np.testing.assert_allclose(auto["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
     assert auto["report"]["device_budget"] == ["int", CAP_MIB * MIB]
-    # One partition is the plain step: the same peak (within BFC's chunk noise), and the
-    # prediction (kernel scratch included) within the simulator's tolerance of it.
+    # One partition is the plain step: the same peak, within BFC's chunk noise and the
+    # ~3 MiB of folded initializer constants plain's sess.run(init) keeps resident, and
+    # the prediction (kernel scratch included) within the simulator's tolerance of it.
     for ours, plain in zip(auto["peaks"][1:], capped["plain"]["peaks"][1:]):
-        assert abs(ours - plain) <= 0.05 * plain, (auto["peaks"], capped["plain"]["peaks"])
+        assert abs(ours - plain) <= 0.12 * plain, (auto["peaks"], capped["plain"]["peaks"])
     predicted = auto["report"]["predicted_device_peak"][1]
     measured = sorted(auto["peaks"])[1]
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, auto["peaks"])
@@ -417,7 +420,7 @@ def test_memory_report_under_the_cap(capped):
     report = run["report"]
     for field, (kind, value) in report.items():
         if field in ("predicted_partition_peaks", "partition_peaks"):
-            assert kind == "list" and all(type(v) is int for v in value), (field, value)
+            assert kind == "tuple" and all(type(v) is int for v in value), (field, value)
         else:
             assert kind == "int", (field, kind, value)
     assert report["device_budget"][1] == BUDGET_MIB * MIB

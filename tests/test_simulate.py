@@ -69,10 +69,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(8192)  # a BFC allocator far above every step: figures, no cap
 import tensorflow as tf
-from tfmem import accelerator, models
-from tfmem.scratch import calibrate
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
+from tfmem import accelerator, budget, models
 
 configs, sizes, steps = (json.loads(a) for a in sys.argv[1:4])
 results = []
@@ -105,9 +102,7 @@ for key, (builder, kwargs, batch) in configs.items():
         report = tfs.memory_report()
         plan = tfs.plan(fetches, feed)
         feed_shapes = {t.name: v.shape for t, v in feed.items()}
-        planned = simulate(plan, resolve_shapes(model.graph, plan.view, feed_shapes),
-                           early_frees=False,
-                           scratch=calibrate(model.graph, plan.view, feed_shapes, sess))
+        planned = budget.predict(model.graph, plan, feed_shapes, sess)
         results.append(dict(model=key, partition_size=size, peaks=peaks,
                             tfmem_peaks=tfmem_peaks, load=os.getloadavg()[0],
                             foreign=foreign,

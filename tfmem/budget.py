@@ -14,8 +14,8 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 
 Predictions include each kernel's scratch memory, measured once per kernel
 configuration (`scratch.calibrate`), must fit `budget * (1 - margin)`, and are
-made with device copies held to the end of each partition that frees them
-(the allocator's fragmentation and the executor's order are not modelled).
+made with device copies held to the end of each partition that frees them,
+plus an allowance for the allocator's chunks (`chunk_slack`).
 
 Budget mode learns: after each step the session compares every partition's
 measured peak with its prediction (`Correction`).  When a partition went over,
@@ -119,14 +119,26 @@ def merged_scratch(calibrated, correction):
     return merged
 
 
+def chunk_slack(view, size_of):
+    """Budget mode's allowance for the device allocator's chunks: the largest tensor the
+    request computes.  TensorFlow's BFC allocator hands a free chunk out whole when
+    splitting it would leave less than the request (a 1 MiB tensor can hold a 1.75
+    MiB chunk), which no tensor-level model predicts; measured, it cost the 12-layer
+    MLP 2-4 MiB (one to three 1 MiB tensors' worth) at its peak."""
+    return max((size_of(f"{name}:{i}") for name, node in view.nodes.items()
+                for i in range(len(node.outputs))), default=0)
+
+
 def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
     """The MemoryTrace budget mode plans with: kernel scratch (calibrated, raised to
-    `extra_scratch`), device copies held to the end of each partition that frees them."""
+    `extra_scratch`), device copies held to the end of each partition that frees them,
+    and the allocator's chunk slack."""
     shapes = resolve_shapes(graph, plan.view, feed_shapes)
     scratch = calibrate(graph, plan.view, feed_shapes, session)
     if extra_scratch:
         scratch = {**scratch, **{k: max(v, scratch.get(k, 0)) for k, v in extra_scratch.items()}}
-    return simulate(plan, shapes, early_frees=False, scratch=scratch)
+    return simulate(plan, shapes, early_frees=False, scratch=scratch,
+                    slack=chunk_slack(plan.view, TensorSizes(plan.view, shapes)))
 
 
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
@@ -148,6 +160,7 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
         scratch = calibrate(graph, view, feed_shapes, session)
     scratch = merged_scratch(scratch, correction)
     factor = correction.factor if correction is not None else 1.0
+    slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
     limit = (budget_bytes * (1 - margin) - others) / factor
@@ -162,7 +175,7 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
                 candidate = policy if distance is None else dataclasses.replace(
                     policy, swap_distance=distance)
                 plan = build_plan(view, partition(view, groups, size), size, candidate, placement)
-                trace = simulate(plan, shapes, early_frees=False, scratch=scratch)
+                trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack)
                 if trace.peak_device <= limit:
                     tried[size] = (plan, trace)
                     break
@@ -176,7 +189,7 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     if fits is None:
         trace = simulate(build_plan(view, partition(view, groups, 1), 1,
                                     dataclasses.replace(policy, swap_distance=0), placement),
-                         shapes, early_frees=False, scratch=scratch)
+                         shapes, early_frees=False, scratch=scratch, slack=slack)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         raise BudgetError(
             f"nothing fits in a device-memory budget of {_mib(budget_bytes)} (predictions must "

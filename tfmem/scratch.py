@@ -31,10 +31,12 @@ import logging
 import os
 import threading
 
+import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
 from tfmem import optypes
+from tfmem.accelerator import emulated_memory_mib
 from tfmem.shapes import import_request
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,25 @@ def _static_value(tensor):
     return None if value is None else value.tolist()
 
 
+def _input_bytes(specs):
+    total = 0
+    for dtype, shape, _ in specs:
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count * tf.as_dtype(dtype).size
+    return total
+
+
+def _input_limit():
+    """The most input bytes a calibration may allocate: a quarter of the available host
+    memory, and of the emulated cap when there is one (an op too large for these is
+    reported with no scratch, and the step's own statistics correct budget mode)."""
+    limit = psutil.virtual_memory().available // 4
+    cap = emulated_memory_mib()
+    return min(limit, (cap << 20) // 4) if cap is not None else limit
+
+
 def _attrs(node_def):
     return tuple(sorted((k, v.SerializeToString(deterministic=True).hex())
                         for k, v in node_def.attr.items() if not k.startswith("_")))
@@ -227,10 +248,11 @@ def calibrate(graph, view, feed_shapes, session=None, cache=None):
         return {}
     scratch_graph = import_request(graph, view, feed_shapes)
     keys, missing = {}, {}
+    limit = _input_limit()
     for name in candidates:
         op = scratch_graph.get_operation_by_name("s/" + name)
         specs = [_input_spec(t) for t in op.inputs]
-        if any(s is None for s in specs):
+        if any(s is None for s in specs) or _input_bytes(specs) > limit:
             continue
         key = kernel_key(op.type, op.node_def, specs, threads)
         keys[name] = key

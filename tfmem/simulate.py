@@ -213,9 +213,10 @@ def state_bytes(view, size):
         size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
 
 
-def simulate(plan, shapes=None, early_frees=True, scratch=None):
+def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
-    `scratch` ({op name: bytes}) from `scratch.calibrate`.
+    `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
+    every partition's peak (budget mode's allowance for the allocator's chunks).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
     after its last reader there (what usually happens); without, at the
@@ -257,7 +258,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None):
                 to_host += size(tensor)
         after = state + sum(live.values())
         # An aliasing op's kept output holds a buffer the working set saw die.
-        peak = max(peak, after)
+        peak = max(peak, after) + slack
         kernel = max((scratch.get(name, 0) for name in partition.ops), default=0) \
             if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,

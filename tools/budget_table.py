@@ -29,11 +29,11 @@ if cap:
 import tensorflow as tf
 from tfmem import accelerator
 from tfmem.proof import build_model
-graph, x, loss, train, feed_value = build_model(tf, layers=24, batch=2048, width=256, seed=0)
+import numpy as np
+graph, x, loss, train, init = build_model(tf, layers=24, batch=2048, width=256, seed=0)
+feed_value = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
 config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 sess = tf.compat.v1.Session(graph=graph, config=config)
-with graph.as_default():
-    init = tf.compat.v1.global_variables_initializer()
 runner = tfmem.TFMemSession(sess, partition_size="auto") if cap else sess
 runner.run(init)
 out = {"losses": [], "peaks": [], "times": []}
