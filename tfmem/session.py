@@ -189,8 +189,11 @@ class TFMemSession:
                                "graph before calling run().")
 
     def _predict(self, plan, request):
-        """The plan's MemoryTrace for the request's fed shapes, kernel scratch included."""
+        """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
+        (in budget mode, the prediction budget mode plans with)."""
         feed_shapes = request.feed_shapes()
+        if self._budget is not None:
+            return budget.predict(self.graph, plan, feed_shapes, self._session)
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
                         scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
 
