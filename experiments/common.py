@@ -35,6 +35,7 @@ from pathlib import Path
 
 import tfmem
 from tfmem import accelerator, child_env
+from tfmem import provenance as tfmem_provenance
 
 MIB = 1 << 20
 SYSTEMS = ("tf", "grappler", "tfmem")
@@ -890,49 +891,15 @@ def cap_note(experiment, args, cap_info):
             f"{cap_info['factor']:g}, rounded up")
 
 
-def _git(*argv):
-    try:
-        proc = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), *argv],
-                              capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 def provenance(args):
     """What produced a result: commit, TensorFlow version, kernel paths, cores, date."""
-    import datetime  # pylint: disable=import-outside-toplevel
-    import importlib.metadata  # pylint: disable=import-outside-toplevel
-    import platform  # pylint: disable=import-outside-toplevel
-    try:
-        tf_version = importlib.metadata.version("tensorflow")
-    except importlib.metadata.PackageNotFoundError:
-        tf_version = None
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return dict(commit=_git("rev-parse", "HEAD"), commit_dirty=bool(dirty),
-                tensorflow=tf_version,
-                kernel_path=dict(tf=child_env.kernel_path(False),
-                                 grappler=child_env.kernel_path(False),
-                                 tfmem=child_env.kernel_path(bool(args.onednn))),
-                cpu_count=os.cpu_count(), usable_cpus=usable,
-                load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=platform.python_version(), machine=platform.machine())
+    return tfmem_provenance.provenance(dict(
+        tf=child_env.kernel_path(False), grappler=child_env.kernel_path(False),
+        tfmem=child_env.kernel_path(bool(args.onednn))))
 
 
 def provenance_note(info):
-    commit = (info["commit"] or "unknown")[:12] + (" (with uncommitted changes)"
-                                                   if info["commit_dirty"] else "")
-    paths = info["kernel_path"]
-    return (f"produced by commit {commit}, TensorFlow {info['tensorflow']}, kernel path: tf and "
-            f"grappler {paths['tf']}, tfmem {paths['tfmem']}; {info['usable_cpus']} of "
-            f"{info['cpu_count']} CPU cores, load average "
-            + ("/".join(f"{v:.1f}" for v in info["load_average"]) if info["load_average"]
-               else "n/a") + f" at the end; {info['date']}")
+    return tfmem_provenance.describe(info)
 
 
 def output_stem(experiment, args):
