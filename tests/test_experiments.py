@@ -392,3 +392,22 @@ def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
     text = deepspeech._iteration_markdown(rows, labels, quick)  # pylint: disable=protected-access
     assert "| 8 | 0.100 | oom | 0.150 | 0.400 | 1 | 90 | 1.50x | 4.00x |" in text
     assert "1.15 s vs 1.56 s" in text  # the paper's numbers beside ours
+
+
+# --------------------------------------------------------------------------
+# the README's result tables are generated from experiments/results/
+
+
+def test_readme_result_tables_match_the_result_files():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "results_tables.py"), "--check"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resnet-quick" in proc.stdout
+
+
+def test_every_result_file_records_what_produced_it():
+    for path in sorted((ROOT / "experiments" / "results").glob("*.json")):
+        origin = json.loads(path.read_text()).get("provenance")
+        assert origin, f"{path.name} records no provenance"
+        for key in ("commit", "tensorflow", "kernel_path", "cpu_count", "date"):
+            assert origin.get(key), f"{path.name}: no {key}"
