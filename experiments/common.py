@@ -502,6 +502,14 @@ def spawn_trial(experiment, args, system, size, timeout):
         os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
         stdout, stderr = proc.communicate()
         phase, at = _last_phase(stderr)
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if lines:
+            # The trial finished and printed its result within the limit; only the
+            # process's exit (TensorFlow's teardown, seconds on a loaded machine) ran over.
+            result = json.loads(lines[-1])
+            result.update(command=cmd, process_seconds=time.perf_counter() - started,
+                          unit=experiment.unit, killed_after_result=True)
+            return result
         return dict(base, status="timeout", seconds=time.perf_counter() - started,
                     failed_in=phase, error=f"no result within {timeout:.0f} s"
                     + (f" (still in {phase}, begun at {at:.0f} s)" if phase else ""))
