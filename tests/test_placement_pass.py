@@ -61,15 +61,17 @@ def batches(steps):
     return [rs.randn(8, 16).astype(np.float32) for _ in range(steps)]
 
 
-def placed(run, *args, **kwargs):
-    """{op type: set of devices} TensorFlow ran the request's ops on (partition graphs)."""
+def placed(run, *args, by="op", **kwargs):
+    """{op type (or node name, by="name"): set of devices} TensorFlow ran the request's
+    ops on, from the run's partition graphs."""
     metadata = tf1.RunMetadata()
     result = run(*args, options=tf1.RunOptions(output_partition_graphs=True),
                  run_metadata=metadata, **kwargs)
     devices = {}
     for partition in metadata.partition_graphs:
         for node in partition.node:
-            devices.setdefault(node.op, set()).add(node.device.rsplit("/", 1)[-1])
+            key = node.op if by == "op" else node.name
+            devices.setdefault(key, set()).add(node.device.rsplit("/", 1)[-1])
     return result, devices
 
 
@@ -128,3 +130,118 @@ def test_pass_moves_state_and_training_matches_plain(optimizer, use_resource, co
         values = tfs.session.run(tf1.trainable_variables())
     for got, expected in zip(values, plain_values):
         np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def _devices(graph):
+    return {op.name: op.device for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("first_run", ["init", "unrelated"])
+def test_after_a_run_nothing_moves_and_the_placement_says_why(first_run, caplog):
+    """TensorFlow ignores a device set after any run; the pass leaves the graph as it was."""
+    g_plain, x_plain, loss_plain, train_plain, init_plain = build()
+    g, x, loss, train, init = build()
+    with g.as_default():
+        unrelated = tf.constant(1.0, name="unrelated")
+    sess = two_cpu_session(g)
+    sess.run(init if first_run == "init" else unrelated)
+    before = _devices(g)
+    with caplog.at_level(logging.INFO, logger="tfmem.placement_pass"):
+        tfs = tfmem.TFMemSession(sess, partition_size=4, swap_min_bytes=MIN_BYTES,
+                                 accelerator_device="CPU:1")
+    after = _devices(g)
+    assert {k: v for k, v in after.items() if k in before} == before
+    warnings = [r for r in caplog.records
+                if r.name == "tfmem.placement_pass" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "before its first run" in warnings[0].getMessage()
+    assert "state_on_host" in warnings[0].getMessage()
+    assert not any(r.levelno == logging.INFO and "moved" in r.getMessage()
+                   for r in caplog.records if r.name == "tfmem.placement_pass")
+
+    if first_run == "unrelated":
+        tfs.run(init)
+    plain = two_cpu_session(g_plain)
+    plain.run(init_plain)
+    plan = tfs.plan([train, loss], {x: batches(1)[0]})
+    assert not plan.placement.moved
+    assert {"w1", "w2", "table"} <= set(plan.placement.stays)
+    assert all("already placed it on" in why and "CPU:1" in why
+               for why in plan.placement.stays.values()), plan.placement.stays
+    assert dict(plan.placement.copied) == {"table": HOST_DEVICE}
+    assert "stay on the accelerator" in str(plan)
+    for batch in batches(3):
+        expected = plain.run([train_plain, loss_plain], {x_plain: batch})[1]
+        (_, got), devices = placed(tfs.run, [train, loss], {x: batch})
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        updates = [d for t, d in devices.items() if t.startswith("ResourceApply")]
+        assert updates and all(d == {"device:CPU:1"} for d in updates), devices
+    _, nodes = placed(tfs.run, [train, loss], {x: batches(1)[0]}, by="name")
+    copies = {name: d for name, d in nodes.items() if name.endswith("/host/table")}
+    assert copies and all(d == {"device:CPU:0"} for d in copies.values()), nodes
+    assert "table" not in nodes  # the accelerator's original is not read
+
+
+def test_place_state_on_host_false_changes_nothing():
+    g, x, loss, train, init = build()
+    before = _devices(g)
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4, swap_min_bytes=MIN_BYTES,
+                             accelerator_device="CPU:1", place_state_on_host=False)
+    assert _devices(g) == before  # no device set, no probe added
+    tfs.run(init)
+    plan = tfs.plan([train, loss], {x: batches(1)[0]})
+    assert not plan.placement.moved and not plan.placement.stays
+    assert "nothing to move" in str(plan.placement)
+    _, devices = placed(tfs.run, [train, loss], {x: batches(1)[0]})
+    assert devices["VarHandleOp"] == {"device:CPU:1"}
+
+
+def test_state_built_after_wrapping_moves_at_its_first_plan():
+    g = tf.Graph()
+    with g.as_default(), tf.device(ACCELERATOR):
+        x = tf1.placeholder(tf.float32, [2, 3], name="x")
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2, accelerator_device="CPU:1")
+    with g.as_default(), tf.device(ACCELERATOR):
+        w = tf1.get_variable("w", initializer=np.ones((3, 3), np.float32))
+        y = tf.reduce_sum(tf.matmul(x, w))
+        init = tf1.global_variables_initializer()
+    tfs.run(init)
+    assert g.get_operation_by_name("w").device == HOST_DEVICE
+    plan = tfs.plan(y, {x: np.ones((2, 3), np.float32)})
+    assert dict(plan.placement.moved) == {"w": HOST_DEVICE}
+    got, devices = placed(tfs.run, y, {x: np.ones((2, 3), np.float32)})
+    assert got == pytest.approx(18.0)
+    assert devices["VarHandleOp"] == {"device:CPU:0"} and devices["MatMul"] == {"device:CPU:1"}
+
+
+def test_a_constant_colocated_with_compute_stays():
+    """The pass moves state and constants, never the user's compute."""
+    g = tf.Graph()
+    with g.as_default(), tf.device(ACCELERATOR):
+        x = tf1.placeholder(tf.float32, [64, 64], name="x")
+        square = tf.matmul(x, x, name="square")
+        with g.colocate_with(square.op):
+            big = tf.constant(np.ones((64, 64), np.float32), name="big")
+        y = tf.reduce_sum(square + big)
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2, swap_min_bytes=MIN_BYTES,
+                             accelerator_device="CPU:1")
+    assert g.get_operation_by_name("big").device == ACCELERATOR
+    assert g.get_operation_by_name("square").device == ACCELERATOR
+    plan = tfs.plan(y, {x: np.ones((64, 64), np.float32)})
+    assert "square" in plan.placement.stays["big"] and "no compute" in plan.placement.stays["big"]
+
+
+def test_accelerator_device_must_be_a_session_device():
+    g, *_ = build()
+    with pytest.raises(ValueError, match="CPU:7.*not a device of the session"):
+        tfmem.TFMemSession(two_cpu_session(g), accelerator_device="CPU:7")
+
+
+def test_cpu_only_session_moves_nothing():
+    g, x, loss, train, init = build()
+    before = _devices(g)
+    sess = tf1.Session(graph=g, config=tf1.ConfigProto(allow_soft_placement=True))
+    tfs = tfmem.TFMemSession(sess, partition_size=4)
+    assert _devices(g) == before
+    tfs.run(init)
+    assert tfs.plan([train, loss], {x: batches(1)[0]}).placement.accelerator is None

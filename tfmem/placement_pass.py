@@ -135,7 +135,7 @@ def _move(groups, session):
         placed = {name: (device, ALREADY_PLACED.format(device=device)) for name, device in
                   _probe(session, [seeds[0] for _, seeds in groups]).items()}
     except tf.errors.OpError as error:
-        why = f"TensorFlow refused it on the host: {error.message.splitlines()[0]}"
+        why = "TensorFlow refused it on the host: " + " ".join(error.message.split())[:300]
         placed = {seeds[0].name: ("", why) for _, seeds in groups}
     refused = {}
     for ops, seeds in groups:
