@@ -23,6 +23,7 @@ placement says so.  `state_on_host()` does the same at graph construction.
 
 import contextlib
 import dataclasses
+import functools
 import types
 
 HOST_DEVICE = "/device:CPU:0"
@@ -31,14 +32,28 @@ VARIABLES = frozenset({"VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable"}
 _EMPTY = types.MappingProxyType({})
 
 
-def on_host(device):
-    """True for a device string naming the host CPU (CPU:0 of any job and task)."""
+@functools.lru_cache(maxsize=4096)
+def _spec(device):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     try:
-        spec = tf.DeviceSpec.from_string(device or "")
+        return tf.DeviceSpec.from_string(device or "")
     except ValueError:
-        return False
-    return (spec.device_type or "").upper() == "CPU" and spec.device_index in (None, 0)
+        return None
+
+
+def on_host(device):
+    """True for a device string naming the host CPU (CPU:0 of any job and task)."""
+    spec = _spec(device)
+    return spec is not None and (spec.device_type or "").upper() == "CPU" and \
+        spec.device_index in (None, 0)
+
+
+def host_device_of(device):
+    """The host CPU of the job and task `device` names ('/device:CPU:0' locally)."""
+    spec = _spec(device)
+    if spec is None or not (spec.job or spec.task is not None or spec.replica is not None):
+        return HOST_DEVICE
+    return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
 def is_state(node_type, nbytes, min_bytes):
@@ -89,7 +104,7 @@ def place(view, accelerator, min_bytes=DEFAULT_MIN_BYTES, outcome=None):
             continue
         if outcome is not None and name in outcome.moved or \
                 outcome is None and not on_host(node.device):
-            moved[name] = HOST_DEVICE
+            moved[name] = node.device if outcome is not None else host_device_of(node.device)
             nbytes += _state_bytes(node)
         elif outcome is not None and not on_host(node.device):
             stays[name] = outcome.stays.get(

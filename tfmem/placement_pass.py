@@ -35,7 +35,7 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 from tfmem.colocation import colocation_groups
-from tfmem.place import HOST_DEVICE, VARIABLES, is_state, on_host
+from tfmem.place import HOST_DEVICE, VARIABLES, host_device_of, is_state, on_host
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _move(groups, session):
         for op in ops:
             if not on_host(op.device):
                 old[op] = op.device
-                op._set_device(HOST_DEVICE)  # pylint: disable=protected-access; issue 14
+                op._set_device(host_device_of(op.device))  # pylint: disable=protected-access
     try:
         placed = {name: (device, ALREADY_PLACED.format(device=device)) for name, device in
                   _probe(session, [seeds[0] for _, seeds in groups]).items()}

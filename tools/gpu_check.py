@@ -116,7 +116,7 @@ def devices_of(run, fetches, feeds, tf):
     return {op: sorted(devices) for op, devices in found.items()}
 
 
-def worker(system, cap_mib, stand_in, partition_size, trace_path):
+def worker(system, cap_mib, stand_in, partition_size, trace_path, model):
     """Train in this process; returns a dict of what the orchestrator checks."""
     import tfmem  # pylint: disable=import-outside-toplevel
     if stand_in:
@@ -130,16 +130,16 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path):
         tf.config.set_logical_device_configuration(
             gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=cap_mib)])
     device, memory_device = ("CPU:1", "CPU:0") if stand_in else ("GPU:0", "GPU:0")
-    graph, x, loss, train_op, init = build(tf, "/device:" + device, MODEL["layers"],
-                                           MODEL["batch"], MODEL["width"], MODEL["seed"])
+    graph, x, loss, train_op, init = build(tf, "/device:" + device, model["layers"],
+                                           model["batch"], model["width"], MODEL["seed"])
     config = tf.compat.v1.ConfigProto(**({"device_count": {"CPU": 2}} if stand_in else {}))
     sess = tf.compat.v1.Session(graph=graph, config=config)
     runner = sess if system == "tf" else tfmem.TFMemSession(
         sess, partition_size=partition_size, accelerator_device=device if stand_in else None,
         trace=trace_path)
     rng = np.random.default_rng(MODEL["seed"])
-    batches = [rng.standard_normal((MODEL["batch"], MODEL["width"])).astype(np.float32)
-               for _ in range(MODEL["steps"])]
+    batches = [rng.standard_normal((model["batch"], model["width"])).astype(np.float32)
+               for _ in range(model["steps"])]
     result = dict(system=system, cap_mib=cap_mib, losses=[], oom=None, peak_bytes=0,
                   step_times=[])
     runner.run(init)
@@ -180,6 +180,8 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path):
 def run_worker(system, cap_mib, args, trace_path=None):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", system,
            "--partition-size", str(args.partition_size)]
+    for key in ("layers", "batch", "width", "steps"):
+        cmd += [f"--{key}", str(getattr(args, key))]
     cmd += ["--cap", str(cap_mib)] if cap_mib else []
     cmd += ["--cpu-stand-in"] if args.cpu_stand_in else []
     cmd += ["--trace", trace_path] if trace_path else []
@@ -205,12 +207,17 @@ def checks(plain, plain_capped, tfmem_run):
         tfmem_run["peak_bytes"] <= cap * MIB
     same = not tfmem_run["failed"] and losses_match(plain["losses"], tfmem_run["losses"])
     plain_oom = not plain_capped["failed"] and plain_capped["oom"] is not None
+    if tfmem_run["failed"]:
+        tfmem_text = "failed: " + tfmem_run["error"]
+    elif tfmem_run["oom"] is not None:
+        tfmem_text = "ResourceExhaustedError: " + tfmem_run["oom"]
+    else:
+        tfmem_text = (f"peak {tfmem_run['peak_bytes'] / MIB:.0f} MiB, losses "
+                      f"{'equal' if same else 'DIFFER'}")
     result.append(("memory proof", plain_oom and fits and same,
                    f"plain peak {plain['peak_bytes'] / MIB:.0f} MiB; cap {cap} MiB: plain "
                    f"{'ResourceExhaustedError' if plain_oom else 'did not fail'}, tfmem "
-                   + (f"peak {tfmem_run['peak_bytes'] / MIB:.0f} MiB, losses "
-                      f"{'equal' if same else 'DIFFER'}" if not tfmem_run["failed"]
-                      else "failed: " + tfmem_run["error"])))
+                   + tfmem_text))
     if tfmem_run["failed"] or tfmem_run["oom"] is not None:
         return result + [(name, False, "tfmem did not train")
                          for name in ("page-locked buffers", "placement", "prefetch overlap")]
@@ -238,6 +245,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python tools/gpu_check.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--partition-size", type=int, default=20)
+    for key in ("layers", "batch", "width", "steps"):
+        parser.add_argument(f"--{key}", type=int, default=MODEL[key],
+                            help=f"of the proof MLP (default {MODEL[key]})")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
     parser.add_argument("--json", metavar="PATH", help="also write every figure here")
     parser.add_argument("--cpu-stand-in", action="store_true",
@@ -247,8 +257,9 @@ def main(argv=None):
     parser.add_argument("--trace", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
+        model = {key: getattr(args, key) for key in ("layers", "batch", "width", "steps")}
         print(json.dumps(worker(args.worker, args.cap, args.cpu_stand_in, args.partition_size,
-                                args.trace)))
+                                args.trace, model)))
         return 0
     if not args.cpu_stand_in:
         message = no_gpu_message()
