@@ -113,8 +113,8 @@ def _probe(session, seeds):
             probe.op._set_device("")  # pylint: disable=protected-access; ours: follow the group
             probes[probe.op.name] = seed.name
     metadata = tf.compat.v1.RunMetadata()
-    session.run([name + ":0" for name in probes], options=tf.compat.v1.RunOptions(output_partition_graphs=True),
-                run_metadata=metadata)
+    options = tf.compat.v1.RunOptions(output_partition_graphs=True)
+    session.run([name + ":0" for name in probes], options=options, run_metadata=metadata)
     return {probes[node.name]: node.device for partition in metadata.partition_graphs
             for node in partition.node if node.name in probes}
 
@@ -126,6 +126,12 @@ def _move(groups, session):
     kept elsewhere (their ops get their old devices back).
     """
     old = {}
+
+    def undo(ops):
+        for op in ops:
+            if op in old:
+                op._set_device(old[op])  # pylint: disable=protected-access
+
     for ops, _ in groups:
         for op in ops:
             if not on_host(op.device):
@@ -137,13 +143,14 @@ def _move(groups, session):
     except tf.errors.OpError as error:
         why = "TensorFlow refused it on the host: " + " ".join(error.message.split())[:300]
         placed = {seeds[0].name: ("", why) for _, seeds in groups}
+    except BaseException:
+        undo(old)  # the graph as it was, whatever stopped the probe
+        raise
     refused = {}
     for ops, seeds in groups:
         device, why = placed.get(seeds[0].name, ("", "TensorFlow did not report its device"))
         if not on_host(device):
-            for op in ops:
-                if op in old:
-                    op._set_device(old[op])  # pylint: disable=protected-access; undo
+            undo(ops)
             refused.update({seed.name: why for seed in seeds})
     return refused
 

@@ -231,8 +231,8 @@ def checks(plain, plain_capped, tfmem_run):
     placed = (set(tfmem_run["moved"]) == set(tfmem_run["variables"]) and
               state_devices == {"device:CPU:0"} and
               compute == {"device:" + tfmem_run["accelerator"]})
-    result.append(("placement", placed,
-                   f"{tfmem_run['placement'].removeprefix('placement: ')}; variables and updates ran on "
+    summary = tfmem_run["placement"].removeprefix("placement: ")
+    result.append(("placement", placed, f"{summary}; variables and updates ran on "
                    f"{sorted(state_devices)}, MatMul on {sorted(compute)}"))
     overlapped, uploads = tfmem_run["overlap_ms"], tfmem_run["uploads_ms"]
     result.append(("prefetch overlap", overlapped > 0,
