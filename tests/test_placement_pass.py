@@ -245,3 +245,28 @@ def test_cpu_only_session_moves_nothing():
     assert _devices(g) == before
     tfs.run(init)
     assert tfs.plan([train, loss], {x: batches(1)[0]}).placement.accelerator is None
+
+
+def test_only_what_the_session_has_not_placed_moves():
+    """Variables created after the session's last run move; older ones stay, with the reason."""
+    rs = np.random.RandomState(2)
+    a_value, b_value = rs.randn(3, 4).astype(np.float32), rs.randn(4, 2).astype(np.float32)
+    feed_value = rs.randn(2, 3).astype(np.float32)
+    g = tf.Graph()
+    with g.as_default(), tf.device(ACCELERATOR):
+        x = tf1.placeholder(tf.float32, [2, 3], name="x")
+        a = tf1.get_variable("a", initializer=a_value)
+    sess = two_cpu_session(g)
+    sess.run(a.initializer)
+    with g.as_default(), tf.device(ACCELERATOR):
+        b = tf1.get_variable("b", initializer=b_value)
+        y = tf.matmul(tf.matmul(x, a), b)
+    tfs = tfmem.TFMemSession(sess, partition_size=1, accelerator_device="CPU:1")
+    assert g.get_operation_by_name("a").device == ACCELERATOR
+    assert g.get_operation_by_name("b").device == HOST_DEVICE
+    tfs.run(b.initializer)
+    plan = tfs.plan(y, {x: feed_value})
+    assert set(plan.placement.moved) == {"b"} and set(plan.placement.stays) == {"a"}
+    got, nodes = placed(tfs.run, y, {x: feed_value}, by="name")
+    np.testing.assert_allclose(got, sess.run(y, {x: feed_value}), rtol=1e-5)
+    assert nodes["a"] == {"device:CPU:1"} and nodes["b"] == {"device:CPU:0"}
