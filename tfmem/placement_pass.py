@@ -59,7 +59,10 @@ class Record:
 def _bytes_of(op):
     """Bytes of a variable's value or a constant of known shape, else 0."""
     if op.type in VARIABLES:
-        shape, dtype = tf.TensorShape(op.get_attr("shape")), tf.as_dtype(op.get_attr("dtype"))
+        try:
+            shape, dtype = tf.TensorShape(op.get_attr("shape")), tf.as_dtype(op.get_attr("dtype"))
+        except ValueError:  # _VarHandlesOp: several variables, list attributes
+            return 0
     else:
         shape, dtype = op.outputs[0].shape, op.outputs[0].dtype
     if not shape.is_fully_defined() or not dtype.is_numpy_compatible or dtype == tf.string:
