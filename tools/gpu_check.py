@@ -129,10 +129,13 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path, model):
         gpu = tf.config.list_physical_devices("GPU")[0]
         tf.config.set_logical_device_configuration(
             gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=cap_mib)])
+        # Create the GPU's allocator now, with the cap: TensorFlow keeps one per GPU and
+        # process, and the session below (config=None) takes the same configuration.
+        tf.config.list_logical_devices("GPU")
     device, memory_device = ("CPU:1", "CPU:0") if stand_in else ("GPU:0", "GPU:0")
     graph, x, loss, train_op, init = build(tf, "/device:" + device, model["layers"],
                                            model["batch"], model["width"], MODEL["seed"])
-    config = tf.compat.v1.ConfigProto(**({"device_count": {"CPU": 2}} if stand_in else {}))
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2}) if stand_in else None
     sess = tf.compat.v1.Session(graph=graph, config=config)
     runner = sess if system == "tf" else tfmem.TFMemSession(
         sess, partition_size=partition_size, accelerator_device=device if stand_in else None,
