@@ -19,7 +19,7 @@ tf1 = tf.compat.v1
 ACCELERATOR = "/device:CPU:1"
 MIN_BYTES = 8 << 10  # the large constant below is 16 KiB
 UPDATES = ("ApplyMomentum", "ResourceApplyMomentum", "ApplyAdam", "ResourceApplyAdam",
-           "Assign", "AssignVariableOp", "AssignAdd", "AssignVariableOp")
+           "Assign", "AssignVariableOp", "AssignAdd", "AssignAddVariableOp")
 STATE = ("VarHandleOp", "VariableV2") + UPDATES
 COMPUTE = ("MatMul", "Tanh")
 
