@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem.colocation import colocation_groups
 from tfmem.place import HOST_DEVICE
 
 tf1 = tf.compat.v1
@@ -270,3 +271,25 @@ def test_only_what_the_session_has_not_placed_moves():
     got, nodes = placed(tfs.run, y, {x: feed_value}, by="name")
     np.testing.assert_allclose(got, sess.run(y, {x: feed_value}), rtol=1e-5)
     assert nodes["a"] == {"device:CPU:1"} and nodes["b"] == {"device:CPU:0"}
+
+
+def test_a_saver_does_not_tie_variables_together():
+    """SaveV2 reads references as values: TensorFlow does not colocate it, nor does the pass,
+    so one variable the session already placed does not hold the others back."""
+    g = tf.Graph()
+    with g.as_default(), tf.device(ACCELERATOR):
+        a = tf1.get_variable("a", [2, 2], use_resource=False)
+        x = tf1.placeholder(tf.float32, [2, 2], name="x")
+    sess = two_cpu_session(g)
+    sess.run(a.initializer)
+    with g.as_default(), tf.device(ACCELERATOR):
+        b = tf1.get_variable("b", [2, 2], use_resource=False)
+        y = tf.matmul(tf.matmul(x, a), b)
+        tf1.train.Saver([a, b])
+    groups = colocation_groups(g)
+    assert {"a", "a/read", "a/Assign"} <= groups["a"] and "b" not in groups["a"]
+    assert "save/SaveV2" not in groups["a"] | groups["b"]
+    tfs = tfmem.TFMemSession(sess, partition_size=2, accelerator_device="CPU:1")
+    tfs.run(b.initializer)
+    plan = tfs.plan(y, {x: np.ones((2, 2), np.float32)})
+    assert set(plan.placement.moved) == {"b"} and set(plan.placement.stays) == {"a"}

@@ -4,11 +4,11 @@ The placer keeps together, whatever devices they request:
 
 * ops linked by a `_class` attribute (`loc:@w`, written by `colocate_with`,
   by optimizers for slot variables and updates, by variable initializers);
-* the two ends of a reference or resource edge: a variable and every op that
-  reads, assigns or updates it (`Assign`, `ReadVariableOp`, `ApplyAdam`...),
-
-except ops that forward resources into functions they place themselves
-(function calls, some datasets: TensorFlow's "input colocation exemption").
+* the two ends of an edge into a reference or resource input: a variable and
+  every op that reads, assigns or updates it (`Assign`, `ReadVariableOp`,
+  `ApplyAdam`...).  An op reading a reference as a value (`SaveV2`) is free,
+  and so are ops that forward resources into functions they place themselves
+  (function calls, some datasets: TensorFlow's "input colocation exemption").
 
     w (VarHandleOp) --resource--> ReadVariableOp -> MatMul
         ^  \\--resource--> ResourceApplyAdam <-- m (`_class` loc:@w)
@@ -57,10 +57,10 @@ def _exempt(op):
     return exempt
 
 
-def _colocates(tensor):
-    """True for an edge whose ends TensorFlow puts on one device: reference or resource."""
-    dtype = tensor.dtype
-    return dtype != dtype.base_dtype or dtype.base_dtype == tf.resource
+def _colocates(input_type):
+    """True for an input TensorFlow puts on its producer's device: a reference or a
+    resource *input* (a reference read by a value input, like SaveV2's, is not)."""
+    return input_type != input_type.base_dtype or input_type.base_dtype == tf.resource
 
 
 def colocation_groups(graph):
@@ -73,8 +73,9 @@ def colocation_groups(graph):
             target = group.decode()[len("loc:@"):]
             if target != op.name and target in names:
                 groups.union(op.name, target)
-        for tensor in op.inputs:
-            if _colocates(tensor) and not _exempt(op):
+        input_types = op._input_types  # pylint: disable=protected-access; as declared by the op
+        for tensor, input_type in zip(op.inputs, input_types):
+            if _colocates(input_type) and not _exempt(op):
                 groups.union(op.name, tensor.op.name)
     members = {}
     for name in groups.names():
