@@ -24,6 +24,8 @@ from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, TFMemError
 from tfmem.execute import Executor
+from tfmem.place import place
+from tfmem.placement_pass import Record, place_state_on_host
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
@@ -129,8 +131,14 @@ class TFMemSession:
     swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
     prefetch: how many partitions ahead of its reader a swapped tensor is
         uploaded again (0: just before the reader, with no overlap).
-    place_state_on_host: on a session with an accelerator, read large
-        constants from host copies and report variables left on it (see place).
+    place_state_on_host: on a session with an accelerator, set the device of
+        variables and of constants of at least swap_min_bytes (with the ops
+        TensorFlow colocates with them) to the host CPU before the session
+        places them; what could not move is listed in plan.placement (see
+        placement_pass).  False leaves every op where the graph puts it.
+    accelerator_device: the device the placement pass moves state off; None
+        takes the session's first GPU or TPU.  Tests on a CPU-only machine name
+        a second CPU device here ('CPU:1' with ConfigProto(device_count={"CPU": 2})).
     trace: a path; each step's timeline is written there as a Chrome trace.
     device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
         the partition size and swap distance: the fewest partitions whose
@@ -141,7 +149,7 @@ class TFMemSession:
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None):
+                 device_memory_budget=None, accelerator_device=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
@@ -154,7 +162,9 @@ class TFMemSession:
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
         self._planning = threading.Lock()  # plans and graph additions, one thread at a time
-        self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
+        self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
+            if place_state_on_host else None
+        self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
         measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
@@ -167,6 +177,13 @@ class TFMemSession:
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self._last_entry = None
+        self._place_state()
+
+    def _place_state(self):
+        """Run the placement pass over ops it has not seen, before the session places them."""
+        if self._accelerator is not None and self.graph.version and \
+                not getattr(self._session, "_closed", False):
+            place_state_on_host(self._session, self._policy.min_bytes, self._placed)
 
     @property
     def session(self):
@@ -198,6 +215,13 @@ class TFMemSession:
                         scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
 
     def _make_plan(self, request, correction=None):
+        """(plan, predicted trace or None) for the request, with the placement pass's outcome."""
+        self._place_state()
+        plan, trace = self._plan_request(request, correction)
+        placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
+        return dataclasses.replace(plan, placement=placement), trace
+
+    def _plan_request(self, request, correction=None):
         """(plan, predicted trace or None) for the request under this session's settings."""
         with _gc_paused():
             if self._budget is None:
