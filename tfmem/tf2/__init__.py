@@ -9,6 +9,9 @@ pool, the simulator and budget mode are shared, unchanged.
     compile.py   one partition -> its own ConcreteFunction (NodeDefs imported)
     transfers.py how tensors cross: EagerTensors kept, uploads on a thread
     execute.py   the loop: call each partition, hand outputs to the SwapManager
+    function.py  the front end: tfmem.function (tracing delegated to tf.function)
 
-The public front ends are `tfmem.function` and `tfmem.keras`.
+The public names are `tfmem.function` (function.py here; a module
+`tfmem/function.py` would shadow the decorator `tfmem.function` once
+imported) and `tfmem.keras`.
 """
