@@ -29,6 +29,7 @@ import weakref
 
 import psutil
 import tensorflow as tf
+from tensorflow.python.eager.polymorphic_function import function_type_utils
 
 from tfmem import accelerator, budget
 from tfmem.buffers import HostBufferPool
@@ -212,6 +213,11 @@ class PartitionedFunction:
 
     def _feeds(self, args, kwargs):
         """(ConcreteFunction, {graph input name: value}) for one call."""
+        # What tf.function's own call does first: defaults filled in, numpy made tensors.
+        bound = function_type_utils.canonicalize_function_inputs(
+            args, kwargs, self._tf_function._function_type,  # pylint: disable=protected-access
+            self._tf_function._default_values, self._tf_function._is_pure)  # pylint: disable=protected-access
+        args, kwargs = bound.args, bound.kwargs
         concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         function_type = concrete.function_type
         flat = function_type.unpack_inputs(function_type.bind(*args, **kwargs))
@@ -263,7 +269,8 @@ class PartitionedFunction:
                                          resident_bytes=memory["current"] if memory else 0)
         _check_sources(plan.view)
         if trace is None:
-            trace = simulate(plan, resolve_shapes(graph, plan.view, shapes))
+            # Partition inputs live until the call returns: no early frees (as budget mode).
+            trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
         return traced
 

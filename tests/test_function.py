@@ -1,0 +1,253 @@
+"""tfmem.function against tf.function: same results, same tracing, shared variables.
+
+Every expected value comes from a plain `tf.function` of the same Python
+step on an identical copy of the state (numpy-initialised variables).
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+
+Pair = collections.namedtuple("Pair", ["first", "second"])
+
+
+def make_state(seed=0):
+    rs = np.random.RandomState(seed)
+    w1 = tf.Variable(rs.standard_normal((8, 16)).astype(np.float32), name="w1")
+    w2 = tf.Variable(rs.standard_normal((16, 4)).astype(np.float32), name="w2")
+    velocity = [tf.Variable(tf.zeros_like(w)) for w in (w1, w2)]
+    return [w1, w2], velocity
+
+
+def make_step(weights, velocity):
+    """A momentum-SGD train step written by hand, returning a nested structure."""
+    w1, w2 = weights
+
+    def step(batch, lr=0.05):
+        x, y = batch["x"], batch["y"]
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(x @ w1)
+            h = tf.sin(h) * 0.5 + h
+            loss = tf.reduce_mean(tf.square(h @ w2 - y))
+        grads = tape.gradient(loss, weights)
+        for w, v, g in zip(weights, velocity, grads):
+            v.assign(0.9 * v + g)
+            w.assign_sub(lr * v)
+        return {"loss": loss, "pair": Pair(loss * 2.0, tf.reduce_sum(h, axis=0)), "none": None}
+
+    return step
+
+
+def batches(count, batch=32, seed=1):
+    rs = np.random.RandomState(seed)
+    return [{"x": tf.constant(rs.standard_normal((batch, 8)).astype(np.float32)),
+             "y": tf.constant(rs.standard_normal((batch, 4)).astype(np.float32))}
+            for _ in range(count)]
+
+
+def assert_same(expected, got):
+    """Same structure and types; tensors bit-equal (CPU kernels are deterministic here)."""
+    tf.nest.assert_same_structure(expected, got)
+    for e, g in zip(tf.nest.flatten(expected), tf.nest.flatten(got)):
+        assert type(g) is type(e)
+        if tf.is_tensor(e):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_array_equal(g.numpy(), e.numpy())
+        else:
+            assert g == e
+
+
+@pytest.mark.parametrize("options", [
+    dict(partition_size=10, swap="all", swap_min_bytes=0),
+    dict(partition_size=7, swap="none"),
+    dict(partition_size=25, swap="auto", swap_distance=0, swap_min_bytes=0, prefetch=0),
+    dict(device_memory_budget="1GiB"),
+])
+def test_results_and_variables_equal_tf_function(options):
+    plain_state, tfmem_state = make_state(), make_state()
+    plain = tf.function(make_step(*plain_state))
+    partitioned = tfmem.function(make_step(*tfmem_state), **options)
+    for batch in batches(4):
+        assert_same(plain(batch), partitioned(batch))
+    for e, g in zip(plain_state[0] + plain_state[1], tfmem_state[0] + tfmem_state[1]):
+        np.testing.assert_array_equal(g.numpy(), e.numpy())
+    stats = partitioned.last_step
+    assert isinstance(stats, tfmem.StepStats)
+    plan = partitioned.plan(batches(1)[0])
+    tfmem.validate(plan)
+    assert stats.partitions == len(plan.partitions)
+    if "partition_size" in options:
+        assert stats.partitions > 1
+        assert all(len(p.ops) <= options["partition_size"] or p.units == 1
+                   for p in plan.partitions)
+    else:  # the whole step fits the budget: one partition, as plain TensorFlow runs it
+        assert stats.partitions == 1
+    if options.get("swap") == "all":
+        assert stats.swapped_out > 0 and stats.swapped_in >= stats.swapped_out
+        assert stats.swapped_out_bytes == sum(
+            np.prod(plan.view.tensor(t.tensor).shape) * 4 for t in plan.transfers if t.swapped)
+    if options.get("swap") == "none":
+        assert stats.swapped_out == 0 and stats.peak_device_handles > 0
+
+
+def test_decorator_forms():
+    w = tf.Variable(2.0)
+
+    @tfmem.function
+    def bare(x):
+        return x * w + 1.0
+
+    @tfmem.function(partition_size=1)
+    def called(x):
+        return x * w + 1.0
+
+    def plain(x):
+        return x * w + 1.0
+
+    wrapped = tfmem.function(plain, partition_size=1)
+    x = tf.constant([1.0, 2.0])
+    expected = tf.function(plain)(x)
+    for fn in (bare, called, wrapped):
+        assert isinstance(fn, tfmem.PartitionedFunction)
+        np.testing.assert_array_equal(fn(x).numpy(), expected.numpy())
+    assert called.last_step.partitions == len(called.plan(x).partitions) > 1
+    assert wrapped.__name__ == "plain"
+
+
+def test_traces_like_tf_function():
+    """Python side effects (one per trace) count the same traces as tf.function's."""
+    traces = {"plain": 0, "tfmem": 0}
+
+    def counted(key):
+        def step(x, scale):
+            traces[key] += 1
+            return tf.reduce_sum(tf.tanh(x) * scale)
+        return step
+
+    plain = tf.function(counted("plain"))
+    partitioned = tfmem.function(counted("tfmem"), partition_size=2)
+    calls = [(np.ones((2, 3), np.float32), 2.0), (np.ones((2, 3), np.float32) * 3, 2.0),
+             (np.ones((4, 3), np.float32), 2.0), (np.ones((4, 3), np.float32), 3.0),
+             (np.ones((5, 3), np.float32), 3.0)]
+    for x, scale in calls:
+        x = tf.constant(x)
+        np.testing.assert_array_equal(partitioned(x, scale).numpy(), plain(x, scale).numpy())
+        assert traces["tfmem"] == traces["plain"]
+    assert traces["plain"] >= 3
+
+
+def test_input_signature_reuses_one_trace_and_plan():
+    traces = []
+    signature = [tf.TensorSpec([None, 3], tf.float32)]
+
+    @tfmem.function(input_signature=signature, partition_size=2, swap="all", swap_min_bytes=0)
+    def step(x):
+        traces.append(1)
+        return tf.reduce_sum(tf.nn.relu(x) * 2.0 + 1.0, axis=1)
+
+    def plain(x):
+        return tf.reduce_sum(tf.nn.relu(x) * 2.0 + 1.0, axis=1)
+
+    for rows in (2, 5, 7):
+        x = tf.constant(np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) - 4)
+        np.testing.assert_array_equal(step(x).numpy(), tf.function(plain)(x).numpy())
+    assert len(traces) == 1
+    with pytest.raises((TypeError, ValueError)):
+        step(tf.constant([1, 2, 3]))  # int32 against a float32 signature: tf.function's error
+
+
+def test_variables_are_the_programs_own():
+    v = tf.Variable(1.0)
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    @tfmem.function(partition_size=1)
+    def bump(x):
+        counter.assign_add(1)
+        v.assign(v * x + 1.0)
+        return v.read_value() * 2.0
+
+    assert float(bump(tf.constant(3.0))) == 8.0  # inside sees 1.0, updates to 4.0
+    assert float(v.numpy()) == 4.0 and int(counter.numpy()) == 1  # visible outside
+    v.assign(10.0)  # an update outside ...
+    assert float(bump(tf.constant(1.0))) == 22.0  # ... is seen inside
+    assert int(counter.numpy()) == 2  # each stateful op ran once per call
+
+
+def make_control_flow_step(w):
+    def step(x, n):
+        with tf.GradientTape() as tape:
+            h = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.nn.relu(x @ w), lambda: tf.tanh(x @ w))
+            h = tf.while_loop(lambda i, a: i < n, lambda i, a: (i + 1, tf.sin(a) + a),
+                              (tf.constant(0), h))[1]
+            loss = tf.reduce_mean(h * h)
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+    return step
+
+
+def test_control_flow_runs_as_one_unit():
+    start = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    plain_w, tfmem_w = tf.Variable(start), tf.Variable(start)
+    plain = tf.function(make_control_flow_step(plain_w))
+    partitioned = tfmem.function(make_control_flow_step(tfmem_w), partition_size=2)
+    for sign in (1.0, -1.0):
+        x = tf.constant(sign * np.ones((2, 3), np.float32))
+        np.testing.assert_array_equal(partitioned(x, tf.constant(3)).numpy(),
+                                      plain(x, tf.constant(3)).numpy())
+        np.testing.assert_array_equal(tfmem_w.numpy(), plain_w.numpy())
+    plan = partitioned.plan(x, tf.constant(3))
+    kinds = {p.index: {plan.view.nodes[op].type for op in p.ops} for p in plan.partitions}
+    loops = [i for i, types in kinds.items() if types & {"While", "StatelessWhile"}]
+    assert len(plan.partitions) > 2 and len(loops) >= 1  # the loop is one op in one partition
+
+
+def test_jit_compile_is_refused():
+    with pytest.raises(tfmem.UnsupportedGraphError, match="jit_compile"):
+        tfmem.function(lambda x: x + 1, jit_compile=True)
+
+
+def test_bad_settings_fail_at_decoration():
+    with pytest.raises(ValueError, match="partition_size"):
+        tfmem.function(lambda x: x, partition_size=0)
+    with pytest.raises(ValueError, match="swap"):
+        tfmem.function(lambda x: x, swap="sometimes")
+    with pytest.raises(ValueError, match="memory size"):
+        tfmem.function(lambda x: x, device_memory_budget="lots")
+
+
+def test_inside_another_tf_function_runs_as_one_call():
+    w = tf.Variable(3.0)
+    inner = tfmem.function(lambda x: x * w + 1.0, partition_size=1)
+    outer = tf.function(lambda x: inner(x) * 2.0)
+    assert float(outer(tf.constant(2.0))) == 14.0
+    assert inner.last_step is None  # no partitioned call happened
+
+
+def test_failed_step_keeps_state_and_the_next_step_runs():
+    v = tf.Variable(1.0)
+
+    @tfmem.function(partition_size=1)
+    def step(x):
+        v.assign_add(1.0)
+        checked = tf.debugging.check_numerics(tf.math.log(x), "log of the input")
+        return checked * v
+
+    assert float(step(tf.constant(1.0))) == 0.0 and float(v.numpy()) == 2.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="log of the input"):
+        step(tf.constant(-1.0))
+    assert float(v.numpy()) == 3.0  # the update ran once, and was not repeated
+    assert float(step(tf.constant(1.0))) == 0.0 and float(v.numpy()) == 4.0
+
+
+def test_simulate_predicts_the_swapped_bytes():
+    state = make_state()
+    partitioned = tfmem.function(make_step(*state), partition_size=10, swap="all",
+                                 swap_min_bytes=0)
+    batch = batches(1)[0]
+    trace = partitioned.simulate(batch)
+    partitioned(batch)
+    assert trace.bytes_to_host == partitioned.last_step.swapped_out_bytes > 0
