@@ -234,6 +234,17 @@ def report(result, out=print):
     out("memory proof (TF2): " + ("PASSED" if result["ok"] else "FAILED"))
 
 
+def demo_part(out=print):
+    """The TF2 part of `tfmem demo --tf2`: run and report the proof; return the exit code."""
+    out("")
+    out(f"memory proof, TensorFlow 2: Keras MLP {DEFAULTS['layers']}x{DEFAULTS['width']}, batch "
+        f"{DEFAULTS['batch']}, {DEFAULTS['steps']} steps; model.fit plain and through "
+        "tfmem.keras.partitioned (budget mode under the cap); one fresh process per run")
+    result = run_proof(progress=lambda text: out(text))
+    report(result, out)
+    return 0 if result["ok"] else 1
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m tfmem.proof_tf2",
