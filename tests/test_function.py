@@ -227,6 +227,21 @@ def test_inside_another_tf_function_runs_as_one_call():
     assert inner.last_step is None  # no partitioned call happened
 
 
+def test_outer_tape_gets_gradients():
+    w = tf.Variable(3.0)
+    partitioned = tfmem.function(lambda x: tf.sin(x * w) * w, partition_size=1)
+    plain = tf.function(lambda x: tf.sin(x * w) * w)
+    x = tf.constant(0.5)
+    grads = []
+    for fn in (plain, partitioned):
+        with tf.GradientTape() as tape:
+            y = fn(x)
+        grads.append(tape.gradient(y, w))
+    assert grads[1] is not None
+    np.testing.assert_array_equal(grads[1].numpy(), grads[0].numpy())
+    assert partitioned.last_step is None  # recorded by tf.function itself, as one call
+
+
 def test_failed_step_keeps_state_and_the_next_step_runs():
     v = tf.Variable(1.0)
 

@@ -18,8 +18,10 @@ handles, so updates are shared both ways.
 What runs as one unit: control flow inside the function (`tf.cond`,
 `tf.while_loop` become single If/While ops) and calls of nested functions.
 Refused: `jit_compile=True` (XLA compiles the whole function as one
-cluster).  Called inside another `tf.function` (graph mode), the wrapper
-runs the plain `tf.function`: a graph being built cannot be partitioned.
+cluster).  Called inside another `tf.function` (graph mode), or while a
+GradientTape outside the call is recording, the wrapper runs the plain
+`tf.function` as one call: a graph being built cannot be partitioned, and
+partition calls are not recorded on an outer tape.
 """
 
 import dataclasses
@@ -29,6 +31,7 @@ import weakref
 
 import psutil
 import tensorflow as tf
+from tensorflow.python.eager import record
 from tensorflow.python.eager.polymorphic_function import function_type_utils
 
 from tfmem import accelerator, budget
@@ -307,8 +310,10 @@ class PartitionedFunction:
             traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
 
     def __call__(self, *args, **kwargs):
-        if not tf.executing_eagerly():
-            return self._tf_function(*args, **kwargs)  # building a graph: one unit
+        if not tf.executing_eagerly() or record.could_possibly_record():
+            # Building a graph, or a tape outside is recording: tf.function's own call, one
+            # unit (partition calls are not recorded on tapes, and a graph cannot be cut here).
+            return self._tf_function(*args, **kwargs)
         concrete, feeds = self._feeds(args, kwargs)
         traced = self._traced_for(concrete, feeds)
         if traced.executor is None:
