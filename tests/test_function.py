@@ -117,6 +117,26 @@ def test_decorator_forms():
     assert called.last_step.partitions == len(called.plan(x).partitions) > 1
     assert wrapped.__name__ == "plain"
 
+    class Model:
+        def __init__(self, value):
+            self.w_plain, self.w_tfmem = tf.Variable(value), tf.Variable(value)
+
+        @tfmem.function(partition_size=1)
+        def partitioned(self, x):
+            self.w_tfmem.assign_add(x)
+            return self.w_tfmem * x
+
+        @tf.function
+        def plain(self, x):
+            self.w_plain.assign_add(x)
+            return self.w_plain * x
+
+    first, second = Model([1.0, 2.0]), Model([5.0, 6.0])
+    for model in (first, second, first):  # one traced function per instance, as tf.function
+        np.testing.assert_array_equal(model.partitioned(x).numpy(), model.plain(x).numpy())
+    assert first.partitioned is first.partitioned and first.partitioned is not second.partitioned
+    assert first.partitioned.last_step.partitions > 1
+
 
 def test_traces_like_tf_function():
     """Python side effects (one per trace) count the same traces as tf.function's."""
@@ -203,6 +223,27 @@ def test_control_flow_runs_as_one_unit():
     kinds = {p.index: {plan.view.nodes[op].type for op in p.ops} for p in plan.partitions}
     loops = [i for i, types in kinds.items() if types & {"While", "StatelessWhile"}]
     assert len(plan.partitions) > 2 and len(loops) >= 1  # the loop is one op in one partition
+
+
+def test_edge_outputs_match_tf_function():
+    """No outputs, inputs returned as they are, Python values, keyword-only defaults."""
+    def make(v):
+        def step(x, k, *, scale=2.0):
+            v.assign_add(x * scale)
+            return x, k, tf.constant(5.0), {"a": x + 1.0, "b": (None, v.read_value())}
+
+        def no_outputs(x):
+            v.assign_add(x)
+        return step, no_outputs
+
+    plain_v, tfmem_v = tf.Variable(1.0), tf.Variable(1.0)
+    plain, plain_none = (tf.function(f) for f in make(plain_v))
+    partitioned, partitioned_none = (tfmem.function(f, partition_size=1) for f in make(tfmem_v))
+    for args, kwargs in (((tf.constant(2.0), 3), {}), ((np.float32(3.0), 4), {"scale": 0.5}),
+                         ((), {"x": tf.constant(1.0), "k": 3})):
+        assert_same(plain(*args, **kwargs), partitioned(*args, **kwargs))
+    assert plain_none(tf.constant(2.0)) is None and partitioned_none(tf.constant(2.0)) is None
+    assert float(tfmem_v.numpy()) == float(plain_v.numpy())
 
 
 def test_jit_compile_is_refused():

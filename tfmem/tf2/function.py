@@ -27,6 +27,7 @@ partition calls are not recorded on an outer tape.
 import dataclasses
 import functools
 import logging
+import threading
 import weakref
 
 import psutil
@@ -175,6 +176,7 @@ class PartitionedFunction:
         self._tf_function = tf_function or tf.function(python_function, **tf_function_kwargs)
         self._traced = {}  # (id of ConcreteFunction, shapes in budget mode) -> _Traced
         self._runtime = None
+        self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
         self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
@@ -300,12 +302,14 @@ class PartitionedFunction:
     def plan(self, *args, **kwargs):
         """The tfmem.Plan a call with these arguments runs (traced, not run)."""
         concrete, feeds = self._feeds(args, kwargs)
-        return self._traced_for(concrete, feeds).plan
+        with self._planning:
+            return self._traced_for(concrete, feeds).plan
 
     def simulate(self, *args, **kwargs):
         """The predicted MemoryTrace of a call with these arguments, without running it."""
         concrete, feeds = self._feeds(args, kwargs)
-        traced = self._traced_for(concrete, feeds)
+        with self._planning:
+            traced = self._traced_for(concrete, feeds)
         return simulate(traced.plan, resolve_shapes(
             traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
 
@@ -315,9 +319,10 @@ class PartitionedFunction:
             # unit (partition calls are not recorded on tapes, and a graph cannot be cut here).
             return self._tf_function(*args, **kwargs)
         concrete, feeds = self._feeds(args, kwargs)
-        traced = self._traced_for(concrete, feeds)
-        if traced.executor is None:
-            self._compile(traced)
+        with self._planning:
+            traced = self._traced_for(concrete, feeds)
+            if traced.executor is None:
+                self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
         results, self.last_step = traced.executor.run(feeds, timeline)
         if timeline:
