@@ -307,3 +307,63 @@ def test_simulate_predicts_the_swapped_bytes():
     trace = partitioned.simulate(batch)
     partitioned(batch)
     assert trace.bytes_to_host == partitioned.last_step.swapped_out_bytes > 0
+
+
+OOM_CHILD = r"""
+import json, os
+import tfmem
+tfmem.emulate_accelerator(24)
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+rng = np.random.default_rng(0)
+weights = [tf.Variable(rng.standard_normal((256, 256)).astype(np.float32) * 0.05) for _ in range(16)]
+
+def step(x):
+    with tf.GradientTape() as tape:
+        h = x
+        for w in weights:
+            h = tf.nn.relu(h @ w)
+            h = tf.sin(h) * 0.5 + h
+        loss = tf.reduce_mean(h * h)
+    for w, g in zip(weights, tape.gradient(loss, weights)):
+        w.assign_sub(0.01 * g)
+    return loss
+
+x = tf.constant(rng.standard_normal((1024, 256)).astype(np.float32))
+before = [w.numpy().copy() for w in weights]
+whole = tfmem.function(step, partition_size=100000)
+result = {}
+try:
+    whole(x)
+except tfmem.DeviceMemoryError as err:
+    result.update(error=str(err), partition=err.partition, is_tf=isinstance(
+        err, tf.errors.ResourceExhaustedError), suggested=err.partition_size)
+result["unchanged"] = all(np.array_equal(w.numpy(), b) for w, b in zip(weights, before))
+fitted = tfmem.function(step, partition_size="auto")
+result["loss"] = float(fitted(x))
+result["partitions"] = fitted.last_step.partitions
+result["peak"] = fitted.last_step.device_peak_bytes
+print("TFMEM-RESULTS " + json.dumps(result))
+"""
+
+
+def test_out_of_device_memory_names_the_partition_and_releases_the_step():
+    """Under an emulated 24 MiB cap: one partition cannot run the step, budget mode can."""
+    import os
+    import subprocess
+    import sys
+    from conftest import worker_results
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
+        env.pop(name, None)
+    worker = subprocess.Popen([sys.executable, "-c", OOM_CHILD], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    result = worker_results(worker, timeout=600)
+    assert result.get("is_tf"), result  # a DeviceMemoryError, also TF's own error class
+    assert result["partition"] == 0 and "partition 0 of 1" in result["error"]
+    assert result["suggested"] and f"partition_size={result['suggested']}" in result["error"]
+    assert result["unchanged"]  # the failed step updated no variable
+    assert result["partitions"] > 1 and 0 < result["peak"] <= 24 << 20
