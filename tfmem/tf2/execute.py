@@ -21,20 +21,28 @@ from tfmem.swap_manager import Schedule, SwapManager
 
 
 class GraphDevices:
-    """What `oom.device_memory_error` reads of a session, for a traced FuncGraph."""
+    """What `accelerator` and `oom` read of a session, for eager TensorFlow and a FuncGraph."""
 
     def __init__(self, graph):
         self.graph = graph
 
     def list_devices(self):
-        from tensorflow.python.client import device_lib  # pylint: disable=import-outside-toplevel
-        return [_Device(d.device_type, d.name, d.memory_limit)
-                for d in device_lib.list_local_devices()]
+        return [_Device(d.device_type, d.name) for d in tf.config.list_logical_devices()]
 
 
 class _Device:
-    def __init__(self, device_type, name, memory_limit_bytes):
-        self.device_type, self.name, self.memory_limit_bytes = device_type, name, memory_limit_bytes
+    """A logical device; its memory limit is looked up only when asked for (budget mode)."""
+
+    def __init__(self, device_type, name):
+        self.device_type, self.name = device_type, name
+
+    @property
+    def memory_limit_bytes(self):
+        from tensorflow.python.client import device_lib  # pylint: disable=import-outside-toplevel
+        for device in device_lib.list_local_devices():
+            if device.name.endswith(self.name.split("device:", 1)[-1]):
+                return device.memory_limit
+        return None
 
 
 class EagerExecutor:
