@@ -299,14 +299,20 @@ def test_failed_step_keeps_state_and_the_next_step_runs():
     assert float(step(tf.constant(1.0))) == 0.0 and float(v.numpy()) == 4.0
 
 
-def test_simulate_predicts_the_swapped_bytes():
+def test_simulate_predicts_the_swapped_bytes_and_trace_records_the_step(tmp_path):
+    import json
     state = make_state()
+    path = tmp_path / "step.json"
     partitioned = tfmem.function(make_step(*state), partition_size=10, swap="all",
-                                 swap_min_bytes=0)
+                                 swap_min_bytes=0, trace=str(path))
     batch = batches(1)[0]
     trace = partitioned.simulate(batch)
     partitioned(batch)
     assert trace.bytes_to_host == partitioned.last_step.swapped_out_bytes > 0
+    events = json.loads(path.read_text())["traceEvents"]
+    ran = [e["name"] for e in events if e["ph"] == "X" and e["name"].startswith("partition ")]
+    assert ran == [f"partition {i}" for i in range(partitioned.last_step.partitions)]
+    assert sum(e["ph"] == "X" and e["name"].startswith("upload") for e in events) > 0
 
 
 OOM_CHILD = r"""
