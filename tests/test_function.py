@@ -251,6 +251,17 @@ def test_jit_compile_is_refused():
         tfmem.function(lambda x: x + 1, jit_compile=True)
 
 
+def test_state_made_inside_the_graph_is_refused():
+    @tfmem.function(partition_size=1)
+    def step(x):
+        handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="inside")
+        tf.raw_ops.AssignVariableOp(resource=handle, value=x)
+        return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32) * 2.0
+
+    with pytest.raises(tfmem.UnsupportedGraphError, match="VarHandleOp"):
+        step(tf.constant(1.0))
+
+
 def test_bad_settings_fail_at_decoration():
     with pytest.raises(ValueError, match="partition_size"):
         tfmem.function(lambda x: x, partition_size=0)
