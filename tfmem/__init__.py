@@ -20,6 +20,9 @@ _EXPORTS = {
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
     "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
+    "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
+    "MonitoredTrainingSession": "tfmem.monitored",
+    "SingularMonitoredSession": "tfmem.monitored",
 }
 
 __all__ = sorted(_EXPORTS)
