@@ -249,3 +249,53 @@ def test_failed_run_leaves_run_metadata_alone(model):
         with pytest.raises(tf.errors.InvalidArgumentError):
             sess.run(model["loss"], options=graphs, run_metadata=metadata)  # x not fed
         assert metadata.SerializeToString() == before
+
+
+_DISTRIBUTED = r'''
+import json, socket
+import numpy as np
+import tensorflow as tf
+import tfmem
+tf1 = tf.compat.v1
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+cluster = tf.train.ClusterSpec({"local": [f"127.0.0.1:{port}"]})
+server = tf.distribute.Server(cluster, job_name="local", task_index=0)
+g = tf.Graph()
+with g.as_default():
+    x = tf1.placeholder(tf.float32, [3])
+    y = x
+    for _ in range(6):
+        y = tf.sin(y) * 2.0
+config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
+plain = tf1.Session(server.target, graph=g, config=config)
+tfs = tfmem.TFMemSession(tf1.Session(server.target, graph=g, config=config), partition_size=100)
+graphs = tf1.RunOptions(output_partition_graphs=True)
+counts = {}
+for name, sess in (("plain", plain), ("tfmem", tfs)):
+    md = tf1.RunMetadata()
+    value = sess.run(y, {x: [1.0, 2.0, 3.0]}, options=graphs, run_metadata=md)
+    with_option = len(md.partition_graphs)
+    sess.run(y, {x: [1.0, 2.0, 3.0]}, run_metadata=md)
+    counts[name] = [with_option, len(md.partition_graphs), value.tolist()]
+print("TFMEM-RESULTS " + json.dumps(counts))
+'''
+
+
+def test_run_metadata_over_a_distributed_session():
+    """TensorFlow's gRPC session drops a callable's run metadata; tfmem still returns it."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    from conftest import worker_results  # pylint: disable=import-outside-toplevel
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    worker = subprocess.Popen([sys.executable, "-c", _DISTRIBUTED], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        counts = worker_results(worker, timeout=120)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert counts["plain"][0] > 0 and counts["plain"][1] == 0
+    assert counts["tfmem"][0] == counts["plain"][0] and counts["tfmem"][1] == 0
+    np.testing.assert_allclose(counts["tfmem"][2], counts["plain"][2], rtol=1e-6)
