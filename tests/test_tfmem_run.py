@@ -184,3 +184,27 @@ def test_installed_sessions_from_many_threads():
         np.testing.assert_allclose(r, e, rtol=1e-5)
     totals = installation.recorder.totals()[0]
     assert totals.steps == len(feeds) + 2 and totals.most_partitions > 1
+
+
+def test_installed_interactive_session_and_make_callable():
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [4], name="x")
+        y = x
+        for _ in range(6):
+            y = tf.cos(y) * 1.5
+    value = np.arange(4, dtype=np.float32)
+    with tf1.Session(graph=g) as plain:
+        expected = plain.run(y, {x: value})
+    from tfmem import autowrap  # pylint: disable=import-outside-toplevel
+    with autowrap.install(partition_size=2):
+        sess = tf1.InteractiveSession(graph=g, config=session_config())
+        try:
+            assert isinstance(sess, tf1.InteractiveSession)
+            assert tf1.get_default_session() is sess
+            np.testing.assert_allclose(y.eval({x: value}), expected, rtol=1e-6)
+            assert sess.tfmem.last_step.partitions > 1
+            np.testing.assert_allclose(sess.make_callable(y, [x])(value), expected, rtol=1e-6)
+        finally:
+            sess.close()
+    assert tf1.get_default_session() is None
