@@ -299,3 +299,20 @@ def test_run_metadata_over_a_distributed_session():
     assert counts["plain"][0] > 0 and counts["plain"][1] == 0
     assert counts["tfmem"][0] == counts["plain"][0] and counts["tfmem"][1] == 0
     np.testing.assert_allclose(counts["tfmem"][2], counts["plain"][2], rtol=1e-6)
+
+
+def test_finalized_graph_stays_finalized(model):
+    """tfmem adds its copies to a finalized graph; the program still cannot add ops."""
+    g = model["w"].graph
+    g.finalize()
+    try:
+        expected = model["plain"].run([model["loss"], model["h"]], model["feed"])
+        got = model["tfs"].run([model["loss"], model["h"]], model["feed"])
+        assert_same_result(expected, got)
+        assert model["tfs"].last_step.partitions > 1
+        assert g.finalized
+        with pytest.raises(RuntimeError, match="finalized"):
+            with g.as_default():
+                tf.constant(1.0)
+    finally:
+        g._unsafe_unfinalize()  # pylint: disable=protected-access
