@@ -21,6 +21,9 @@ _EXPORTS = {
     "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
+    "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
+    "MonitoredTrainingSession": "tfmem.monitored",
+    "SingularMonitoredSession": "tfmem.monitored",
 }
 # Submodules exported by name (imported on first use): tfmem.keras.
 _MODULES = {"keras": "tfmem.keras"}

@@ -24,6 +24,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfmem import graph_growth
 from tfmem.analyse import split_tensor_name
 
 _DONE = "tfmem_partition_done"
@@ -45,8 +46,10 @@ HANDLE, HOST, RESULT = "handle", "host", "result"
 
 @contextlib.contextmanager
 def clean_context(graph):
-    """Add ops at top level, free of the caller's control, device and colocation scopes."""
-    with graph.as_default(), graph.name_scope(None), graph.control_dependencies(None), \
+    """Add ops at top level, free of the caller's control, device and colocation scopes
+    (also to a finalized graph: see graph_growth)."""
+    with graph_growth.additions_allowed(graph), \
+            graph.as_default(), graph.name_scope(None), graph.control_dependencies(None), \
             graph.device(None), graph.colocate_with(None, ignore_existing=True):
         yield
 

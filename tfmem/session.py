@@ -18,11 +18,13 @@ import numbers
 import threading
 
 import psutil
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import session as tf_session
 
 from tfmem import accelerator, budget
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
-from tfmem.errors import HostMemoryError, TFMemError
+from tfmem.errors import HostMemoryError
 from tfmem.execute import Executor
 from tfmem.place import place
 from tfmem.placement_pass import Record, place_state_on_host
@@ -31,6 +33,7 @@ from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
 from tfmem.scratch import calibrate
+from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
@@ -117,10 +120,14 @@ class _Compiled:
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
+        self.feed_shapes = None  # the fed shapes of its first step
 
 
-class TFMemSession:
+class TFMemSession(SessionInterfaceMethods):
     """Runs `Session.run` requests of `sess` as sequences of partitions.
+
+    A `SessionInterface`, accepted wherever TensorFlow accepts a session (see
+    session_interface for what is partitioned and what goes straight through).
 
     partition_size: the most ops one partition runs.
     swap: "auto" swaps a cross-partition tensor to host memory when its next
@@ -177,6 +184,14 @@ class TFMemSession:
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self._last_entry = None
+        self._step_listeners = []  # called as f(tfs, entry, stats) after every step
+        self._interactive = None
+        if (isinstance(sess, tf_session.InteractiveSession)
+                and not getattr(sess, "tfmem_routes_run", False)):
+            # As InteractiveSession does for itself: Tensor.eval() runs through tfmem.
+            self._interactive = self.as_default()
+            self._interactive.enforce_nesting = False
+            self._interactive.__enter__()
         self._place_state()
 
     def _place_state(self):
@@ -297,15 +312,23 @@ class TFMemSession:
                     self._check_host_memory(entry.trace)
                     entry.executor = self._compile(entry.plan, entry.trace)
                     entry.graph_version = self.graph.version
+                    entry.feed_shapes = request.feed_shapes()
         self._last_entry = entry
         timeline = Timeline() if self._trace else None
-        values, self.last_step = entry.executor.run(
-            request.feed_values_by_name(), options, run_metadata, timeline)
+        # Session.run replaces run_metadata with the step's, and only when the step ran.
+        step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        values, stats = entry.executor.run(
+            request.feed_values_by_name(), options, step_metadata, timeline)
+        self.last_step = stats
+        if run_metadata is not None:
+            run_metadata.CopyFrom(step_metadata)
         if timeline:
             write_chrome_trace(timeline.events, self._trace)
-        log.debug("step: %s", self.last_step)
+        log.debug("step: %s", stats)
         if self._budget is not None:
             self._learn(request, entry)
+        for listener in self._step_listeners:
+            listener(self, entry, stats)
         return request.build_results(self._session, values)
 
     def _learn(self, request, entry):
@@ -363,12 +386,7 @@ class TFMemSession:
             partition_peaks=self.last_step.partition_peak_bytes)
 
     def _compile(self, plan, trace):
-        graph = self.graph
-        if graph.finalized:
-            raise TFMemError(
-                "The session's graph is finalized, but tfmem adds the partition copies to it. "
-                "Wrap the session before finalizing the graph (MonitoredSession and "
-                "Supervisor finalize it).")
+        graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         programs = rewrite(graph, plan, scope)
@@ -388,16 +406,11 @@ class TFMemSession:
         self._compiled.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
+        if self._interactive is not None:
+            interactive, self._interactive = self._interactive, None
+            interactive.__exit__(None, None, None)
 
     def close(self):
         """Close the wrapped session (as Session.close) and free tfmem's host buffers."""
         self._release()
         self._session.close()
-
-    def __enter__(self):
-        self._session.__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        self._release()
-        self._session.__exit__(exc_type, exc_value, traceback)
