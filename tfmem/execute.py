@@ -18,7 +18,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator, oom
+from tfmem import accelerator, oom, run_path
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
@@ -124,10 +124,14 @@ class Executor:
         self.last_scratch = {}  # op name -> kernel scratch measured in the last step
         self.last_resident = None  # device bytes in use when the last step started
 
-    def _callables_for(self, options):
+    def _callables_for(self, options, run_metadata=None):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
+        if run_path.wants_run_path(self._session, run_metadata):
+            key = (key, "run path")  # see run_path: keeps the step's run metadata
         if key not in self._callables:
-            make = self._session._make_callable_from_options  # pylint: disable=protected-access
+            make = (self._session._make_callable_from_options  # pylint: disable=protected-access
+                    if isinstance(key, bytes)
+                    else lambda options: run_path.RunPathCallable(self._session, options))
             measure = self._runtime.measure_device
             self._callables[key] = [make(_callable_options(p, options, measure))
                                     for p in self._programs]
@@ -208,7 +212,7 @@ class Executor:
         With a trace.Timeline, partitions, swap-outs, uploads and waits are recorded in it.
         """
         runtime = self._runtime
-        callables = self._callables_for(options)
+        callables = self._callables_for(options, run_metadata)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
         started = time.perf_counter()

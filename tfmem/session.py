@@ -18,17 +18,22 @@ import numbers
 import threading
 
 import psutil
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import session as tf_session
 
 from tfmem import accelerator, budget
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
-from tfmem.errors import HostMemoryError, TFMemError
+from tfmem.errors import HostMemoryError
 from tfmem.execute import Executor
+from tfmem.place import place
+from tfmem.placement_pass import Record, place_state_on_host
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
 from tfmem.scratch import calibrate
+from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
@@ -115,10 +120,14 @@ class _Compiled:
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
+        self.feed_shapes = None  # the fed shapes of its first step
 
 
-class TFMemSession:
+class TFMemSession(SessionInterfaceMethods):
     """Runs `Session.run` requests of `sess` as sequences of partitions.
+
+    A `SessionInterface`, accepted wherever TensorFlow accepts a session (see
+    session_interface for what is partitioned and what goes straight through).
 
     partition_size: the most ops one partition runs.
     swap: "auto" swaps a cross-partition tensor to host memory when its next
@@ -129,8 +138,14 @@ class TFMemSession:
     swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
     prefetch: how many partitions ahead of its reader a swapped tensor is
         uploaded again (0: just before the reader, with no overlap).
-    place_state_on_host: on a session with an accelerator, read large
-        constants from host copies and report variables left on it (see place).
+    place_state_on_host: on a session with an accelerator, set the device of
+        variables and of constants of at least swap_min_bytes (with the ops
+        TensorFlow colocates with them) to the host CPU before the session
+        places them; what could not move is listed in plan.placement (see
+        placement_pass).  False leaves every op where the graph puts it.
+    accelerator_device: the device the placement pass moves state off; None
+        takes the session's first GPU or TPU.  Tests on a CPU-only machine name
+        a second CPU device here ('CPU:1' with ConfigProto(device_count={"CPU": 2})).
     trace: a path; each step's timeline is written there as a Chrome trace.
     device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
         the partition size and swap distance: the fewest partitions whose
@@ -141,7 +156,7 @@ class TFMemSession:
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None):
+                 device_memory_budget=None, accelerator_device=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
@@ -154,7 +169,9 @@ class TFMemSession:
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
         self._planning = threading.Lock()  # plans and graph additions, one thread at a time
-        self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
+        self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
+            if place_state_on_host else None
+        self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
         measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
@@ -167,6 +184,21 @@ class TFMemSession:
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self._last_entry = None
+        self._step_listeners = []  # called as f(tfs, entry, stats) after every step
+        self._interactive = None
+        if (isinstance(sess, tf_session.InteractiveSession)
+                and not getattr(sess, "tfmem_routes_run", False)):
+            # As InteractiveSession does for itself: Tensor.eval() runs through tfmem.
+            self._interactive = self.as_default()
+            self._interactive.enforce_nesting = False
+            self._interactive.__enter__()
+        self._place_state()
+
+    def _place_state(self):
+        """Run the placement pass over ops it has not seen, before the session places them."""
+        if self._accelerator is not None and self.graph.version and \
+                not getattr(self._session, "_closed", False):
+            place_state_on_host(self._session, self._policy.min_bytes, self._placed)
 
     @property
     def session(self):
@@ -198,6 +230,13 @@ class TFMemSession:
                         scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
 
     def _make_plan(self, request, correction=None):
+        """(plan, predicted trace or None) for the request, with the placement pass's outcome."""
+        self._place_state()
+        plan, trace = self._plan_request(request, correction)
+        placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
+        return dataclasses.replace(plan, placement=placement), trace
+
+    def _plan_request(self, request, correction=None):
         """(plan, predicted trace or None) for the request under this session's settings."""
         with _gc_paused():
             if self._budget is None:
@@ -273,15 +312,23 @@ class TFMemSession:
                     self._check_host_memory(entry.trace)
                     entry.executor = self._compile(entry.plan, entry.trace)
                     entry.graph_version = self.graph.version
+                    entry.feed_shapes = request.feed_shapes()
         self._last_entry = entry
         timeline = Timeline() if self._trace else None
-        values, self.last_step = entry.executor.run(
-            request.feed_values_by_name(), options, run_metadata, timeline)
+        # Session.run replaces run_metadata with the step's, and only when the step ran.
+        step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        values, stats = entry.executor.run(
+            request.feed_values_by_name(), options, step_metadata, timeline)
+        self.last_step = stats
+        if run_metadata is not None:
+            run_metadata.CopyFrom(step_metadata)
         if timeline:
             write_chrome_trace(timeline.events, self._trace)
-        log.debug("step: %s", self.last_step)
+        log.debug("step: %s", stats)
         if self._budget is not None:
             self._learn(request, entry)
+        for listener in self._step_listeners:
+            listener(self, entry, stats)
         return request.build_results(self._session, values)
 
     def _learn(self, request, entry):
@@ -339,12 +386,7 @@ class TFMemSession:
             partition_peaks=self.last_step.partition_peak_bytes)
 
     def _compile(self, plan, trace):
-        graph = self.graph
-        if graph.finalized:
-            raise TFMemError(
-                "The session's graph is finalized, but tfmem adds the partition copies to it. "
-                "Wrap the session before finalizing the graph (MonitoredSession and "
-                "Supervisor finalize it).")
+        graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         programs = rewrite(graph, plan, scope)
@@ -364,16 +406,11 @@ class TFMemSession:
         self._compiled.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
+        if self._interactive is not None:
+            interactive, self._interactive = self._interactive, None
+            interactive.__exit__(None, None, None)
 
     def close(self):
         """Close the wrapped session (as Session.close) and free tfmem's host buffers."""
         self._release()
         self._session.close()
-
-    def __enter__(self):
-        self._session.__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        self._release()
-        self._session.__exit__(exc_type, exc_value, traceback)

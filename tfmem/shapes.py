@@ -8,6 +8,7 @@ shapes are read back.  Nothing runs, and the user's graph is not touched.
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
 
 from tfmem.analyse import split_tensor_name
 
@@ -41,6 +42,8 @@ def import_request(graph, view, feed_shapes):
             tensor = graph.get_tensor_by_name(name)
             shape = (feed_shapes or {}).get(name, tensor.shape)
             input_map[name] = tf.compat.v1.placeholder(tensor.dtype, shape)
+            if tensor.dtype in (tf.resource, tf.variant):  # a fed variable handle (TF2)
+                handle_data_util.copy_handle_data(tensor, input_map[name])
         used = {t for n in view.nodes.values() for t in n.inputs}
         input_map = {k: v for k, v in input_map.items() if k in used}
         tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="s")
