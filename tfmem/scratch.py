@@ -219,9 +219,10 @@ def _measure(configs, threads):
             ops[key] = graph.get_operation_by_name(copy.name)
     measured = {}
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    # TensorFlow's own class, not tf.compat.v1's name: under `tfmem run` that name makes
-    # sessions that route through tfmem, and a scratch session must be a plain one.
-    with tf_session.Session(graph=graph, config=_session_config(threads)) as session:
+    # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
+    # (a wrapped one would calibrate its own kernels again, without end).
+    session = tf_session.BaseSession(graph=graph, config=_session_config(threads))
+    try:
         for key, op in ops.items():
             metadata = config_pb2.RunMetadata()
             try:
@@ -235,6 +236,8 @@ def _measure(configs, threads):
                 (max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
                  for d in metadata.step_stats.dev_stats for n in d.node_stats
                  if n.node_name == op.name), default=0)
+    finally:
+        session.close()
     return measured
 
 
