@@ -66,21 +66,22 @@ def _deferred_interrupts():
 class Executor:
     """Runs the programs of one plan on one session."""
 
-    def __init__(self, session, plan, programs, runtime):
+    def __init__(self, session, plan, programs, runtime, residence):
         self._session = session
         self._plan = plan
         self._programs = programs
-        self._runtime = runtime  # the session-wide pool, prefetcher, releaser and device
+        self._runtime = runtime  # the session-wide pool, prefetcher and device
+        self._residence = residence  # where the plan's kept tensors wait (see residence)
+        self._one_step = threading.Lock() if residence.serial_steps else contextlib.nullcontext()
         self._callables = {}  # serialized RunOptions -> list of callables
         self._schedule = Schedule(plan)
-        dtypes = {index: [plan.view.tensor(t).dtype for t, _ in keys]
-                  for index, keys in enumerate(self._schedule.uploads) if keys}
-        for batch in dtypes.values():
-            runtime.prefetcher.add_batch(batch)
+        uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
+                                                          for t, _ in keys])
+                   for index, keys in enumerate(self._schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
         self._callables_for(None)
-        self._batches = {index: runtime.prefetcher.batch(batch)  # partition -> upload callable
-                         for index, batch in dtypes.items()}
+        self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
+                         for index, options in uploads.items()}
         self._process = psutil.Process()
 
     def _callables_for(self, options):
@@ -140,12 +141,12 @@ class Executor:
         runtime = self._runtime
         callables = self._callables_for(options)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
-                            runtime.releaser, timeline)
+                            self._residence, timeline)
         measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
         started = time.perf_counter()
         results = {}
         try:
-            with _deferred_interrupts() as deliver_interrupt:
+            with self._one_step, _deferred_interrupts() as deliver_interrupt:
                 self._run_partitions(callables, feeds, swaps, results, run_metadata,
                                      deliver_interrupt, timeline)
         except BaseException:

@@ -32,7 +32,7 @@ from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
-from tfmem.swap_manager import HandleReleaser
+from tfmem import residence as residences
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class _Runtime:
     device: str  # the device whose memory tfmem manages ("GPU:0", or "CPU:0")
     pool: HostBufferPool
     prefetcher: Prefetcher
-    releaser: HandleReleaser
+    residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
 
 
@@ -155,8 +155,8 @@ class TFMemSession:
             self._policy = dataclasses.replace(self._policy, mode="none")
             log.info("swap='auto' on a CPU session without a memory cap or budget: "
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
-        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
-                                 HandleReleaser(sess), measure_device=measurable)
+        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
+                                 residences.for_session(sess, device), measure_device=measurable)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self._last_entry = None
@@ -288,13 +288,14 @@ class TFMemSession:
                 "Supervisor finalize it).")
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
-        programs = rewrite(graph, plan, scope)
+        residence = self._runtime.residence.for_plan(scope)
+        programs = rewrite(graph, plan, scope, residence)
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
                  trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
-        return Executor(self._session, plan, programs, self._runtime)
+        return Executor(self._session, plan, programs, self._runtime, residence)
 
     @property
     def host_buffers(self):
