@@ -18,7 +18,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator, oom
+from tfmem import accelerator, oom, remote, updates
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
@@ -103,6 +103,13 @@ class Executor:
                 swaps.abort()  # free the step's device memory before diagnosing
                 raise oom.device_memory_error(self._session, self._plan, feeds, index,
                                               err) from err
+            except tf.errors.OpError as err:
+                lost = remote.lost_task_error(self._runtime.remote_info, err, index,
+                                              len(self._programs),
+                                              updates.update_partitions(self._plan))
+                if lost is None:
+                    raise
+                raise lost from err
             deliver_interrupt()
 
     def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,

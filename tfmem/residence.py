@@ -33,17 +33,22 @@ import uuid
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
+from tfmem.remote import is_distributed, reachable, target_of
 from tfmem.rewrite import clean_context
 
 log = logging.getLogger(__name__)
 
+# tfmem's own calls on a distributed session (uploads, emptying the staging areas
+# after a failed step) get a deadline on the master's side, so a lost parameter
+# server cannot hold them forever.  (The client's wait for a master that died is
+# bounded only by the session's ConfigProto.operation_timeout_in_ms: see remote.)
+UPLOAD_DEADLINE_MS = 120_000
+RELEASE_DEADLINE_MS = 10_000
 
-def is_distributed(session):
-    """True for a session on TensorFlow's gRPC runtime (a server's target)."""
-    target = getattr(session, "sess_str", "") or ""
-    if isinstance(target, bytes):
-        target = target.decode()
-    return target.startswith("grpc://")
+
+def _with_deadline(options, milliseconds):
+    options.run_options.timeout_in_ms = milliseconds
+    return options
 
 
 def for_session(session, device):
@@ -210,16 +215,23 @@ class PlanStaging:
                     copy = _upload_copy(self._device, host)
                 feeds.append(host.name)
                 fetches.append(self._stage(graph, copy, home, key).name)
-        return config_pb2.CallableOptions(feed=feeds, fetch=fetches)
+        return _with_deadline(config_pb2.CallableOptions(feed=feeds, fetch=fetches),
+                              UPLOAD_DEADLINE_MS)
 
     def release(self, tickets):
         """Empty the plan's areas after a failed step (steps of a plan never overlap)."""
         if not self._clears:
             return
+        if not reachable(target_of(self._session)):
+            log.warning("the session's master %s is gone: %d staged tensors were not "
+                        "released (those on its own task went with it)",
+                        target_of(self._session), len(tickets))
+            return
         with self._lock:
             if self._clear_call is None:
                 self._clear_call = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                    config_pb2.CallableOptions(target=self._clears))
+                    _with_deadline(config_pb2.CallableOptions(target=self._clears),
+                                   RELEASE_DEADLINE_MS))
         try:
             self._clear_call()
         except tf.errors.OpError as err:

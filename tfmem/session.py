@@ -32,7 +32,7 @@ from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
-from tfmem import residence as residences
+from tfmem import remote, residence as residences, updates
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class _Runtime:
     prefetcher: Prefetcher
     residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
+    remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
 
 
 class _Compiled:
@@ -130,16 +131,20 @@ class TFMemSession:
         predicted peak fits (one, at plain speed, when the whole step fits).
         partition_size="auto" does the same with the emulated cap or the
         accelerator's memory as the budget.
+    atomic_updates: run every variable update of a step in its last partition,
+        so a failed step applies all or none (see updates).  None: on for a
+        session on TensorFlow's distributed runtime, off for a local one.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None):
+                 device_memory_budget=None, atomic_updates=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
+            remote.check_budget_source(sess, device_memory_budget is not None)
             self._partition_size = "auto"
             self._budget = _budget_of(sess, device_memory_budget)
         else:
@@ -149,14 +154,19 @@ class TFMemSession:
         self._planning = threading.Lock()  # plans and graph additions, one thread at a time
         self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
         device = accelerator.memory_device(sess)
-        measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
+        remote_info = remote.describe(sess)
+        measurable = (device != "CPU:0" or accelerator.emulated_memory_mib() is not None) and \
+            (remote_info is None or remote_info.allocator_local)
+        self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
+                                else bool(atomic_updates))
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.
             self._policy = dataclasses.replace(self._policy, mode="none")
             log.info("swap='auto' on a CPU session without a memory cap or budget: "
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
-                                 residences.for_session(sess, device), measure_device=measurable)
+                                 residences.for_session(sess, device), measure_device=measurable,
+                                 remote_info=remote_info)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self._last_entry = None
@@ -213,6 +223,8 @@ class TFMemSession:
                 entry.graph_version = version
         if entry is None:
             plan, trace = self._make_plan(request)
+            if self._atomic_updates:
+                plan, trace = updates.gather(plan, trace)
             entry = self._compiled[key] = _Compiled(plan, version, trace)
         return entry
 
