@@ -17,7 +17,8 @@ order stays a valid topological order:
 
 The price: the gradients of all updates wait until the last partition
 (device memory about the size of the trainable variables), and the last
-partition may hold more than partition_size ops.  tfmem does this by
+partition may hold more than partition_size ops (the plan's partition_size
+is then that partition's size).  tfmem does this by
 default on a distributed session (variables on parameter servers), where
 the updates are what other workers see; pass atomic_updates=True to get it
 on a local session too.
@@ -100,8 +101,10 @@ def gather(plan, trace=None):
     ordered_moving = [unit for part in partitioned for unit in part if unit in moving]
     kept = [tuple(u for u in part if u not in moving) for part in partitioned]
     kept = [part for part in kept if part]
-    gathered = build_plan(view, kept + [tuple(ordered_moving)], plan.partition_size,
-                          plan.policy, plan.placement)
+    # The update partition may hold more than partition_size ops: the plan says so.
+    size = max(plan.partition_size, sum(len(unit) for unit in ordered_moving))
+    gathered = build_plan(view, kept + [tuple(ordered_moving)], size, plan.policy,
+                          plan.placement)
     validate(gathered)
     return gathered, None
 
