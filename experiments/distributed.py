@@ -274,8 +274,9 @@ def driver(args):
 
 
 def residence_main(args):
-    """Time keep+read of one tensor: session handle (local), staging on the worker,
-    and fetching to the client and feeding it back (distributed)."""
+    """Time producing a tensor on the device, keeping it, and reading it in a second
+    Session call: session handle (local session), staging on the worker, and fetching
+    to the client and feeding it back (both on a distributed session)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -287,8 +288,8 @@ def residence_main(args):
     def build(kind, n):
         graph = tf.Graph()
         with graph.as_default():
-            x = tf1.placeholder(tf.float32, [n])
-            y = tf.raw_ops.DeepCopy(x=x) * 2.0
+            x = tf1.placeholder(tf.float32, [])  # the tensor is made on the device
+            y = tf.fill([n], x) * 2.0
             if kind == "handle":
                 ticket = tf.raw_ops.GetSessionHandle(value=y)
                 holder = tf1.placeholder(tf.string, [])
@@ -318,7 +319,7 @@ def residence_main(args):
     print("|---|---|---|---|")
     for mib in args.sizes:
         n = mib * MIB // 4
-        array = np.ones(n, np.float32)
+        seed = np.float32(1.0)
         cells = []
         for kind, target in (("handle", ""), ("staging", server.target),
                              ("client", server.target)):
@@ -329,7 +330,7 @@ def residence_main(args):
                 times = []
                 for i in range(args.repeats + 2):
                     start = time.perf_counter()
-                    ticket = produce(array)[0]
+                    ticket = produce(seed)[0]
                     consume(np.array(ticket) if kind == "client" else ticket)
                     if i >= 2:
                         times.append(time.perf_counter() - start)
