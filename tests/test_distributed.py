@@ -50,8 +50,9 @@ def _mlp(spec, scope, depth=4, width=48, batch=32):
     """A small MLP training step with its variables on the ps; returns the graph and ops."""
     graph = tf.Graph()
     rng = np.random.RandomState(0)
-    with graph.as_default(), graph.device(
-            tf1.train.replica_device_setter(worker_device=WORKER, cluster=spec)):
+    placement = (tf1.train.replica_device_setter(worker_device=WORKER, cluster=spec)
+                 if spec else None)  # no spec: a local graph
+    with graph.as_default(), graph.device(placement):
         with tf1.variable_scope(scope):
             x = tf1.placeholder(tf.float32, [batch, width], name="x")
             h = x
@@ -106,6 +107,26 @@ def test_partitioned_steps_equal_a_plain_distributed_session(cluster):
     assert tfs.last_step.device_peak_bytes is None
     tfs.close()
     plain.close()
+
+
+def test_atomic_updates_on_a_local_session_equal_plain(sessions):
+    """The same gathering on a local session: one update partition, the plain results."""
+    data = _batches(2)
+    results = []
+    for atomic in (None, True):
+        graph, x, loss, step, init, weights = _mlp(None, "local")
+        sess = sessions(graph)
+        sess.run(init)
+        runner = sess if atomic is None else tfmem.TFMemSession(
+            sess, partition_size=5, swap="all", swap_min_bytes=0, atomic_updates=True)
+        results.append([runner.run([step, loss], {x: batch})[1] for batch in data]
+                       + sess.run(weights))
+        if atomic:
+            plan = runner.plan([step, loss], {x: data[0]})
+            assert updates.update_partitions(plan) == (len(plan.partitions) - 1,)
+            assert len(plan.partitions) > 3
+    for want, have in zip(*results):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
 
 
 def test_auto_partition_size_needs_a_budget_for_a_remote_worker(cluster):
