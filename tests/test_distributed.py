@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import remote, updates
+from tfmem import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 
@@ -202,7 +202,7 @@ def test_a_worker_dying_mid_step_leaves_no_half_applied_update(cluster):
     assert not runner.is_alive()
 
     error = outcome.get("error")
-    assert isinstance(error, remote.RemoteTaskError), repr(error)
+    assert isinstance(error, tfmem.RemoteTaskError), repr(error)
     assert "/job:worker/replica:0/task:0" in str(error)
     assert error.partition == gate
     assert not error.updates_applied

@@ -20,6 +20,7 @@ _EXPORTS = {
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
     "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
+    "RemoteTaskError": "tfmem.remote",
 }
 
 __all__ = sorted(_EXPORTS)
