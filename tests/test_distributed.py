@@ -29,12 +29,24 @@ WORKER = "/job:worker/task:0"
 STEP_DEADLINE_MS = 30_000
 
 
-@pytest.fixture
+def _local_cluster():
+    return LocalCluster({"ps": 1, "worker": 1}, lifetime=240,
+                        env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2",
+                             "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
+
+
+@pytest.fixture(scope="module")
 def cluster():
-    with LocalCluster({"ps": 1, "worker": 1}, lifetime=240,
-                      env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2",
-                           "PATH": "/usr/bin:/bin",
-                           "PYTHONPATH": ":".join(sys.path)}) as local:
+    """One cluster for the tests that leave it intact (each uses its own variables)."""
+    with _local_cluster() as local:
+        local.start_servers()
+        yield local
+
+
+@pytest.fixture
+def fresh_cluster():
+    """A cluster of its own, for a test that kills a task."""
+    with _local_cluster() as local:
         local.start_servers()
         yield local
 
@@ -173,8 +185,9 @@ def _ps_values(cluster):
         return sess.run(values, options=tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS))
 
 
-def test_a_worker_dying_mid_step_leaves_no_half_applied_update(cluster):
-    graph, x, step, init, = _gated_step(cluster.spec)
+def test_a_worker_dying_mid_step_leaves_no_half_applied_update(fresh_cluster):
+    cluster = fresh_cluster
+    graph, x, step, init = _gated_step(cluster.spec)
     sess = _session(cluster.target("worker", 0), graph)
     sess.run(init)
     tfs = tfmem.TFMemSession(sess, partition_size=3, swap="none")
