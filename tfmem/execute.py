@@ -152,13 +152,14 @@ class Executor:
         measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
         started = time.perf_counter()
         results = {}
-        try:
-            with self._one_step, _deferred_interrupts() as deliver_interrupt:
-                self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                     deliver_interrupt, timeline)
-        except BaseException:
-            swaps.abort()
-            raise
+        with self._one_step:  # staging keys are per plan: one step at a time, abort included
+            try:
+                with _deferred_interrupts() as deliver_interrupt:
+                    self._run_partitions(callables, feeds, swaps, results, run_metadata,
+                                         deliver_interrupt, timeline)
+            except BaseException:
+                swaps.abort()
+                raise
         wall = time.perf_counter() - started
         memory = accelerator.device_memory(runtime.device) if measured else None
         stats = StepStats(
