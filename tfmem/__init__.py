@@ -20,6 +20,7 @@ _EXPORTS = {
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
     "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
+    "RemoteTaskError": "tfmem.remote",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
     "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
     "MonitoredTrainingSession": "tfmem.monitored",
