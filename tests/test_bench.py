@@ -84,3 +84,13 @@ def test_capped_summary_from_traces():
     assert "TARGET capped_plain=OOM (info)" in lines
     assert any(line.startswith("TARGET prefetch_wait_share=0.05 (goal < 0.1) ok")
                for line in lines)
+
+
+def test_bench_refusals_times_both_refusals():
+    """The refusal times the budget tests used to assert now come from the benchmark."""
+    bench = _bench()
+    refusals = bench.bench_refusals()
+    assert refusals["budget_refusal"] is not None and refusals["budget_refusal"] > 0
+    names = dict(bench.targets({"refusals": refusals}))
+    assert names["budget_refusal_s"] == refusals["budget_refusal"]
+    assert "host_guard_refusal_s" in names

@@ -59,6 +59,9 @@ def add_arguments(parser):
                              "both sessions' peaks")
     parser.add_argument("--no-proof", action="store_true",
                         help="skip the memory proof (plain vs tfmem under half the plain peak)")
+    parser.add_argument("--tf2", action="store_true",
+                        help="also run the TensorFlow 2 memory proof (Keras fit through "
+                             "tfmem.keras under half the plain peak; see tfmem.proof_tf2)")
     # Set in the capped subprocess that --device-memory starts, and in the uncapped
     # plain reference it starts when the plain session runs out of memory there.
     parser.add_argument("--capped-child", action="store_true", help=argparse.SUPPRESS)
@@ -317,6 +320,9 @@ def run(args):
     ok = code == 0
     if not args.no_proof:
         ok = _memory_proof(args) == 0 and ok
+    if getattr(args, "tf2", False):
+        from tfmem import proof_tf2  # pylint: disable=import-outside-toplevel
+        ok = proof_tf2.demo_part() == 0 and ok
     return 0 if ok else 1
 
 
