@@ -27,6 +27,8 @@ from tfmem.swap_manager import Schedule, SwapManager
 def _callable_options(program, run_options, measure):
     options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
                                          target=program.targets)
+    for source, original_input in program.connections:  # see rewrite: originals
+        options.tensor_connection.add(from_tensor=source, to_tensor=original_input)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
     if measure and options.run_options.trace_level < config_pb2.RunOptions.SOFTWARE_TRACE:
@@ -129,12 +131,16 @@ class Executor:
         if run_path.wants_run_path(self._session, run_metadata):
             key = (key, "run path")  # see run_path: keeps the step's run metadata
         if key not in self._callables:
-            make = (self._session._make_callable_from_options  # pylint: disable=protected-access
-                    if isinstance(key, bytes)
-                    else lambda options: run_path.RunPathCallable(self._session, options))
+            def make(program):
+                callable_options = _callable_options(program, options, measure)
+                # TF_SessionRun cannot connect tensors (see rewrite): such a partition
+                # stays a callable, whose run metadata a distributed session drops
+                if isinstance(key, bytes) or program.connections:
+                    return self._session._make_callable_from_options(callable_options)  # pylint: disable=protected-access
+                return run_path.RunPathCallable(self._session, callable_options)
+
             measure = self._runtime.measure_device
-            self._callables[key] = [make(_callable_options(p, options, measure))
-                                    for p in self._programs]
+            self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
     def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,

@@ -10,6 +10,16 @@ read them through `input_map`:
     transfer h:0          -> GetSessionTensor(handle placeholder), fed the
                              producer's handle or one the prefetcher uploaded
 
+An original (see analyse) runs as the user's op; where it reads a computed
+tensor, the callable connects the tensor the partition has (a copy's output
+or a transfer's GetSessionTensor) to the original's input:
+
+    copy: p3/dropout/Shape:0 --tensor_connection--> dropout/Shape:0 -> RandomUniform
+
+The connection cuts the input's data edge like a feed, so the user's Shape
+and everything before it stay out of the call, and the random op's kernel
+(one per op name and session) keeps drawing from its one stream.
+
 Control edges from ops outside the partition are dropped: those ops ran in
 an earlier partition, and keeping the edge would make Session.run run them
 again.  A NoOp joins the partition's sinks so one target runs every op.
@@ -39,6 +49,7 @@ class Program:
     fetches: tuple  # graph tensor names
     fetch_sinks: tuple  # per fetch: (HANDLE | HOST | RESULT, tensor name)
     targets: tuple  # op names
+    connections: tuple = ()  # (from tensor, to tensor): what the originals read instead
 
 
 HANDLE, HOST, RESULT = "handle", "host", "result"
@@ -144,6 +155,23 @@ def _originals_map(graph, view, copied, originals, input_map):
                     input_map["^" + src] = tf.constant(0, name="gate")
 
 
+def connected_inputs(view, partition):
+    """Computed tensors the partition's originals read: each is connected, not fed.
+
+    An input made by another original of the same partition is a real edge
+    of the user's graph, and fed tensors and sources are read where they are.
+    """
+    originals = [op for op in partition.ops if op in view.originals]
+    tensors = []
+    for name in originals:
+        for tensor in view.nodes[name].inputs:
+            producer = split_tensor_name(tensor)[0]
+            if tensor in view.feeds or producer in view.sources or producer in originals:
+                continue
+            tensors.append(tensor)
+    return tuple(dict.fromkeys(tensors))
+
+
 def rewrite_partition(graph, plan, partition, scope, host_copies):
     """Copy one partition into `graph` under `scope`; return its Program."""
     view = plan.view
@@ -160,15 +188,21 @@ def rewrite_partition(graph, plan, partition, scope, host_copies):
             _originals_map(graph, view, set(copied), set(originals), input_map)
         targets += originals
 
+        connected = connected_inputs(view, partition)
         tensors = {}
         if copied:
             graph_def, done = _partition_graph_def(graph, view, copied, set(originals))
-            wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches)
+            wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches + connected)
                       if split_tensor_name(t)[0] in copied]
+            read = {t for op in copied for t in view.nodes[op].inputs}  # not originals' reads
             imported = tf.graph_util.import_graph_def(
-                graph_def, input_map=input_map, return_elements=wanted + [done], name=scope)
+                graph_def, input_map={k: v for k, v in input_map.items()
+                                      if k in read or k.startswith("^")},
+                return_elements=wanted + [done], name=scope)
             tensors = dict(zip(wanted, imported[:-1]))
             targets.append(imported[-1].name)
+        connections = tuple((tensors[t].name if t in tensors else input_map[t].name, t)
+                            for t in connected)
 
         fetches, sinks = [], []
         with graph.name_scope(scope + "_out/"):
@@ -186,7 +220,7 @@ def rewrite_partition(graph, plan, partition, scope, host_copies):
             fetches.append(tensors[name].name if name in tensors else name)
             sinks.append((RESULT, name))
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
-                   tuple(sinks), tuple(targets))
+                   tuple(sinks), tuple(targets), connections)
 
 
 def rewrite(graph, plan, scope):

@@ -34,6 +34,7 @@ import threading
 import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.client import session as tf_session
 
 from tfmem import optypes
 from tfmem.accelerator import emulated_memory_mib
@@ -218,7 +219,9 @@ def _measure(configs, threads):
             ops[key] = graph.get_operation_by_name(copy.name)
     measured = {}
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    with tf.compat.v1.Session(graph=graph, config=_session_config(threads)) as session:
+    # TensorFlow's own class, not tf.compat.v1's name: under `tfmem run` that name makes
+    # sessions that route through tfmem, and a scratch session must be a plain one.
+    with tf_session.Session(graph=graph, config=_session_config(threads)) as session:
         for key, op in ops.items():
             metadata = config_pb2.RunMetadata()
             try:
