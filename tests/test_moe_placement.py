@@ -22,7 +22,7 @@ def _state_bytes(experts, args):
 
 
 def test_the_report_lists_state_moved_per_size_beside_the_measured_runs():
-    args = common.parse_args(moe.EXPERIMENT, ["--find-max"] + TINY)
+    args = common.parse_args(moe.EXPERIMENT, ["--find-max", "--device-memory", "64"] + TINY)
     trials = [dict(size=2, status="ok", peak_bytes=3 << 20), dict(size=4, status="oom")]
     summaries = [dict(system="tf", all_trials=trials),
                  dict(system="tfmem", all_trials=[dict(size=4, status="ok", peak_bytes=2 << 20)])]
