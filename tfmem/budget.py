@@ -74,12 +74,16 @@ def _largest_op(view, size_of):
 
 
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
-        policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0):
+        policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
+        prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
     Beyond the request's own variables and constants, which every prediction counts,
     it is taken off the budget: other requests' variables, tensors of other sessions.
+    `prefer`: plans of the same request already compiled (for other feed shapes); the
+    one with the fewest partitions that fits these shapes is returned, so its copies
+    serve them and the session graph does not grow.
     """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
@@ -87,6 +91,11 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
     limit = budget_bytes * (1 - margin) - others
+    for plan in sorted(prefer, key=lambda p: len(p.partitions)):
+        if plan.view == view and plan.placement == placement:
+            trace = simulate(plan, shapes, early_frees=False)
+            if trace.peak_device <= limit:
+                return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 

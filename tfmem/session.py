@@ -16,12 +16,14 @@ import gc
 import logging
 import numbers
 import threading
+import time
 
 import psutil
 
 from tfmem import accelerator, budget
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
+from tfmem.compile_stats import CompileStats
 from tfmem.errors import HostMemoryError, TFMemError
 from tfmem.execute import Executor
 from tfmem.plan import make_plan
@@ -103,11 +105,12 @@ class _Compiled:
     """A cached plan, its predicted memory, its executor once rewritten, and the graph
     version it was checked at."""
 
-    def __init__(self, plan, graph_version, trace=None):
+    def __init__(self, plan, graph_version, trace=None, plan_time=0.0):
         self.plan = plan
         self.graph_version = graph_version
         self.trace = trace
         self.executor = None
+        self.plan_time = plan_time
 
 
 class TFMemSession:
@@ -159,6 +162,7 @@ class TFMemSession:
                                  HandleReleaser(sess), measure_device=measurable)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
+        self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
 
     @property
@@ -191,7 +195,18 @@ class TFMemSession:
                       if self._runtime.measure_device else None)
             return budget.fit(self.graph, request.fetch_tensors, request.targets,
                               request.feeds, request.feed_shapes(), self._budget, self._policy,
-                              self._accelerator, resident_bytes=memory["current"] if memory else 0)
+                              self._accelerator, resident_bytes=memory["current"] if memory else 0,
+                              prefer=self._compiled_plans(request))
+
+    def _compiled_plans(self, request):
+        """Plans of this request already copied into the graph (budget mode: other shapes).
+
+        A copy reads its shapes from what is fed, so it serves any shape whose
+        predicted peak fits: reusing it keeps the graph from growing per shape.
+        """
+        plans = {id(e.plan): e.plan for key, e in self._compiled.items()
+                 if e.executor is not None and key[:-1] == request.signature}
+        return tuple(plans.values())
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
@@ -212,8 +227,10 @@ class TFMemSession:
             else:
                 entry.graph_version = version
         if entry is None:
+            started = time.perf_counter()
             plan, trace = self._make_plan(request)
-            entry = self._compiled[key] = _Compiled(plan, version, trace)
+            entry = self._compiled[key] = _Compiled(plan, version, trace,
+                                                    time.perf_counter() - started)
         return entry
 
     def simulate(self, fetches, feed_dict=None):
@@ -239,11 +256,13 @@ class TFMemSession:
         if entry.executor is None:
             with self._planning:
                 if entry.executor is None:
+                    started = time.perf_counter()
                     if entry.trace is None:
                         entry.trace = simulate(entry.plan, resolve_shapes(
                             self.graph, entry.plan.view, request.feed_shapes()))
+                    simulated = time.perf_counter() - started
                     self._check_host_memory(entry.trace)
-                    entry.executor = self._compile(entry.plan, entry.trace)
+                    entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
         self._last_entry = entry
         timeline = Timeline() if self._trace else None
@@ -279,7 +298,23 @@ class TFMemSession:
             host_rss=self.last_step.host_rss_bytes,
             host_available=psutil.virtual_memory().available)
 
+    def _executor_for(self, entry, simulate_time):
+        """The executor of the entry's plan: shared with an entry of the same plan, or new."""
+        for other in self._compiled.values():
+            if other.executor is not None and other.plan is entry.plan:
+                self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
+                return other.executor
+        before = self.graph.version
+        executor, rewrite_time, callables_time = self._compile(entry.plan, entry.trace)
+        self.last_compile = CompileStats(
+            entry.plan_time, simulate_time, rewrite_time, callables_time,
+            callables=len(entry.plan.partitions), graph_ops_before=before,
+            graph_ops_after=self.graph.version)
+        log.info("compiled: %s", self.last_compile)
+        return executor
+
     def _compile(self, plan, trace):
+        """(executor, rewrite seconds, callable seconds) of a plan copied into the graph."""
         graph = self.graph
         if graph.finalized:
             raise TFMemError(
@@ -288,13 +323,16 @@ class TFMemSession:
                 "Supervisor finalize it).")
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        started = time.perf_counter()
         programs = rewrite(graph, plan, scope)
+        rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
                  trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
-        return Executor(self._session, plan, programs, self._runtime)
+        executor = Executor(self._session, plan, programs, self._runtime)
+        return executor, rewritten - started, time.perf_counter() - rewritten
 
     @property
     def host_buffers(self):
