@@ -14,6 +14,7 @@ class CompileStats:
     plan_time: float = 0.0  # analysis, partitioning, planning (and the budget search)
     simulate_time: float = 0.0  # the memory prediction checked before compiling
     rewrite_time: float = 0.0  # copying the partitions into the session graph
+    extend_time: float = 0.0  # TensorFlow taking the grown graph into the session (once)
     callables_time: float = 0.0  # Session callables: TensorFlow builds each from the graph
     callables: int = 0  # partitions given a callable
     graph_ops_before: int = 0
@@ -25,6 +26,7 @@ class CompileStats:
             return (f"reused the copies of an earlier plan (planning {self.plan_time:.2f} s, "
                     f"prediction {self.simulate_time:.2f} s)")
         return (f"planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
-                f"rewrite {self.rewrite_time:.2f} s, {self.callables} callables "
+                f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
+                f"{self.callables} callables "
                 f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")
