@@ -251,11 +251,8 @@ def trial_options(experiment, args):
 
 def session_config(tf, system, inter_op_threads=0):
     """The ConfigProto of a system's session: TensorFlow's defaults, plus Grappler's
-    memory optimizer for `grappler`, `tfmem.session_config()` (Grappler off: cheaper
-    partition callables) for `tfmem`."""
+    memory optimizer for `grappler`."""
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads)
-    if system == "tfmem":
-        return tfmem.session_config(config)
     if system == "grappler":
         from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=import-outside-toplevel
         config.graph_options.rewrite_options.memory_optimization = getattr(
