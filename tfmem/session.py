@@ -111,6 +111,7 @@ class _Compiled:
         self.trace = trace
         self.executor = None
         self.plan_time = plan_time
+        self.feed_shapes = None  # of the first run; the trace, if needed later, is for them
 
 
 class TFMemSession:
@@ -257,11 +258,14 @@ class TFMemSession:
             with self._planning:
                 if entry.executor is None:
                     started = time.perf_counter()
-                    if entry.trace is None:
-                        entry.trace = simulate(entry.plan, resolve_shapes(
-                            self.graph, entry.plan.view, request.feed_shapes()))
+                    entry.feed_shapes = request.feed_shapes()
+                    if entry.trace is None and any(t.swapped for t in entry.plan.transfers):
+                        # Only swapped tensors take host buffers; without any, the
+                        # prediction (seconds on a large request) waits for memory_report.
+                        entry.trace = self._predict(entry)
                     simulated = time.perf_counter() - started
-                    self._check_host_memory(entry.trace)
+                    if entry.trace is not None:
+                        self._check_host_memory(entry.trace)
                     entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
         self._last_entry = entry
@@ -272,6 +276,11 @@ class TFMemSession:
             write_chrome_trace(timeline.events, self._trace)
         log.debug("step: %s", self.last_step)
         return request.build_results(self._session, values)
+
+    def _predict(self, entry):
+        """The predicted MemoryTrace of the entry's plan at the shapes it was compiled with."""
+        return simulate(entry.plan, resolve_shapes(self.graph, entry.plan.view,
+                                                   entry.feed_shapes))
 
     def _check_host_memory(self, trace):
         """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
@@ -288,6 +297,8 @@ class TFMemSession:
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
+        if self._last_entry.trace is None:
+            self._last_entry.trace = self._predict(self._last_entry)
         trace = self._last_entry.trace
         return MemoryReport(
             device_peak=self.last_step.device_peak_bytes,
@@ -329,9 +340,11 @@ class TFMemSession:
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB), predicted device peak %.1f MiB",
+                 "(%.1f MiB), predicted device peak %s",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
-                 trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
+                 trace.bytes_to_host / (1 << 20) if trace else 0.0,
+                 f"{trace.peak_device / (1 << 20):.1f} MiB" if trace else
+                 "not predicted yet (nothing swapped; memory_report() predicts it)")
         extend = getattr(self._session, "_extend_graph", None)
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
