@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 import tfmem
+from tfmem import accelerator, child_env
+from tfmem import provenance as tfmem_provenance
 
 MIB = 1 << 20
 SYSTEMS = ("tf", "grappler", "tfmem")
@@ -48,14 +50,31 @@ SYSTEM_LABELS = {"tf": "TensorFlow",
                  "tfmem": "tfmem (TFMemSession)"}
 # How a failed trial is described in the reports: what limited the system there.
 LIMITS = {"oom": "device memory (ResourceExhaustedError)",
-          "crash": "device memory (the process crashed at the cap)",
+          "crash": "a crash at the cap (the process died, no ResourceExhaustedError)",
           "budget": "device memory (tfmem: nothing fits the budget)",
           "host-memory": "host memory (tfmem refused the plan)",
           "timeout": "time (trial time limit)",
-          "error": "error",
+          "error": "FAILURE of the run (not a size limit)",
           "search-time": "time (search time limit)",
           "max-size": "the --max-size limit",
           "max-trials": "the --max-trials limit"}
+# Trial outcomes that mean "this size does not fit" (or, for timeout, "not in the time
+# given") and may end a search as its limit.  Anything else (an exception of another
+# kind, a tfmem process that crashed, a child without a result) is a failure of the run:
+# the search stops and says so, it never passes for a size limit.
+SIZE_LIMITS = ("oom", "budget", "host-memory", "timeout")
+PLAIN_SYSTEMS = ("tf", "grappler")  # run without oneDNN: its kernels crashed at a full cap
+
+
+def is_size_limit(result):
+    """True when a failed trial's outcome may end a search as the system's limit.
+
+    A crash counts only for a plain TensorFlow system (recorded as a crash, since
+    TensorFlow's kernels can die at a full capped allocator); a tfmem process that
+    crashes is a failure of the run.
+    """
+    status = result.get("status")
+    return status in SIZE_LIMITS or (status == "crash" and result.get("system") in PLAIN_SYSTEMS)
 
 
 @dataclasses.dataclass
@@ -109,7 +128,9 @@ class Extra:
 BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size="auto",
                      budget=None, swap="auto", swap_distance=2, prefetch=1, swap_min_bytes=None,
                      start=None, max_size=None, tolerance=0.0, trial_timeout=600.0,
-                     search_time=None, max_trials=40, inter_op_threads=0)
+                     search_time=None, max_trials=40, inter_op_threads=0, intra_op_threads=0,
+                     cap_base=None,
+                     cap_factor=1.0, onednn=0)
 
 
 # --------------------------------------------------------------------------
@@ -157,11 +178,19 @@ def build_parser(experiment):
     trial = parser.add_argument_group("trial")
     trial.add_argument("--device-memory", type=positive_int, metavar="MiB",
                        help="emulated device-memory cap (TensorFlow's CPU allocator capped, "
-                            "tfmem.emulate_accelerator)")
+                            "tfmem.emulate_accelerator); a search without it derives the cap "
+                            f"from plain TensorFlow's peak at --cap-base")
+    trial.add_argument("--onednn", type=int, choices=(0, 1),
+                       help="tfmem trials' kernel path (TF_ENABLE_ONEDNN_OPTS, default 0); plain "
+                            "TensorFlow trials always run with 0: oneDNN kernels have crashed at "
+                            "a full capped allocator instead of raising ResourceExhaustedError")
     trial.add_argument("--batch-size", type=positive_int)
     trial.add_argument("--inter-op-threads", type=non_negative_int, metavar="N",
                        help="the sessions' inter_op_parallelism_threads (default 0: TensorFlow's "
                             "choice; 1 runs one op at a time: lower, steadier peaks, slower steps)")
+    trial.add_argument("--intra-op-threads", type=non_negative_int, metavar="N",
+                       help="the sessions' intra_op_parallelism_threads (default 0: one per core; "
+                            "pin it for figures that must not depend on the machine)")
     trial.add_argument("--steps", type=positive_int,
                        help="training steps per trial; throughput is measured on the steps after "
                             "the first")
@@ -176,6 +205,13 @@ def build_parser(experiment):
     tfm.add_argument("--swap-min-bytes", type=non_negative_int, metavar="BYTES",
                      help="tensors smaller than this stay on the device (default: tfmem's)")
     search = parser.add_argument_group("search (--find-max, --quick)")
+    search.add_argument("--cap-base", type=positive_int, metavar="N",
+                        help=f"without --device-memory: measure plain TensorFlow's peak at --{size} "
+                             "N on this machine (same allocator, no cap) and cap at it times "
+                             "--cap-factor, so the cap means the same on every kernel path")
+    search.add_argument("--cap-factor", type=float, metavar="F",
+                        help="the derived cap is the plain peak at --cap-base times F, rounded up "
+                             "to a MiB (default 1.0)")
     search.add_argument("--start", type=positive_int, metavar="N",
                         help=f"the --{size} the first system's search starts at (later systems "
                              "start at the largest size found so far)")
@@ -223,6 +259,16 @@ def parse_args(experiment, argv=None):
                          " (or use --find-max / --quick)")
     if args.tolerance < 0:
         parser.error("--tolerance must be >= 0")
+    if args.cap_factor <= 0:
+        parser.error("--cap-factor must be > 0")
+    if args.find_max and args.device_memory is None and args.cap_base is None:
+        parser.error("a search needs a cap: --device-memory MiB, or --cap-base N to derive it "
+                     "from plain TensorFlow's peak at that size")
+    if args.cap_base is not None:
+        try:
+            experiment.index_of(args.cap_base)
+        except ValueError as err:
+            parser.error(f"--cap-base: {err}")
     return args
 
 
@@ -231,7 +277,8 @@ def trial_options(experiment, args):
     options = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
                "--partition-size", str(args.partition_size), "--swap", args.swap,
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
-               "--inter-op-threads", str(args.inter_op_threads)]
+               "--inter-op-threads", str(args.inter_op_threads),
+               "--intra-op-threads", str(args.intra_op_threads)]
     if args.device_memory is not None:
         options += ["--device-memory", str(args.device_memory)]
     if args.budget is not None:
@@ -249,10 +296,11 @@ def trial_options(experiment, args):
 # one trial, in this process
 
 
-def session_config(tf, system, inter_op_threads=0):
+def session_config(tf, system, inter_op_threads=0, intra_op_threads=0):
     """The ConfigProto of a system's session: TensorFlow's defaults, plus Grappler's
     memory optimizer for `grappler`."""
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads)
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads,
+                                      intra_op_parallelism_threads=intra_op_threads)
     if system == "grappler":
         from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=import-outside-toplevel
         config.graph_options.rewrite_options.memory_optimization = getattr(
@@ -289,10 +337,13 @@ def run_trial(experiment, args):
     from tfmem import accelerator  # pylint: disable=import-outside-toplevel
 
     system = args.system[0]
+    limit = accelerator.emulated_memory_mib()
     result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
                   size=args.size, index=experiment.index_of(args.size),
                   batch_size=args.batch_size, steps=args.steps,
-                  device_memory_mib=accelerator.emulated_memory_mib(),
+                  device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,
+                  allocator_limit_mib=limit,
+                  kernel_path=child_env.kernel_path(child_env.onednn_from_env()),
                   model={name: getattr(args, name) for name in experiment.model_args},
                   status=None, ok=False, error=None, parameters=None, state_bytes=None,
                   step_times=[], losses=[], throughput=None, peak_bytes=None, step_peaks=[],
@@ -308,7 +359,8 @@ def run_trial(experiment, args):
             v.shape.num_elements() * v.dtype.size for v in tf.compat.v1.global_variables())
     result["build_seconds"] = time.perf_counter() - started
     sess = tf.compat.v1.Session(graph=model.graph,
-                                config=session_config(tf, system, args.inter_op_threads))
+                                config=session_config(tf, system, args.inter_op_threads,
+                                                       args.intra_op_threads))
     runner = sess
     if system == "tfmem":
         settings = dict(partition_size=args.partition_size, swap=args.swap,
@@ -345,13 +397,16 @@ def run_trial(experiment, args):
             result["step_peaks"].append(memory["peak"] if memory else None)
             result["resident_after_steps_bytes"] = memory["current"] if memory else None
         result["status"], result["ok"] = "ok", True
-    except tf.errors.ResourceExhaustedError as err:
-        result["status"], result["error"] = "oom", _first_line(err.message)
+    except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too
+        result["status"] = "oom"
+        result["error"] = f"{type(err).__name__}: {_first_line(err.message)}"
     except tfmem.BudgetError as err:
         result["status"], result["error"] = "budget", str(err)
     except tfmem.HostMemoryError as err:
         result["status"], result["error"] = "host-memory", str(err)
     except Exception as err:  # pylint: disable=broad-except
+        # Not "does not fit": a bug or a broken setup.  The search reports it as a
+        # failure of the run (is_size_limit), never as a size limit.
         result["status"], result["error"] = "error", f"{type(err).__name__}: {_first_line(err)}"
     if not result["ok"]:
         result["failed_in"] = phase
@@ -382,8 +437,10 @@ def run_trial(experiment, args):
 
 
 def describe_trial(result):
-    """One line about a trial, for people."""
+    """One line about a trial, for people (with the trial's own time when known)."""
     size = f"{result['size_name']}={result['size']}"
+    seconds = result.get("process_seconds") or result.get("seconds")
+    took = f" [{seconds:.0f} s]" if seconds else ""
     if result.get("ok"):
         peak = result.get("peak_bytes")
         text = (f"{result['system']} {size}: trained {len(result['step_times'])} steps, "
@@ -393,8 +450,11 @@ def describe_trial(result):
         if info.get("partitions"):
             text += (f", {info['partitions']} partitions, "
                      f"{info['swapped_out_bytes'] / MIB:.0f} MiB swapped out")
-        return text
-    return f"{result['system']} {size}: {result.get('status')} {result.get('error') or ''}".strip()
+        return text + took
+    kind = result.get("status")
+    if kind and not is_size_limit(result):
+        kind = f"FAILURE ({kind})"
+    return f"{result['system']} {size}: {kind} {result.get('error') or ''}".strip() + took
 
 
 # --------------------------------------------------------------------------
@@ -425,15 +485,15 @@ def spawn_trial(experiment, args, system, size, timeout):
     """
     cmd = [sys.executable, str(Path(experiment.script).resolve()), "--system", system,
            f"--{experiment.size.replace('_', '-')}", str(size)] + trial_options(experiment, args)
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    # The child sets its own cap from --device-memory; never inherit one.
-    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
-        env.pop(name, None)
+    # The cap (or, without one, the same BFC allocator far above the step, so that
+    # figures exist on every kernel path) and the kernel path, both set explicitly.
+    onednn = bool(args.onednn) and system not in PLAIN_SYSTEMS
+    env = child_env.child_env(cap_mib=args.device_memory, onednn=onednn)
     started = time.perf_counter()
     base = dict(experiment=experiment.name, system=system, size_name=experiment.size,
                 size=size, index=experiment.index_of(size), batch_size=args.batch_size,
-                device_memory_mib=args.device_memory, ok=False, command=cmd)
+                device_memory_mib=args.device_memory, kernel_path=child_env.kernel_path(onednn),
+                ok=False, command=cmd)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
     try:
@@ -442,6 +502,14 @@ def spawn_trial(experiment, args, system, size, timeout):
         os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
         stdout, stderr = proc.communicate()
         phase, at = _last_phase(stderr)
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if lines:
+            # The trial finished and printed its result within the limit; only the
+            # process's exit (TensorFlow's teardown, seconds on a loaded machine) ran over.
+            result = json.loads(lines[-1])
+            result.update(command=cmd, process_seconds=time.perf_counter() - started,
+                          unit=experiment.unit, killed_after_result=True)
+            return result
         return dict(base, status="timeout", seconds=time.perf_counter() - started,
                     failed_in=phase, error=f"no result within {timeout:.0f} s"
                     + (f" (still in {phase}, begun at {at:.0f} s)" if phase else ""))
@@ -453,10 +521,9 @@ def spawn_trial(experiment, args, system, size, timeout):
         result.update(command=cmd, process_seconds=elapsed, unit=experiment.unit)
         return result
     if proc.returncode < 0:
-        name = signal.Signals(-proc.returncode).name
         return dict(base, status="crash", seconds=elapsed, returncode=proc.returncode,
-                    failed_in=phase, error=f"killed by {name}" + (f" in {phase}" if phase else ""),
-                    stderr_tail=_stderr_tail(stderr))
+                    failed_in=phase, error=child_env.describe_exit(proc.returncode)
+                    + (f" in {phase}" if phase else ""), stderr_tail=_stderr_tail(stderr))
     return dict(base, status="error", seconds=elapsed, returncode=proc.returncode,
                 failed_in=phase, error=f"exit {proc.returncode} without a result"
                 + (f" (in {phase})" if phase else ""), stderr_tail=_stderr_tail(stderr))
@@ -507,23 +574,28 @@ def find_max(trial, start, sizes, max_index=None, tolerance=0.0, max_trials=40,
     trial(k) -> result dict with "ok".  Doubles k from `start` until a trial
     fails (or `max_index`), then bisects between the largest success and the
     smallest failure until they are adjacent, or within `tolerance` times the
-    success.  A failing start bisects downwards.  Returns a dict: best (index
-    or 0), failed_at (smallest failing index or None), trials (in order),
-    stopped (why the search ended early, or None), seconds.
+    success.  A failing start bisects downwards.  Only a failure that
+    `is_size_limit` bounds the size; any other failure stops the search at
+    once (stopped "failure", the trial in `failure`).  Returns a dict: best
+    (index or 0), failed_at (smallest index that did not fit, or None),
+    trials (in order), stopped (why the search ended early, or None),
+    failure, seconds.
     """
     started = time.perf_counter()
     trials, results = [], {}
-    low, high, stopped = 0, None, None
+    low, high, stopped, failure = 0, None, None, None
 
     def run(k):
-        nonlocal low, high
+        nonlocal low, high, stopped, failure
         result = trial(k)
         results[k] = result
         trials.append(result)
         if result.get("ok"):
             low = max(low, k)
-        else:
+        elif is_size_limit(result):
             high = k if high is None else min(high, k)
+        else:
+            stopped, failure = "failure", result
         if progress:
             bracket = f"[{sizes(low) if low else '-'}, {sizes(high) if high else '?'})"
             progress(len(trials), f"{describe_trial(result)}  bracket {bracket}")
@@ -531,6 +603,8 @@ def find_max(trial, start, sizes, max_index=None, tolerance=0.0, max_trials=40,
 
     def out_of_budget():
         nonlocal stopped
+        if stopped is not None:
+            return True
         if len(trials) >= max_trials:
             stopped = "max-trials"
         elif search_time is not None and time.perf_counter() - started >= search_time:
@@ -550,7 +624,7 @@ def find_max(trial, start, sizes, max_index=None, tolerance=0.0, max_trials=40,
             break
         middle = (low + high) // 2
         run(middle)
-    return dict(best=low, failed_at=high, trials=trials, stopped=stopped,
+    return dict(best=low, failed_at=high, trials=trials, stopped=stopped, failure=failure,
                 seconds=time.perf_counter() - started)
 
 
@@ -582,7 +656,10 @@ def summarise(experiment, args, system, outcome):
     by_index = {t["index"]: t for t in outcome["trials"]}
     best = by_index.get(outcome["best"]) if outcome["best"] else None
     failed = by_index.get(outcome["failed_at"]) if outcome["failed_at"] else None
-    if failed is not None:
+    failure = outcome.get("failure")
+    if failure is not None:  # a failure of the run, not a limit: it says so first
+        limit, failed = "error", failure
+    elif failed is not None:
         limit = failed["status"]
     else:
         limit = outcome["stopped"]
@@ -601,7 +678,7 @@ def summarise(experiment, args, system, outcome):
                             if best and best.get("first_step_seconds") is not None else None),
         first_failing_size=failed["size"] if failed else None,
         limit=limit, limit_text=LIMITS.get(limit, limit or ""),
-        failure=(failed or {}).get("error"),
+        failure=(failed or {}).get("error"), run_failed=failure is not None,
         partitions=info.get("partitions"), swapped_out_mib=(
             round(info["swapped_out_bytes"] / MIB, 1) if info.get("swapped_out_bytes") is not None
             else None),
@@ -723,6 +800,8 @@ def write_plot(summaries, path, title):
     plt = pyplot()
     if plt is None:
         return "no plot: matplotlib is not installed (pip install matplotlib)"
+    if not any(t.get("ok") and t.get("throughput") for s in summaries for t in s["all_trials"]):
+        return "no plot: no trial trained"
     from matplotlib.ticker import ScalarFormatter  # pylint: disable=import-outside-toplevel
     fig, axis = plt.subplots(figsize=(7, 4.5))
     for summary in summaries:
@@ -750,14 +829,85 @@ def write_plot(summaries, path, title):
     return None
 
 
-def result_line(summaries):
-    """RESULT system=tfmem max=<size> ratio=<tfmem max / tf max>."""
+def result_line(summaries, reason=None):
+    """RESULT system=tfmem max=<size> ratio=<tfmem max / tf max>[ reason="..."].
+
+    `reason`: why the run has no trustworthy result (a failure of the run), if so.
+    """
     by_system = {s["system"]: s for s in summaries}
     tfm, plain = by_system.get("tfmem"), by_system.get("tf")
     best = tfm["max_size"] if tfm else None
     ratio = (f"{best / plain['max_size']:.2f}" if best and plain and plain["max_size"]
              else "n/a")
-    return f"RESULT system=tfmem max={best if best is not None else 'none'} ratio={ratio}"
+    line = f"RESULT system=tfmem max={best if best is not None else 'none'} ratio={ratio}"
+    if reason:
+        line += ' reason="' + " ".join(str(reason).split()).replace('"', "'") + '"'
+    return line
+
+
+def run_failure(summaries):
+    """Why the run's result cannot be trusted (a search that failed), or None."""
+    failed = [s for s in summaries if s.get("run_failed")]
+    if failed:
+        return "; ".join(f"{s['system']} failed at {s['size_name']}={s['first_failing_size']}: "
+                         f"{s['failure']}" for s in failed)
+    tfm = {s["system"]: s for s in summaries}.get("tfmem")
+    if tfm is not None and not tfm["max_size"]:
+        return f"tfmem trained no size ({tfm['limit_text']}: {tfm['failure']})"
+    return None
+
+
+# --------------------------------------------------------------------------
+# the cap, derived on this machine, and where a result comes from
+
+
+def derive_cap(experiment, args, out=None):
+    """The cap from plain TensorFlow's measured peak at --cap-base, on this machine.
+
+    One plain trial (oneDNN off, the BFC allocator without a cap) at
+    `args.cap_base`; the cap is its peak times `args.cap_factor`, rounded up to
+    a MiB.  Returns a dict (base size, plain peak, factor, cap, kernel path,
+    the trial), with `cap_mib` None and an `error` when the trial failed.
+    """
+    uncapped = argparse.Namespace(**vars(args))
+    uncapped.device_memory = None
+    trial = spawn_trial(experiment, uncapped, "tf", args.cap_base, args.trial_timeout)
+    info = dict(base_size=args.cap_base, size_name=experiment.size, factor=args.cap_factor,
+                kernel_path=trial.get("kernel_path"), plain_peak_mib=None, cap_mib=None,
+                error=None, trial=trial)
+    if trial.get("ok") and trial.get("peak_bytes"):
+        info["plain_peak_mib"] = round(trial["peak_bytes"] / MIB, 2)
+        info["cap_mib"] = -(-int(trial["peak_bytes"] * args.cap_factor) // MIB)
+    else:
+        info["error"] = (f"plain TensorFlow at {experiment.size}={args.cap_base} without a cap: "
+                         f"{describe_trial(dict(trial, unit=experiment.unit))}")
+    if out:
+        out(f"cap: plain TensorFlow's peak at {experiment.size}={args.cap_base} "
+            f"({info['kernel_path']}, no cap): "
+            + (f"{info['plain_peak_mib']} MiB -> cap {info['cap_mib']} MiB "
+               f"(x{args.cap_factor:g}, rounded up)" if info["cap_mib"] else info["error"]))
+    return info
+
+
+def cap_note(experiment, args, cap_info):
+    """How the cap was chosen, in one line."""
+    if cap_info is None:
+        return f"cap: {args.device_memory} MiB, given (--device-memory)"
+    return (f"cap: {cap_info['cap_mib']} MiB = plain TensorFlow's peak at {experiment.size} "
+            f"{cap_info['base_size']} measured on this machine ({cap_info['plain_peak_mib']} "
+            f"MiB, {cap_info['kernel_path']}, BFC allocator without a cap) x "
+            f"{cap_info['factor']:g}, rounded up")
+
+
+def provenance(args):
+    """What produced a result: commit, TensorFlow version, kernel paths, cores, date."""
+    return tfmem_provenance.provenance(dict(
+        tf=child_env.kernel_path(False), grappler=child_env.kernel_path(False),
+        tfmem=child_env.kernel_path(bool(args.onednn))))
+
+
+def provenance_note(info):
+    return tfmem_provenance.describe(info)
 
 
 def output_stem(experiment, args):
@@ -768,9 +918,10 @@ def output_stem(experiment, args):
     return out_dir / f"{experiment.name}-{tag}"
 
 
-def write_reports(experiment, args, summaries, seconds, out=print, extra=None):
+def write_reports(experiment, args, summaries, seconds, out=print, extra=None, cap_info=None):
     """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
     stem = output_stem(experiment, args)
+    origin = provenance(args)
     cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
     title = f"{experiment.title}: largest {experiment.size} under {cap}, batch {args.batch_size}"
     model = ", ".join(f"{name.replace('_', ' ')} {getattr(args, name)}"
@@ -788,12 +939,13 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None):
              f"whole run {seconds:.0f} s",
              "peak MiB: TensorFlow's allocator peak over the steps at the max size; resident "
              "MiB: what the allocator still holds after the last step; state MiB: the variables "
-             "(weights, momentum, moving averages), which stay on the emulated device"]
+             "(weights, momentum, moving averages), which stay on the emulated device",
+             cap_note(experiment, args, cap_info), provenance_note(origin)]
     for summary in summaries:
         if summary["first_failing_size"]:
             notes.append(f"{summary['system']} at {experiment.size} "
                          f"{summary['first_failing_size']}: {summary['failure']}")
-    notes.append(result_line(summaries))
+    notes.append(result_line(summaries, run_failure(summaries)))
     note = write_plot(summaries, f"{stem}.png", title)
     if note:
         notes.append(note)
@@ -806,8 +958,12 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None):
     with open(f"{stem}.json", "w") as handle:
         json.dump(dict(settings={k: (str(v) if isinstance(v, Path) else v)
                                  for k, v in vars(args).items()},
+                       provenance=origin, cap=cap_info, title=title,
+                       notes=notes, result=result_line(summaries, run_failure(summaries)),
                        seconds=seconds, summaries=summaries,
-                       extra=extra.data if extra is not None else None), handle, indent=1)
+                       extra=extra.data if extra is not None else None,
+                       extra_markdown=extra.markdown if extra is not None else None),
+                  handle, indent=1)
     paths = [f"{stem}.md", f"{stem}.csv", f"{stem}-trials.csv", f"{stem}.json"]
     if not note:
         paths.append(f"{stem}.png")
@@ -824,32 +980,60 @@ def main(experiment, argv=None):
     """The experiment script's command line; returns the exit code."""
     args = parse_args(experiment, argv)
     if not args.find_max:
+        # Before TensorFlow is imported: the cap, or without one the same BFC
+        # allocator far above the step, so that it keeps figures on every kernel path.
         if args.device_memory is not None:
-            tfmem.emulate_accelerator(args.device_memory)  # before TensorFlow is imported
+            tfmem.emulate_accelerator(args.device_memory)
+        elif accelerator.emulated_memory_mib() is None:
+            tfmem.emulate_accelerator(child_env.MEASURE_LIMIT_MIB)
         result = run_trial(experiment, args)
         result["unit"] = experiment.unit
         print(describe_trial(result), file=sys.stderr)
         print(json.dumps(result), flush=True)
         return 0 if result["ok"] else 3
+    try:
+        return _search_and_report(experiment, args)
+    except Exception as err:  # pylint: disable=broad-except
+        # Whatever happens, the run ends with a clear message and its RESULT line.
+        print(f"{experiment.title}: the run stopped: {type(err).__name__}: {err}", flush=True)
+        print(result_line([], reason=f"the run stopped: {type(err).__name__}: {err}"),
+              flush=True)
+        return 1
+
+
+def _search_and_report(experiment, args):
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
-    cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
-    print(f"{experiment.title}: searching the largest {experiment.size} under {cap}, batch "
-          f"{args.batch_size}, {args.steps} steps per trial, trial limit "
-          f"{args.trial_timeout:.0f} s", file=sys.stderr)
-    summaries = search_systems(experiment, args,
-                               out=lambda line: print(line, file=sys.stderr, flush=True))
-    extra = (experiment.report(args, summaries, output_stem(experiment, args),
-                               out=lambda line: print(line, file=sys.stderr, flush=True))
+    cap_info = None
+    if args.device_memory is None:
+        cap_info = derive_cap(experiment, args, out=say)
+        if cap_info["cap_mib"] is None:
+            print(f"{experiment.title}: no cap, so no search: {cap_info['error']}")
+            print(result_line([], reason=f"deriving the cap failed: {cap_info['error']}"),
+                  flush=True)
+            return 1
+        args.device_memory = cap_info["cap_mib"]
+    say(f"{experiment.title}: searching the largest {experiment.size} under "
+        f"{args.device_memory} MiB, batch {args.batch_size}, {args.steps} steps per trial, "
+        f"trial limit {args.trial_timeout:.0f} s; plain TensorFlow "
+        f"{child_env.kernel_path(False)}, tfmem {child_env.kernel_path(bool(args.onednn))}")
+    summaries = search_systems(experiment, args, out=say)
+    extra = (experiment.report(args, summaries, output_stem(experiment, args), out=say)
              if experiment.report else None)
     seconds = time.perf_counter() - started
     paths = write_reports(experiment, args, summaries, seconds,
-                          out=lambda line: print(line, file=sys.stderr), extra=extra)
+                          out=lambda line: print(line, file=sys.stderr), extra=extra,
+                          cap_info=cap_info)
     print(markdown_table(summaries, experiment.size, experiment.unit))
     print()
     if extra is not None:
         print(extra.markdown.rstrip())
         print()
+    print(cap_note(experiment, args, cap_info))
     print(f"outputs: {', '.join(str(p) for p in paths)}")
     print(f"total time: {seconds:.0f} s")
-    print(result_line(summaries), flush=True)
-    return 0 if any(s["max_size"] for s in summaries) else 1
+    reason = run_failure(summaries)
+    if reason:
+        print(f"NO RESULT: {reason}")
+    print(result_line(summaries, reason), flush=True)
+    return 1 if reason else 0

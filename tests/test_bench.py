@@ -106,3 +106,13 @@ def test_first_step_table_on_two_graph_sizes():
     bench.report(dict(env=bench.environment("test"), first_step=first), out=lines.append)
     assert any(line.startswith("TARGET compile_ratio_1k_0k=") for line in lines), lines
     assert any(line.startswith("TARGET compile_ratio_default_config_1k_0k=") for line in lines)
+
+
+def test_bench_refusals_times_both_refusals():
+    """The refusal times the budget tests used to assert now come from the benchmark."""
+    bench = _bench()
+    refusals = bench.bench_refusals()
+    assert refusals["budget_refusal"] is not None and refusals["budget_refusal"] > 0
+    names = dict(bench.targets({"refusals": refusals}))
+    assert names["budget_refusal_s"] == refusals["budget_refusal"]
+    assert "host_guard_refusal_s" in names

@@ -28,8 +28,9 @@ from tfmem.analyse import analyse
 from tfmem.partition import partition
 from tfmem.place import place
 from tfmem.plan import build_plan
+from tfmem.scratch import calibrate
 from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
+from tfmem.simulate import TensorSizes, simulate
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
@@ -39,14 +40,16 @@ MIB = 1 << 20
 RTOL = 1e-4
 ATOL = 1e-6
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CAP_MIB = 64
+# The process's hard cap is far above every budget given explicitly below, so a step
+# over its budget is measured, not stopped by the allocator: "the peak stayed under
+# the budget" can fail.
+CAP_MIB = 96
 BUDGET_MIB = 24  # under the MLP's plain peak (~34-38 MiB), over its state (~6 MiB)
-# Just above the MLP's one-partition prediction (31.0 MiB) / (1 - margin) = 34.4 MiB.
-EDGE = "34.5MiB"
 HUGE = 100000  # HUGE x HUGE float32 = 40 GB: a static shape, never materialised
 # A variable the training request never reads: with it resident, the whole step
-# (~34-38 MiB) no longer fits the cap, though its prediction alone (31 MiB) fits 75 % of it.
+# (~34-38 MiB) no longer fits a RESIDENT_BUDGET_MIB budget, though alone it does.
 RESIDENT_MIB = 28
+RESIDENT_BUDGET_MIB = 60
 
 # ---------------------------------------------------------------------------
 # parse_bytes
@@ -140,8 +143,8 @@ def test_a_generous_budget_plans_one_partition():
 
 
 def test_fit_picks_the_largest_partition_size_that_fits():
-    """The plan fits budget * (1 - margin); one more op per partition does not, at any
-    swap distance the search tries."""
+    """One more op per partition than the chosen size does not fit budget * (1 - margin),
+    at any swap distance the search tries; predictions include kernel scratch."""
     model = models.mlp(layers=12)
     x, = model.inputs
     fetches, targets, feed_shapes = [model.loss], [model.train], {x.name: (1024, 256)}
@@ -152,10 +155,12 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
     view = analyse(fetches, targets, [x])
     shapes = resolve_shapes(model.graph, view, feed_shapes)
+    kernel_scratch = calibrate(model.graph, view, feed_shapes)
+    slack = budget.chunk_slack(view, TensorSizes(view, shapes))
+    assert slack == 1024 * 256 * 4  # the largest activation
     # Budget mode predicts with device copies held to the end of each partition.
-    assert trace == simulate(plan, shapes, early_frees=False)
-    assert trace.peak_device >= simulate(plan, shapes).peak_device
-    assert trace.peak_device <= limit
+    assert trace == budget.predict(model.graph, plan, feed_shapes)
+    assert trace.peak_device >= simulate(plan, shapes, scratch=kernel_scratch).peak_device
     assert 1 < len(plan.partitions)
     size = plan.partition_size
     assert size < len(view.nodes)
@@ -163,23 +168,23 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     for distance in range(policy.swap_distance, -1, -1):
         bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
                             dataclasses.replace(policy, swap_distance=distance), placement)
-        assert simulate(bigger, shapes, early_frees=False).peak_device > limit, distance
+        assert simulate(bigger, shapes, early_frees=False, scratch=kernel_scratch,
+                        slack=slack).peak_device > limit, distance
 
 
 # ---------------------------------------------------------------------------
 # one capped process
 
 CAPPED_SCRIPT = r"""
-import json, os, sys, time
+import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
-CAP, BUDGET, HUGE, RESIDENT_MIB = (int(a) for a in sys.argv[1:5])
-EDGE = sys.argv[5]
+CAP, BUDGET, HUGE, RESIDENT_MIB, RESIDENT_BUDGET = (int(a) for a in sys.argv[1:6])
 tfmem.emulate_accelerator(CAP)
 import numpy as np
 import psutil
 import tensorflow as tf
-from tfmem import accelerator, models
+from tfmem import accelerator, budget, models
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
 out = {"cap_mib": accelerator.emulated_memory_mib()}
@@ -210,19 +215,20 @@ def train(kind, **options):
             runner.plan([model.train, model.loss], model.feed(BATCH)).partitions)
         result["partition_size"] = runner.partition_size
         result["step_partitions"] = []
+        result["tfmem_peaks"] = []
     feed = model.feed(BATCH)
     for _ in range(STEPS):
-        accelerator.reset_peak("CPU:0")
+        accelerator.reset_peak("CPU:0")  # this process's own measurement, beside tfmem's
         _, loss = runner.run([model.train, model.loss], feed)
         result["losses"].append(float(loss))
+        result["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
         if kind == "tfmem":
-            result["peaks"].append(runner.last_step.device_peak_bytes)
+            result["tfmem_peaks"].append(runner.last_step.device_peak_bytes)
             result["step_partitions"].append(runner.last_step.partitions)
-        else:
-            result["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
     if kind == "tfmem":
         report = runner.memory_report()
-        result["report"] = {k: [type(v).__name__, v] for k, v in vars(report).items()}
+        result["report"] = {k: [type(v).__name__, list(v) if isinstance(v, tuple) else v]
+                            for k, v in vars(report).items()}
         runner.close()
     else:
         sess.close()
@@ -232,7 +238,17 @@ def train(kind, **options):
 out["plain"] = train("plain")
 out["auto"] = train("tfmem", partition_size="auto")
 out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
-out["edge"] = train("tfmem", device_memory_budget=EDGE)
+
+# The edge: budgets just above and just below the one-partition prediction / (1 - margin).
+model = models.mlp(layers=12)
+x, = model.inputs
+with tf1.Session(graph=model.graph) as probe:
+    _, whole = budget.fit(model.graph, [model.loss], [model.train], [x],
+                          {x.name: (BATCH, 256)}, 1 << 40, session=probe)
+edge = whole.peak_device / (1 - budget.DEFAULT_MARGIN)
+out["edge_bytes"] = [int(edge) + (64 << 10), int(edge) - (64 << 10)]
+out["edge"] = train("tfmem", device_memory_budget=out["edge_bytes"][0])
+out["below_edge"] = train("tfmem", device_memory_budget=out["edge_bytes"][1])
 
 # Memory the device already holds for something else (a variable this request never
 # reads, initialised by the plain session) is taken off the budget.
@@ -242,15 +258,16 @@ with model.graph.as_default():
                              use_resource=True)
 sess = tf1.Session(graph=model.graph)
 sess.run(other.initializer)
-tfs = tfmem.TFMemSession(sess, partition_size="auto")
+tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{RESIDENT_BUDGET}MiB")
 resident = out["resident"] = {"losses": [], "peaks": []}
 tfs.run(model.init)
 resident["planned_partitions"] = len(tfs.plan([model.train, model.loss],
                                               model.feed(BATCH)).partitions)
 for _ in range(STEPS):
+    accelerator.reset_peak("CPU:0")
     _, loss = tfs.run([model.train, model.loss], model.feed(BATCH))
     resident["losses"].append(float(loss))
-    resident["peaks"].append(tfs.last_step.device_peak_bytes)
+    resident["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
 resident["predicted"] = tfs.memory_report().predicted_device_peak
 tfs.close()
 
@@ -267,13 +284,11 @@ with model.graph.as_default():
     out["uninitialised"] = len(sess.run(tf1.report_uninitialized_variables()))
 sess.run(model.init)
 before = variables(sess, model.graph)
-started = time.perf_counter()
 try:
     tfs.run([model.train, model.loss], model.feed(BATCH))
     out["tiny"] = {"raised": None}
 except Exception as err:
     out["tiny"] = {"raised": type(err).__name__, "message": str(err)}
-out["tiny"]["seconds"] = time.perf_counter() - started
 out["tiny"]["last_step_is_none"] = tfs.last_step is None
 out["tiny"]["unchanged"] = all(np.array_equal(a, b)
                                for a, b in zip(before, variables(sess, model.graph)))
@@ -297,14 +312,12 @@ trace = tfs.simulate(total)
 guard = out["host"] = {"peak_host": trace.peak_host, "bytes_to_host": trace.bytes_to_host,
                        "partitions": len(trace.partitions)}
 guard["available_before"] = psutil.virtual_memory().available
-started = time.perf_counter()
 try:
     tfs.run(total)
     guard["raised"] = None
 except Exception as err:
     guard["raised"] = type(err).__name__
     guard["message"] = str(err)
-guard["seconds"] = time.perf_counter() - started
 guard["available_after"] = psutil.virtual_memory().available
 guard["last_step_is_none"] = tfs.last_step is None
 guard["allocator_current"] = accelerator.device_memory("CPU:0")["current"]
@@ -318,11 +331,12 @@ print(json.dumps(out))
 def capped():
     done = subprocess.run(
         [sys.executable, "-c", CAPPED_SCRIPT, str(CAP_MIB), str(BUDGET_MIB), str(HUGE),
-         str(RESIDENT_MIB), EDGE],
-        capture_output=True, text=True, cwd=ROOT, timeout=600)
+         str(RESIDENT_MIB), str(RESIDENT_BUDGET_MIB)],
+        capture_output=True, text=True, cwd=ROOT, timeout=1500,
+        env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
     assert done.returncode == 0, f"capped process failed:\n{done.stderr[-4000:]}"
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    for key in ("plain", "auto", "budget", "edge"):
+    for key in ("plain", "auto", "budget", "edge", "below_edge"):
         run = out[key]
         print(f"\n{key:>6}: peaks {[round(p / MIB, 1) for p in run['peaks']]} MiB, "
               f"partitions {run.get('step_partitions')}, losses {run['losses']}")
@@ -333,18 +347,34 @@ def test_the_process_ran_under_the_cap(capped):
     assert capped["cap_mib"] == CAP_MIB
     plain = capped["plain"]
     assert len(plain["losses"]) == 3 and all(np.isfinite(plain["losses"]))
-    # The premise: plain fits under the cap, and not under the budget.
-    assert BUDGET_MIB * MIB < max(plain["peaks"]) <= CAP_MIB * MIB
+    # The premise: plain does not fit the budget.
+    assert BUDGET_MIB * MIB < min(plain["peaks"])
 
 
-def test_auto_under_the_cap_runs_one_partition_with_plain_losses(capped):
+def test_tfmem_measures_what_tensorflow_measures(capped):
+    """tfmem's step peak (from step statistics) is TensorFlow's allocator peak, which
+    the script reads after resetting it before every step."""
+    for key in ("auto", "budget", "edge", "below_edge"):
+        run = capped[key]
+        for ours, tensorflows in zip(run["tfmem_peaks"], run["peaks"]):
+            assert abs(ours - tensorflows) <= 0.02 * tensorflows, (key, run)
+
+
+def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
     auto = capped["auto"]
     assert auto["partition_size"] == "auto"
     assert auto["planned_partitions"] == 1
     assert auto["step_partitions"] == [1, 1, 1]
     np.testing.assert_allclose(auto["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
     assert auto["report"]["device_budget"] == ["int", CAP_MIB * MIB]
-    assert max(auto["peaks"]) <= CAP_MIB * MIB
+    # One partition is the plain step: the same peak, within BFC's chunk noise and the
+    # ~3 MiB of folded initializer constants plain's sess.run(init) keeps resident, and
+    # the prediction (kernel scratch included) within the simulator's tolerance of it.
+    for ours, plain in zip(auto["peaks"][1:], capped["plain"]["peaks"][1:]):
+        assert abs(ours - plain) <= 0.12 * plain, (auto["peaks"], capped["plain"]["peaks"])
+    predicted = auto["report"]["predicted_device_peak"][1]
+    measured = sorted(auto["peaks"])[1]
+    assert abs(predicted - measured) <= 0.15 * measured, (predicted, auto["peaks"])
 
 
 def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
@@ -352,30 +382,36 @@ def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
     assert run["planned_partitions"] > 1
     assert run["step_partitions"] == [run["planned_partitions"]] * 3
     np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
-    assert all(isinstance(p, int) for p in run["peaks"])
+    # The cap is four times the budget: this bound is the prediction's, not the allocator's.
     assert max(run["peaks"]) <= BUDGET_MIB * MIB, (
         f"tfmem peaks {[p / MIB for p in run['peaks']]} MiB over a {BUDGET_MIB} MiB budget")
 
 
 def test_memory_resident_for_other_requests_is_taken_off_the_budget(capped):
     run = capped["resident"]
-    assert capped["auto"]["planned_partitions"] == 1  # the same step, nothing else resident
+    whole = max(capped["auto"]["peaks"])
+    # The premise: the whole step next to the resident variable would exceed the budget.
+    assert whole + RESIDENT_MIB * MIB > RESIDENT_BUDGET_MIB * MIB
     assert run["planned_partitions"] > 1
-    assert run["predicted"] <= (CAP_MIB * (1 - budget.DEFAULT_MARGIN) - RESIDENT_MIB) * MIB
     np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
-    assert RESIDENT_MIB * MIB < max(run["peaks"]) <= CAP_MIB * MIB
+    assert RESIDENT_MIB * MIB < max(run["peaks"]) <= RESIDENT_BUDGET_MIB * MIB, run["peaks"]
 
 
 def test_a_budget_just_above_the_prediction_still_holds(capped):
-    """The margin covers the simulator's MLP under-prediction (-11..-21% at one partition)."""
+    """At the edge: a budget 64 KiB above the one-partition prediction / (1 - margin)
+    plans one partition, and its measured peak stays within it; 64 KiB below splits."""
+    above, below = capped["edge_bytes"]
     run = capped["edge"]
-    budget_bytes = tfmem.parse_bytes(EDGE)
-    predicted = run["report"]["predicted_device_peak"][1]
-    assert predicted <= budget_bytes * (1 - budget.DEFAULT_MARGIN)
-    np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
-    assert max(run["peaks"]) <= budget_bytes, (
-        f"{run['planned_partitions']} partition(s) predicted at {predicted / MIB:.1f} MiB "
-        f"measure {[round(p / MIB, 1) for p in run['peaks']]} MiB, over a {EDGE} budget")
+    assert run["planned_partitions"] == 1
+    assert capped["below_edge"]["planned_partitions"] > 1
+    for key, budget_bytes in (("edge", above), ("below_edge", below)):
+        run = capped[key]
+        np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL,
+                                   atol=ATOL)
+        assert max(run["peaks"]) <= budget_bytes, (
+            f"{key}: {run['planned_partitions']} partition(s) measure "
+            f"{[round(p / MIB, 2) for p in run['peaks']]} MiB, over a "
+            f"{budget_bytes / MIB:.2f} MiB budget")
 
 
 def test_memory_report_under_the_cap(capped):
@@ -383,11 +419,20 @@ def test_memory_report_under_the_cap(capped):
     assert "run a step first" in run["report_before"]
     report = run["report"]
     for field, (kind, value) in report.items():
-        assert kind == "int", (field, kind, value)
+        if field in ("predicted_partition_peaks", "partition_peaks"):
+            assert kind == "tuple" and all(type(v) is int for v in value), (field, value)
+        else:
+            assert kind == "int", (field, kind, value)
     assert report["device_budget"][1] == BUDGET_MIB * MIB
-    assert report["device_peak"][1] == run["peaks"][-1]
-    predicted = report["predicted_device_peak"][1]
-    assert 0 < predicted <= BUDGET_MIB * MIB * (1 - budget.DEFAULT_MARGIN)
+    assert report["device_peak"][1] == run["tfmem_peaks"][-1]
+    predicted = report["predicted_partition_peaks"][1]
+    measured = report["partition_peaks"][1]
+    assert len(predicted) == len(measured) == run["planned_partitions"]
+    assert max(measured) == report["device_peak"][1]
+    assert max(predicted) == report["predicted_device_peak"][1]
+    # Every partition's prediction (kernel scratch included) against its measured peak.
+    for index, (p, m) in enumerate(zip(predicted, measured)):
+        assert abs(p - m) <= 0.25 * m, (index, predicted, measured)
     assert report["host_available"][1] > 0
     assert report["host_buffers"][1] > 0  # it swapped
     assert report["predicted_host_peak"][1] > 0
@@ -400,10 +445,10 @@ def test_a_budget_nothing_fits_raises_before_running(capped):
     assert tiny["raised"] == "BudgetError", tiny
     assert tiny["unchanged"], "a variable changed: the step ran"
     assert tiny["last_step_is_none"]
-    assert tiny["seconds"] < 10, "refused while planning"
     message = tiny["message"]
     assert "4.0 MiB" in message
-    largest = re.search(r"largest op, '([^']+)' \((\w+)\), alone reads and writes "
+    largest = re.search(r"largest op, '([^']+)' \((\w+)\), alone reads, writes and "
+                        r"needs as scratch "
                         r"(\d+\.\d) MiB", message)
     assert largest, message
     assert largest.group(1) in tiny["ops"], message
@@ -419,7 +464,6 @@ def test_host_guard_refuses_a_plan_the_host_cannot_hold(capped):
         pytest.skip(f"the host has {guard['available_before'] / MIB:.0f} MiB available, "
                     f"enough for {needed / MIB:.0f} MiB")
     assert guard["raised"] == "HostMemoryError", guard
-    assert guard["seconds"] < 5, "the guard runs before anything is allocated"
     assert guard["last_step_is_none"]
     assert guard["host_buffers"] == 0
     assert guard["allocator_current"] < MIB, "TensorFlow allocated the step's tensors"

@@ -1,11 +1,17 @@
 """The placement pass: state to the host when the session has an accelerator."""
 
+import dataclasses
+import types
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfmem
 from tfmem.analyse import analyse
 from tfmem.place import HOST_DEVICE, place
+from tfmem.placement_pass import Record
+from tfmem.plan import make_plan
 
 tf1 = tf.compat.v1
 BIG = (512, 1024)  # 2 MiB of float32, above the 1 MiB default threshold
@@ -32,13 +38,39 @@ def _view(g, fetches, feeds):
         return analyse([g.as_graph_element(f) for f in fetches], [], feeds)
 
 
-def test_accelerator_session_moves_large_constants_and_reports_variables():
+def test_planned_without_a_session_the_placement_predicts_what_the_pass_moves():
     g, x, loss, train, _ = _gpu_graph()
     placement = place(_view(g, [loss], [x]), accelerator="GPU:0")
-    assert dict(placement.moved) == {"model/table": HOST_DEVICE}
-    assert set(placement.stays) == {"model/w"}
-    assert "/device:GPU:0" in placement.stays["model/w"]
-    assert "state_on_host" in placement.stays["model/w"]
+    assert dict(placement.moved) == {"model/w": HOST_DEVICE, "model/table": HOST_DEVICE}
+    assert placement.moved_bytes == 4 * 4 * 4 + BIG[0] * BIG[1] * 4
+    assert placement.predicted and "would move 2 state ops" in str(placement)
+    assert not placement.stays and not placement.copied
+
+
+def test_with_the_pass_outcome_what_stayed_is_listed_and_large_constants_copied():
+    g, x, loss, train, _ = _gpu_graph()
+    outcome = Record()
+    outcome.stays.update({"model/w": "why w stays", "model/table": "why the table stays"})
+    view = _view(g, [loss], [x])
+    placement = place(view, accelerator="GPU:0", outcome=outcome)
+    assert not placement.moved and not placement.predicted
+    assert dict(placement.stays) == outcome.stays
+    assert dict(placement.copied) == {"model/table": HOST_DEVICE}
+    assert "why w stays" in str(placement)
+    outcome = Record()
+    outcome.moved.update({"model/w": 64, "model/table": BIG[0] * BIG[1] * 4})
+    placement = place(view, accelerator="GPU:0", outcome=outcome)
+    assert set(placement.moved) == {"model/w", "model/table"} and not placement.stays
+
+
+def test_validate_refuses_a_host_copy_of_what_is_not_a_constant():
+    g, x, loss, train, _ = _gpu_graph()
+    with g.as_default():
+        plan = make_plan([loss], [], [x], 3, accelerator="GPU:0")
+    bad = dataclasses.replace(plan, placement=dataclasses.replace(
+        plan.placement, copied=types.MappingProxyType({"model/w": HOST_DEVICE})))
+    with pytest.raises(tfmem.InvalidPlanError, match="copies 'model/w'"):
+        tfmem.validate(bad)
 
 
 def test_state_on_host_puts_variables_and_large_constants_on_the_host():
@@ -47,7 +79,8 @@ def test_state_on_host_puts_variables_and_large_constants_on_the_host():
     assert "CPU" in g.get_operation_by_name("table").device
     assert "GPU" in g.get_operation_by_name("small").device
     placement = place(_view(g, [loss], [x]), accelerator="GPU:0")
-    assert not placement.moved and not placement.stays
+    assert not placement.stays and not placement.copied
+    assert set(placement.moved) == set()  # already on the host: nothing to move
 
 
 def test_cpu_only_session_has_nothing_to_move_and_says_so():
@@ -59,24 +92,3 @@ def test_cpu_only_session_has_nothing_to_move_and_says_so():
     assert not plan.placement.moved and not plan.placement.stays
     assert "nothing to move" in str(plan.placement)
     assert "nothing to move" in str(plan)
-
-
-def test_moved_constants_are_read_from_host_copies_with_the_same_result():
-    """Rewrite with a placement that moves a constant: results match plain."""
-    g, x, loss, train, init = _gpu_graph()
-    config = tf1.ConfigProto(allow_soft_placement=True)
-    plain, wrapped = tf1.Session(graph=g, config=config), tf1.Session(graph=g, config=config)
-    plain.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=3)
-    tfs.run(init)
-    tfs._accelerator = "GPU:0"  # pylint: disable=protected-access; plan as on a GPU session
-    feed = {x: np.arange(8, dtype=np.float32).reshape(2, 4)}
-    plan = tfs.plan([train, loss], feed)
-    assert dict(plan.placement.moved) == {"model/table": HOST_DEVICE}
-    tfmem.validate(plan)
-    for _ in range(3):
-        np.testing.assert_allclose(tfs.run([train, loss], feed)[1],
-                                   plain.run([train, loss], feed)[1], rtol=1e-5)
-    host_copies = [op for op in g.get_operations()
-                   if op.name.startswith("tfmem/") and op.name.endswith("/host/model/table")]
-    assert len(host_copies) == 1 and host_copies[0].device == HOST_DEVICE

@@ -242,3 +242,36 @@ def test_fetching_a_fed_tensor_reads_the_feed(models, capsys):
                                "--feed-shape", "x=4,64", "--feed-shape", "y:0=4,1")
     assert status == 0, err
     assert "partitions:" in out
+
+
+def test_kernel_scratch_is_in_every_partitions_predicted_peak(capsys, tmp_path):
+    """A convolution net's gradient kernels allocate scratch beyond their outputs: the
+    table shows it per partition, and the predicted peaks include it (they exceed the
+    simulator's tensor-only prediction by at least that much)."""
+    from tfmem import models as zoo  # pylint: disable=import-outside-toplevel
+    from tfmem.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.simulate import simulate  # pylint: disable=import-outside-toplevel
+    model = zoo.convnet()
+    path = str(tmp_path / "conv.meta")
+    with model.graph.as_default():
+        tf1.train.export_meta_graph(filename=path, graph=model.graph)
+    shapes = {"images:0": (48, 36, 36, 3), "labels:0": (48,)}
+    out_json = tmp_path / "conv.json"
+    status, out, err = run_cli(capsys, path, "--fetch", model.train.name, "--fetch",
+                               model.loss.name, "--feed-shape", "images=48,36,36,3",
+                               "--feed-shape", "labels=48", "--partition-size", "20",
+                               "--json", str(out_json))
+    assert status == 0, err
+    assert "kernel scratch MiB" in out
+    predicted = json.loads(out_json.read_text())["memory"]["partitions"]
+    plan = _plan_directly(path, [model.loss.name], [model.train.name], list(shapes), 20)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.train.import_meta_graph(path, clear_devices=True)
+    tensors_only = simulate(plan, resolve_shapes(graph, plan.view, shapes)).partitions
+    assert len(predicted) == len(tensors_only) > 1
+    assert any(p["scratch"] > 0 for p in predicted)
+    for ours, bare in zip(predicted, tensors_only):
+        assert ours["device_peak"] >= bare.device_peak
+    assert max(p["device_peak"] for p in predicted) >= \
+        max(p.device_peak for p in tensors_only) + max(p["scratch"] for p in predicted) // 2

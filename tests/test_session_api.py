@@ -346,3 +346,27 @@ def test_auto_swaps_nothing_without_device_memory(monkeypatch):
         for tfs in (auto, forced):
             np.testing.assert_allclose(tfs.run(out, feed), expected, rtol=1e-5)
         assert auto.last_step.swapped_out == 0 and forced.last_step.swapped_out > 0
+
+
+@pytest.mark.parametrize("dtype,value", [(tf.string, 5), (tf.string, True), (tf.int32, 2 ** 40),
+                                          (tf.int32, 2 ** 70), (tf.int32, True), (tf.string, b"ok")],
+                         ids=["int_to_string", "bool_to_string", "int32_overflow",
+                              "beyond_int64", "bool_to_int", "bytes_to_string"])
+def test_python_scalar_feeds_like_session(pair, dtype, value):
+    """Session.run's own checks: a Python int that does not survive conversion to the
+    placeholder's type (to a string above all) raises the same error, with the same text."""
+    g = tf.Graph()
+    with g.as_default():
+        p = tf1.placeholder(dtype, [], name="p")
+        out = tf.identity(p)
+        for _ in range(3):
+            out = tf.identity(out)
+    plain, tfs = pair(g, 2)
+    try:
+        expected = plain.run(out, feed_dict={p: value})
+    except Exception as plain_error:  # pylint: disable=broad-except
+        with pytest.raises(type(plain_error)) as info:
+            tfs.run(out, feed_dict={p: value})
+        assert str(info.value) == str(plain_error)
+    else:
+        assert_same_result(expected, tfs.run(out, feed_dict={p: value}))

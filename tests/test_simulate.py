@@ -1,9 +1,11 @@
 """The simulator: its predicted device peak against TensorFlow's measured one,
 and the properties every trace holds whatever the graph.
 
-Accuracy runs in one fresh process with an emulated accelerator (the cap is
-read when TensorFlow starts, and this process has imported TensorFlow
-already); the process prints one JSON line with every measurement.  The pure
+Accuracy runs in two fresh processes, one per kernel path
+(TF_ENABLE_ONEDNN_OPTS=0 and =1, so a machine of either kind checks both),
+each with a BFC allocator far above the step (read when TensorFlow starts,
+and this process has imported TensorFlow already); each prints one JSON line
+with every measurement.  The pure
 properties plan and simulate in this process and run no step.
 """
 
@@ -28,63 +30,89 @@ tf1 = tf.compat.v1
 
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOLERANCE = 0.15
-# The MLP at large partitions is a known gap (oneDNN scratch memory the
-# simulator cannot see; -8..-21% measured at sizes 100000 and 200): only size 20 is held to
-# TOLERANCE.
-MLP_SANITY = 0.5
+# Bounds on |predicted - measured| / measured, per kernel path: the median step, and
+# the worst step.  Measured on TensorFlow 2.21 (README, Simulator accuracy).
+TOLERANCE = {"eigen": 0.10, "onednn": 0.15}
+WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.18}
+# Known gaps, with their bound on both errors.  The unrolled RNN in one partition is
+# over-predicted (TensorFlow's executor frees earlier than the simulator's order); the
+# MoE layer at 20 ops per partition measured -9 to -12 %.
+# With oneDNN the small convolution nets measure 1-2 MiB more than predicted on
+# 4-9 MiB steps: BFC allocator chunks (a chunk less than twice a request is handed
+# out whole: a 2.5 MiB convolution output held a 4 MiB chunk), not kernel scratch.
+# Budget mode learns those from its first measured step.
+KNOWN_GAPS = {("eigen", "rnn", 100000): 0.17, ("onednn", "rnn", 100000): 0.17,
+              ("eigen", "moe", 20): 0.15}
+KNOWN_GAPS.update({("onednn", net, size): 0.32 for net in ("conv", "pool")
+                   for size in (100000, 200, 50, 20)})
 
-# (model, builder kwargs, batch)
+# (model builder, builder kwargs, batch); "conv" and "pool" are nets of shapes the
+# simulator was not tuned on (odd channels and image sizes, strides, pooling).
 MODELS = {
-    "resnet": ("resnet", dict(blocks=(2, 2, 2)), 32),
-    "rnn": ("unrolled_rnn", {}, 256),
+    "resnet": ("resnet", dict(blocks=(1, 1, 1)), 32),
+    "rnn": ("unrolled_rnn", dict(steps=16), 256),
     "mlp": ("mlp", dict(layers=12), 1024),
+    "moe": ("moe", {}, 32),
+    "conv": ("convnet", {}, 48),
+    "pool": ("convnet", dict(channels=(7, 33, 21), strides=(2, 1, 1), image=41, pool="avg"),
+             96),
 }
 SIZES = (100000, 200, 50, 20)
-# One process: two side by side on a 2-core machine delay each other's prefetch
-# threads, which lowers the measured peaks (uploads land later) and widens the errors.
-GROUPS = (("resnet", "rnn", "mlp"),)
-# Steps 2..STEPS are measured (the first warms caches). The same step's peak varies by
-# up to ~4 MiB from run to run (BFC chunks, inter-op scheduling, how the prefetcher's
-# uploads overlap a partition), so accuracy is judged against the median step and
-# safety against the worst one.
-STEPS = 5
-ACCURATE = [(m, s) for m in ("resnet", "rnn") for s in SIZES] + [("mlp", 20)]
+PATHS = {"eigen": "0", "onednn": "1"}  # TF_ENABLE_ONEDNN_OPTS of each kernel path
+# Steps 2..STEPS are measured (the first warms caches): accuracy is judged on the
+# median step, and the worst step separately.
+STEPS = 4
 
 ACCURACY_SCRIPT = r"""
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
-tfmem.emulate_accelerator(8192)
+tfmem.emulate_accelerator(8192)  # a BFC allocator far above every step: figures, no cap
 import tensorflow as tf
-from tfmem import models
+from tfmem import accelerator, budget, models
 
 configs, sizes, steps = (json.loads(a) for a in sys.argv[1:4])
 results = []
 for key, (builder, kwargs, batch) in configs.items():
-    if "blocks" in kwargs:
-        kwargs["blocks"] = tuple(kwargs["blocks"])
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
     for size in sizes:
         model = getattr(models, builder)(**kwargs)
-        sess = tf.compat.v1.Session(graph=model.graph)
+        # Pinned thread pools: the result must not depend on the machine's core count.
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                          inter_op_parallelism_threads=1)
+        sess = tf.compat.v1.Session(graph=model.graph, config=config)
         tfs = tfmem.TFMemSession(sess, partition_size=size)
         # Not sess.run(init): a plain run caches the initializer's folded constants
-        # (3 MiB of zeros for the MLP's momentum slots) in the session for good, and
-        # they would count in every step's measured peak.
+        # in the session for good, and they would count in every step's peak.
         tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
         feed = model.feed(batch)
-        peaks, waits = [], []
+        fetches = [model.train, model.loss]
+        peaks, tfmem_peaks, foreign = [], [], []
+        state = tfs.simulate(fetches, feed).state_bytes
         for _ in range(steps):
-            tfs.run([model.train, model.loss], feed)
-            peaks.append(tfs.last_step.device_peak_bytes)
-            waits.append(tfs.last_step.prefetch_wait_time)
+            # Bytes the allocator holds beyond this request's state when the step starts
+            # (what earlier sessions of this process left, kernel library caches): not
+            # the step's, and budget mode takes them off the budget as resident.
+            foreign.append(max(accelerator.device_memory("CPU:0")["current"] - state, 0))
+            accelerator.reset_peak("CPU:0")  # this process's own measurement
+            tfs.run(fetches, feed)
+            peaks.append(accelerator.device_memory("CPU:0")["peak"])
+            tfmem_peaks.append(tfs.last_step.device_peak_bytes)
+        own = [p - f for p, f in zip(peaks, foreign)]
         report = tfs.memory_report()
-        results.append(dict(model=key, partition_size=size, peaks=peaks, waits=waits,
-                            load=os.getloadavg()[0],
-                            measured=sorted(peaks[1:])[(steps - 1) // 2],  # median
-                            worst=max(peaks[1:]),
+        plan = tfs.plan(fetches, feed)
+        feed_shapes = {t.name: v.shape for t, v in feed.items()}
+        planned = budget.predict(model.graph, plan, feed_shapes, sess)
+        results.append(dict(model=key, partition_size=size, peaks=peaks,
+                            tfmem_peaks=tfmem_peaks, load=os.getloadavg()[0],
+                            foreign=foreign,
+                            measured=sorted(own[1:])[(steps - 1) // 2],  # median
+                            worst=max(own[1:]),
                             predicted=report.predicted_device_peak,
+                            planned=planned.peak_device,
                             report_peak=report.device_peak,
+                            partition_peaks=report.partition_peaks,
+                            predicted_partition_peaks=report.predicted_partition_peaks,
                             partitions=tfs.last_step.partitions))
         tfs.close()
         del tfs, sess, model, feed
@@ -92,86 +120,109 @@ print(json.dumps(results))
 """
 
 
-def _measure(groups):
-    """Rows of ACCURACY_SCRIPT, one capped process per group of models, run side by side."""
-    processes = [subprocess.Popen(
-        [sys.executable, "-c", ACCURACY_SCRIPT, json.dumps({k: MODELS[k] for k in group}),
-         json.dumps(SIZES), str(STEPS)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        for group in groups]
-    rows = []
+def _measure(path, onednn):
+    """Start the accuracy process of one kernel path; rows come from `_rows`."""
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn)
+    return subprocess.Popen(
+        [sys.executable, "-c", ACCURACY_SCRIPT, json.dumps(MODELS), json.dumps(SIZES),
+         str(STEPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=env)
+
+
+def _rows(path, process):
     try:
-        for process in processes:
-            stdout, stderr = process.communicate(timeout=600)
-            assert process.returncode == 0, f"accuracy process failed:\n{stderr[-4000:]}"
-            rows += json.loads(stdout.strip().splitlines()[-1])
+        stdout, stderr = process.communicate(timeout=900)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    return rows
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, f"accuracy process ({path}) failed:\n{stderr[-4000:]}"
+    return [dict(row, path=path) for row in json.loads(stdout.strip().splitlines()[-1])]
 
 
 @pytest.fixture(scope="module")
 def accuracy():
-    """{(model, partition_size): measurement} from capped processes."""
-    rows = _measure(GROUPS)
+    """{(kernel path, model, partition_size): measurement}, one process per kernel path."""
+    processes = {path: _measure(path, onednn) for path, onednn in PATHS.items()}
+    rows = [row for path, process in processes.items() for row in _rows(path, process)]
     table = {}
     print(f"\nsimulator accuracy (predicted vs TensorFlow's peak, median of steps 2..{STEPS}):")
     for row in rows:
         row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
         row["worst_error"] = (row["predicted"] - row["worst"]) / row["worst"]
-        table[row["model"], row["partition_size"]] = row
-        print(f"  {row['model']:>6} partition_size={row['partition_size']:<6} "
+        table[row["path"], row["model"], row["partition_size"]] = row
+        print(f"  {row['path']:>6} {row['model']:>6} partition_size={row['partition_size']:<6} "
               f"partitions={row['partitions']:<3} predicted {row['predicted'] / MIB:6.1f} MiB "
               f"measured {row['measured'] / MIB:6.1f} MiB  error {row['error']:+6.1%} "
-              f"(worst step {row['worst_error']:+6.1%})  "
-              f"(steps {', '.join(f'{p / MIB:.1f}' for p in row['peaks'])}; "
-              f"prefetch wait {max(row['waits'][1:]) * 1e3:.0f} ms; load {row['load']:.1f})")
+              f"(worst step {row['worst_error']:+6.1%}; budget mode's bound "
+              f"{row['planned'] / MIB:.1f} MiB)  "
+              f"(steps {', '.join(f'{p / MIB:.1f}' for p in row['peaks'])}, of which not "
+              f"the step's {max(row['foreign']) / MIB:.1f}; "
+              f"load {row['load']:.1f})")
     return table
 
 
 def test_accuracy_run_measured_every_configuration(accuracy):
-    assert set(accuracy) == {(m, s) for m in MODELS for s in SIZES}
-    for (model, size), row in accuracy.items():
-        assert all(isinstance(p, int) and p > 0 for p in row["peaks"]), (model, size, row)
-        assert row["report_peak"] == row["peaks"][-1], "memory_report is the last step's"
+    assert set(accuracy) == {(p, m, s) for p in PATHS for m in MODELS for s in SIZES}
+    for key, row in accuracy.items():
+        assert all(isinstance(p, int) and p > 0 for p in row["peaks"]), (key, row)
+        assert row["report_peak"] == row["tfmem_peaks"][-1], "memory_report is the last step's"
         assert row["predicted"] > 0
-        if size == 100000:
-            assert row["partitions"] == 1, (model, row)
-        else:
-            assert row["partitions"] > 1, (model, size, row)
+        assert len(row["partition_peaks"]) == len(row["predicted_partition_peaks"]) \
+            == row["partitions"], key
+        assert max(row["predicted_partition_peaks"]) == row["predicted"], key
+        if key[2] == 100000:
+            assert row["partitions"] == 1, (key, row)
 
 
-@pytest.mark.parametrize("model,size", [pytest.param(m, s, id=f"{m}-{s}") for m, s in ACCURATE])
-def test_predicted_peak_within_tolerance(accuracy, model, size):
-    row = accuracy[model, size]
-    assert abs(row["error"]) <= TOLERANCE, (
-        f"{model} partition_size={size}: predicted {row['predicted'] / MIB:.2f} MiB, "
-        f"measured {row['measured'] / MIB:.2f} MiB ({row['error']:+.1%}); steps "
-        f"{[round(p / MIB, 2) for p in row['peaks']]} MiB, prefetch waits "
-        f"{[round(w * 1e3) for w in row['waits']]} ms, load average {row['load']:.1f}")
+def test_tfmem_measures_the_allocator_peak_of_every_step(accuracy):
+    """tfmem's own figure (from step statistics, without resetting TensorFlow's peak)
+    is TensorFlow's allocator peak, read here after a reset before every step."""
+    for key, row in accuracy.items():
+        for ours, tensorflows in zip(row["tfmem_peaks"], row["peaks"]):
+            assert abs(ours - tensorflows) <= 0.02 * tensorflows, (key, row)
 
 
-def test_budget_margin_covers_the_worst_step(accuracy):
-    """Budget mode plans to (1 - margin) of the budget: even the worst step must fit."""
-    for (model, size), row in accuracy.items():
-        assert row["worst"] * (1 - DEFAULT_MARGIN) <= row["predicted"], (model, size, row)
+def _bound(key, tolerance):
+    return max(tolerance[key[0]], KNOWN_GAPS.get(key, 0))
 
 
-def test_mlp_large_partitions_known_gap_is_bounded(accuracy):
-    """Not held to TOLERANCE (see MLP_SANITY); a gross regression still fails."""
-    for size in SIZES:
-        row = accuracy["mlp", size]
-        assert abs(row["error"]) <= MLP_SANITY, (size, row)
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_predicted_peak_of_the_median_step_within_tolerance(accuracy, path):
+    failures = [f"{m} partition_size={s}: predicted {r['predicted'] / MIB:.2f} MiB, measured "
+                f"{r['measured'] / MIB:.2f} MiB ({r['error']:+.1%}); steps "
+                f"{[round(p / MIB, 2) for p in r['peaks']]} MiB"
+                for (p, m, s), r in accuracy.items()
+                if p == path and abs(r["error"]) > _bound((p, m, s), TOLERANCE)]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_predicted_peak_of_the_worst_step_within_tolerance(accuracy, path):
+    failures = [f"{m} partition_size={s}: predicted {r['predicted'] / MIB:.2f} MiB, worst "
+                f"{r['worst'] / MIB:.2f} MiB ({r['worst_error']:+.1%})"
+                for (p, m, s), r in accuracy.items()
+                if p == path and abs(r["worst_error"]) > _bound((p, m, s), WORST_TOLERANCE)]
+    assert not failures, "\n".join(failures)
+
+
+def test_budget_modes_bound_plus_margin_covers_the_worst_step(accuracy):
+    """Budget mode plans with device copies held to the end of each partition, to
+    (1 - margin) of the budget: on the kernel path capped runs use (oneDNN off, which
+    raises ResourceExhaustedError at a cap where oneDNN crashed), even the worst step
+    fits that bound unless a known gap.  With oneDNN, budget mode learns the rest
+    from its first measured step (tests/test_measure.py)."""
+    for key, row in accuracy.items():
+        if key[0] == "eigen" and key not in KNOWN_GAPS:
+            assert row["worst"] * (1 - DEFAULT_MARGIN) <= row["planned"], (key, row)
 
 
 def test_smaller_partitions_predict_and_measure_less(accuracy):
-    for model in ("resnet", "rnn"):
-        whole, smallest = accuracy[model, SIZES[0]], accuracy[model, SIZES[-1]]
-        assert smallest["predicted"] < whole["predicted"], model
-        assert smallest["measured"] < whole["measured"], model
+    for path in PATHS:
+        for model in ("resnet", "rnn", "mlp", "moe"):
+            whole, smallest = accuracy[path, model, SIZES[0]], accuracy[path, model, SIZES[-1]]
+            assert smallest["predicted"] < whole["predicted"], (path, model)
+            assert smallest["measured"] < whole["measured"], (path, model)
 
 
 # --------------------------------------------------------------------------

@@ -22,9 +22,15 @@ _EXPORTS = {
     "parse_bytes": "tfmem.budget",
     "Session": "tfmem.session_factory", "session_config": "tfmem.session_factory",
     "CompileStats": "tfmem.compile_stats",
+    "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
+    "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
+    "MonitoredTrainingSession": "tfmem.monitored",
+    "SingularMonitoredSession": "tfmem.monitored",
 }
+# Submodules exported by name (imported on first use): tfmem.keras.
+_MODULES = {"keras": "tfmem.keras"}
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
 
 def __getattr__(name):
@@ -32,6 +38,8 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value
         return value
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'tfmem' has no attribute {name!r}")
 
 

@@ -50,13 +50,36 @@ def emulated_memory_mib():
     return int(value) if value and value.isdigit() else None
 
 
-def accelerator_of(session):
-    """The session's accelerator device name ('GPU:0'), or None when it has only CPUs."""
+def accelerator_of(session, device=None):
+    """The session's accelerator device name ('GPU:0'), or None when it has only CPUs.
+
+    `device` names it instead of the first GPU or TPU: tests on a CPU-only
+    machine configure two CPU devices (`ConfigProto(device_count={'CPU': 2})`)
+    and let 'CPU:1' stand in for the accelerator.  It must be one of the
+    session's devices.
+    """
+    if device is not None:
+        return _session_device(session, device)
     for device in session.list_devices():
         kind = device.device_type
         if kind in ("GPU", "TPU"):
             return f"{kind}:{device.name.rsplit(':', 1)[-1]}"
     return None
+
+
+def _session_device(session, name):
+    """`name` ('CPU:1', '/device:GPU:0') as 'TYPE:index', checked against the session's devices."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        spec = tf.DeviceSpec.from_string(name)
+    except (ValueError, TypeError):
+        spec = None
+    available = [f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in session.list_devices()]
+    wanted = f"{(spec.device_type or '').upper()}:{spec.device_index}" if spec else None
+    if wanted not in available:
+        raise ValueError(f"accelerator_device={name!r} is not a device of the session; "
+                         f"name one of {available} (such as 'GPU:0')")
+    return wanted
 
 
 def accelerator_memory(session):

@@ -12,12 +12,16 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 3. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
-Predictions must fit `budget * (1 - margin)`, and they are made with device
-copies held to the end of each partition that frees them: the simulator is an
-estimate, and on large models it under-predicts by more than the margin
-(ResNet experiment: 53 MiB predicted, 64-68 MiB measured at 34 layers):
-concurrent ops, kernel scratch memory, and constants Grappler folds into each
-partition's executor, which stay resident, are not modelled.
+Predictions include each kernel's scratch memory, measured once per kernel
+configuration (`scratch.calibrate`), must fit `budget * (1 - margin)`, and are
+made with device copies held to the end of each partition that frees them,
+plus an allowance for the allocator's chunks (`chunk_slack`).
+
+Budget mode learns: after each step the session compares every partition's
+measured peak with its prediction (`Correction`).  When a partition went over,
+predictions of that request are scaled by the largest measured/predicted
+ratio seen, and the next step runs a plan fitted with the corrected model.
+The step that went over is never run again: it may have updated variables.
 """
 
 import dataclasses
@@ -27,13 +31,14 @@ from tfmem.analyse import analyse, split_tensor_name
 from tfmem.errors import BudgetError
 from tfmem.partition import partition
 from tfmem.place import place
+from tfmem.scratch import calibrate
 from tfmem.plan import build_plan, validate
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import TensorSizes, simulate, state_bytes
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
-DEFAULT_MARGIN = 0.25
+DEFAULT_MARGIN = 0.10
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
           "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12,
           "tb": 10**12, "tib": 1 << 40}
@@ -61,26 +66,92 @@ def _mib(nbytes):
     return f"{nbytes / (1 << 20):.1f} MiB"
 
 
-def _largest_op(view, size_of):
-    """(name, type, bytes read and written) of the op that needs the most memory alone."""
+def _largest_op(view, size_of, scratch):
+    """(name, type, bytes read, written and scratch) of the op that needs the most memory
+    alone."""
     best = ("", "", 0)
     known = set(view.nodes) | set(view.sources)
     for name, node in view.nodes.items():
-        total = sum(size_of(t) for t in node.inputs if split_tensor_name(t)[0] in known)
+        total = scratch.get(name, 0)
+        total += sum(size_of(t) for t in node.inputs if split_tensor_name(t)[0] in known)
         total += sum(size_of(f"{name}:{i}") for i in range(len(node.outputs)))
         if total > best[2]:
             best = (name, node.type, total)
     return best
 
 
+class Correction:
+    """What budget mode learned from measured steps of one request.
+
+    `scratch`: kernel scratch bytes per op seen in the request's own steps (from
+    their step statistics) where it exceeded the calibration; `factor`: what the
+    measured step peak still exceeds the predicted one by once those are in
+    (the allocator's fragmentation, the executor's order), 1.0 until then.
+    """
+
+    def __init__(self):
+        self.factor = 1.0
+        self.scratch = {}
+
+    def learn(self, trace, measured_peaks, scratch_seen, predict):
+        """Compare a step's measured peak with `trace`'s (the plan was fitted to that);
+        when it went over, take in the kernel scratch the step measured, and set the
+        factor from the prediction `predict(scratch)` makes with it.  True when
+        something was learned."""
+        if not measured_peaks or len(measured_peaks) != len(trace.partitions):
+            return False
+        if max(measured_peaks) <= trace.peak_device * self.factor:
+            return False
+        for name, nbytes in scratch_seen.items():
+            self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
+        corrected = predict(self.scratch)
+        self.factor = max(self.factor, max(measured_peaks) / max(corrected.peak_device, 1))
+        return True
+
+
+def merged_scratch(calibrated, correction):
+    """Calibrated kernel scratch, raised to what the request's own steps measured."""
+    if correction is None or not correction.scratch:
+        return calibrated
+    merged = dict(calibrated)
+    for name, nbytes in correction.scratch.items():
+        merged[name] = max(nbytes, merged.get(name, 0))
+    return merged
+
+
+def chunk_slack(view, size_of):
+    """Budget mode's allowance for the device allocator's chunks: the largest tensor the
+    request computes.  TensorFlow's BFC allocator hands a free chunk out whole when
+    splitting it would leave less than the request (a 1 MiB tensor can hold a 1.75
+    MiB chunk), which no tensor-level model predicts; measured, it cost the 12-layer
+    MLP 2-4 MiB (one to three 1 MiB tensors' worth) at its peak."""
+    return max((size_of(f"{name}:{i}") for name, node in view.nodes.items()
+                for i in range(len(node.outputs))), default=0)
+
+
+def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
+    """The MemoryTrace budget mode plans with: kernel scratch (calibrated, raised to
+    `extra_scratch`), device copies held to the end of each partition that frees them,
+    and the allocator's chunk slack."""
+    shapes = resolve_shapes(graph, plan.view, feed_shapes)
+    scratch = calibrate(graph, plan.view, feed_shapes, session)
+    if extra_scratch:
+        scratch = {**scratch, **{k: max(v, scratch.get(k, 0)) for k, v in extra_scratch.items()}}
+    return simulate(plan, shapes, early_frees=False, scratch=scratch,
+                    slack=chunk_slack(plan.view, TensorSizes(plan.view, shapes)))
+
+
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
         policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
-        prefer=()):
+        scratch=None, session=None, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
     Beyond the request's own variables and constants, which every prediction counts,
     it is taken off the budget: other requests' variables, tensors of other sessions.
+    `scratch`: {op name: kernel scratch bytes}; measured with `scratch.calibrate`
+    (under `session`'s threads) when None.  `correction`: a `Correction` learned
+    from measured steps (its kernel scratch, and its factor predictions are scaled by).
     `prefer`: plans of the same request already compiled (for other feed shapes); the
     one with the fewest partitions that fits these shapes is returned, so its copies
     serve them and the session graph does not grow.
@@ -88,12 +159,17 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
     shapes = resolve_shapes(graph, view, feed_shapes)
+    if scratch is None:
+        scratch = calibrate(graph, view, feed_shapes, session)
+    scratch = merged_scratch(scratch, correction)
+    factor = correction.factor if correction is not None else 1.0
+    slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
-    limit = budget_bytes * (1 - margin) - others
+    limit = (budget_bytes * (1 - margin) - others) / factor
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
-        if plan.view == view and plan.placement == placement:
-            trace = simulate(plan, shapes, early_frees=False)
+        if plan.view == view:  # its placement is the caller's to check
+            trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack)
             if trace.peak_device <= limit:
                 return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
@@ -107,7 +183,7 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
                 candidate = policy if distance is None else dataclasses.replace(
                     policy, swap_distance=distance)
                 plan = build_plan(view, partition(view, groups, size), size, candidate, placement)
-                trace = simulate(plan, shapes, early_frees=False)
+                trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack)
                 if trace.peak_device <= limit:
                     tried[size] = (plan, trace)
                     break
@@ -121,15 +197,15 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     if fits is None:
         trace = simulate(build_plan(view, partition(view, groups, 1), 1,
                                     dataclasses.replace(policy, swap_distance=0), placement),
-                         shapes, early_frees=False)
-        name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes))
+                         shapes, early_frees=False, scratch=scratch, slack=slack)
+        name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         raise BudgetError(
             f"nothing fits in a device-memory budget of {_mib(budget_bytes)} (predictions must "
-            f"stay under {_mib(limit)}"
+            f"stay under {_mib(limit * factor)}"
             + (f", after {_mib(others)} the device holds for other requests" if others else "")
-            + f"): even one op per partition needs {_mib(trace.peak_device)}"
+            + f"): even one op per partition needs {_mib(trace.peak_device * factor)}"
             f", of which {_mib(trace.state_bytes)} is variables and constants. The largest op, "
-            f"'{name}' ({kind}), alone reads and writes {_mib(nbytes)}. Raise the budget, or "
+            f"'{name}' ({kind}), alone reads, writes and needs as scratch {_mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
     low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit
     while high - low > 1:

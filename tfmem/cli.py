@@ -10,11 +10,14 @@ Commands:
          TFMemSession would, predict its memory per partition without
          running it, and optionally write the plan as JSON, a memory plot and
          a Chrome trace of the planned step (see :mod:`tfmem.plan_cli`).
+  run    run an unmodified training script with every Session,
+         InteractiveSession and monitored session it creates going through
+         tfmem, and print what its steps cost at exit (see :mod:`tfmem.run_cli`).
 """
 
 import argparse
 
-from tfmem import demo, plan_cli
+from tfmem import demo, plan_cli, run_cli
 
 
 def _run_demo(args):
@@ -45,6 +48,12 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     plan_cli.add_arguments(plan_parser)
     plan_parser.set_defaults(func=_run_plan)
+    run_parser = commands.add_parser(
+        "run", help="run a training script with every session it creates wrapped in tfmem",
+        description=run_cli.DESCRIPTION, epilog=run_cli.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run_cli.add_arguments(run_parser)
+    run_parser.set_defaults(func=run_cli.run)
     return parser
 
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from tfmem import proof
+from tfmem import child_env, proof
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -59,8 +59,13 @@ def add_arguments(parser):
                              "both sessions' peaks")
     parser.add_argument("--no-proof", action="store_true",
                         help="skip the memory proof (plain vs tfmem under half the plain peak)")
-    # Set in the capped subprocess that --device-memory starts.
+    parser.add_argument("--tf2", action="store_true",
+                        help="also run the TensorFlow 2 memory proof (Keras fit through "
+                             "tfmem.keras under half the plain peak; see tfmem.proof_tf2)")
+    # Set in the capped subprocess that --device-memory starts, and in the uncapped
+    # plain reference it starts when the plain session runs out of memory there.
     parser.add_argument("--capped-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--reference-child", action="store_true", help=argparse.SUPPRESS)
     return parser
 
 
@@ -194,19 +199,77 @@ def _side_by_side(args):
         print(f"TFMEM OUT OF MEMORY: TFMemSession raised ResourceExhaustedError at step "
               f"{tfmem_track.oom_step} under {args.device_memory} MiB")
         return 1
-    if compared == 0:
-        print(f"plain Session ran out of memory at step 0, so there are no losses to compare; "
-              f"TFMemSession trained all {args.steps} steps under {args.device_memory} MiB")
-        return 0
-    only = "" if compared == args.steps else f" on the {compared} steps the plain Session ran"
+    if compared < args.steps:
+        # The plain session ran out of memory under the cap: compare every tfmem loss
+        # with a plain session's, trained without a cap in a fresh process.
+        print(f"plain Session ran out of memory at step {plain_track.oom_step}; comparing "
+              f"TFMemSession's {args.steps} losses with a plain Session trained without a cap "
+              f"(fresh process) ...", flush=True)
+        reference = _plain_reference(args)
+        if isinstance(reference, str):
+            print(f"NO REFERENCE: {reference}")
+            return 1
+        plain_losses, only = np.array(reference), " (plain: uncapped reference process)"
+        tfmem_losses = np.array(tfmem_track.losses)
+        print(f"max abs loss difference: "
+              f"{float(np.max(np.abs(plain_losses - tfmem_losses))):.3e}")
+    else:
+        only = ""
+    return _compare(np, plain_losses, tfmem_losses, only)
+
+
+def _compare(np, plain_losses, tfmem_losses, note):
+    """Print whether the losses match; the exit code."""
     if np.allclose(tfmem_losses, plain_losses, rtol=RTOL, atol=ATOL):
-        print(f"losses match (rtol {RTOL:g}){only}")
+        print(f"losses match (rtol {RTOL:g}){note}")
         return 0
     bad = np.flatnonzero(~np.isclose(tfmem_losses, plain_losses, rtol=RTOL, atol=ATOL))
     print(f"LOSS MISMATCH: tfmem and plain losses differ beyond rtol {RTOL:g} "
           f"at step(s) {', '.join(map(str, bad.tolist()))} "
-          f"(first: plain {plain_losses[bad[0]]:.6f}, tfmem {tfmem_losses[bad[0]]:.6f})")
+          f"(first: plain {plain_losses[bad[0]]:.6f}, tfmem {tfmem_losses[bad[0]]:.6f}){note}")
     return 1
+
+
+REFERENCE = "DEMO-REFERENCE "
+
+
+def _plain_reference_child(args):
+    """Train only the plain session, without a cap, and print its losses as JSON."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import json  # pylint: disable=import-outside-toplevel
+
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    data_x, data_y = _synthetic_data(np, args.seed)
+    graph, x, y, loss, train_op, init = _build_model(tf, np, args.seed)
+    losses = []
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init)
+        for step in range(args.steps):
+            start = (step * args.batch_size) % NUM_EXAMPLES
+            idx = np.arange(start, start + args.batch_size) % NUM_EXAMPLES
+            losses.append(float(sess.run([train_op, loss],
+                                         feed_dict={x: data_x[idx], y: data_y[idx]})[1]))
+    print(REFERENCE + json.dumps(losses), flush=True)
+    return 0
+
+
+def _plain_reference(args):
+    """Plain losses of every step from an uncapped fresh process, or a reason (str)."""
+    import json  # pylint: disable=import-outside-toplevel
+    cmd = [sys.executable, "-m", "tfmem.demo", "--reference-child", "--no-proof",
+           "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+           "--seed", str(args.seed)]
+    # The same kernel path as this process; the allocator without a cap.
+    env = child_env.child_env(onednn=child_env.onednn_from_env())
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(REFERENCE)]
+    if proc.returncode != 0 or not lines:
+        return (f"the uncapped plain reference process ended without losses "
+                f"({child_env.describe_exit(proc.returncode)}): "
+                + " | ".join(proc.stderr.strip().splitlines()[-3:]))
+    return json.loads(lines[-1][len(REFERENCE):])
 
 
 def _side_by_side_capped(args):
@@ -216,17 +279,16 @@ def _side_by_side_capped(args):
            "--partition-size", str(args.partition_size),
            "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
     sys.stdout.flush()
-    env = dict(os.environ)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # TensorFlow 2.21's oneDNN kernels can crash the process (SIGSEGV) instead
     # of raising ResourceExhaustedError when the capped allocator is full
-    # (seen in Relu); the standard kernels raise it.  Both sessions run in
-    # this one process, so they still compare like with like.
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    # (seen in Relu); the standard kernels raise it.  So oneDNN is off here
+    # unless TF_ENABLE_ONEDNN_OPTS asks for it.  Both sessions run in this one
+    # process, so they still compare like with like.
+    env = child_env.child_env(cap_mib=args.device_memory, onednn=child_env.onednn_from_env())
     code = subprocess.run(cmd, env=env, check=False).returncode
     if code < 0:
-        print(f"the capped side-by-side process was killed by signal {-code} "
-              f"(TensorFlow crashed; its log is on stderr)")
+        print(f"the capped side-by-side process CRASHED ({child_env.describe_exit(code)}; "
+              f"TensorFlow's log is on stderr): not an out-of-memory error")
         return 1
     return code
 
@@ -246,6 +308,8 @@ def _memory_proof(args):
 
 def run(args):
     """Run the demo with parsed ``args``; return the exit code."""
+    if args.reference_child:
+        return _plain_reference_child(args)
     if args.device_memory is not None and not args.capped_child:
         code = _side_by_side_capped(args)
     else:
@@ -256,6 +320,9 @@ def run(args):
     ok = code == 0
     if not args.no_proof:
         ok = _memory_proof(args) == 0 and ok
+    if getattr(args, "tf2", False):
+        from tfmem import proof_tf2  # pylint: disable=import-outside-toplevel
+        ok = proof_tf2.demo_part() == 0 and ok
     return 0 if ok else 1
 
 

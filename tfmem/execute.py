@@ -18,18 +18,56 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator, oom
+from tfmem import accelerator, oom, run_path
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
 
 
-def _callable_options(program, run_options):
+def _callable_options(program, run_options, measure):
     options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
                                          target=program.targets)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
+    if measure and options.run_options.trace_level < config_pb2.RunOptions.SOFTWARE_TRACE:
+        options.run_options.trace_level = config_pb2.RunOptions.SOFTWARE_TRACE
     return options
+
+
+def measured_peak(metadata):
+    """The device allocator's peak during a run, from its step statistics, or None.
+
+    With allocation tracking on (SOFTWARE_TRACE), each op's statistics hold the
+    allocator's bytes in use when it finished, and the bytes the op itself had
+    allocated at its peak and still holds (its outputs); at the op's peak the
+    allocator held `in use - live + peak`.  This reads TensorFlow's own figures
+    without resetting its process-wide peak (`get_memory_info()['peak']`), which
+    belongs to the user.  On this machine it equals the allocator's peak of a
+    freshly reset run to the byte when nothing else allocates meanwhile.
+    """
+    best = None
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            for memory in node.memory:
+                if memory.allocator_bytes_in_use:
+                    value = memory.allocator_bytes_in_use - memory.live_bytes + memory.peak_bytes
+                    best = value if best is None else max(best, value)
+    return best
+
+
+def measured_scratch(metadata, ops, index):
+    """{op name: bytes its kernel allocated beyond what it returned} in partition `index`
+    whose `ops` ran as copies named `<scope>/p<index>/<op name>`."""
+    scratch = {}
+    marker = f"/p{index}/"
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            name = node.node_name.split(marker, 1)[-1]
+            if name in ops and node.memory:
+                extra = max(m.peak_bytes - m.live_bytes for m in node.memory)
+                if extra > 0:
+                    scratch[name] = max(extra, scratch.get(name, 0))
+    return scratch
 
 
 @contextlib.contextmanager
@@ -82,20 +120,29 @@ class Executor:
         self._batches = {index: runtime.prefetcher.batch(batch)  # partition -> upload callable
                          for index, batch in dtypes.items()}
         self._process = psutil.Process()
+        self._ops = [frozenset(p.ops) for p in plan.partitions]
+        self.last_scratch = {}  # op name -> kernel scratch measured in the last step
+        self.last_resident = None  # device bytes in use when the last step started
 
-    def _callables_for(self, options):
+    def _callables_for(self, options, run_metadata=None):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
+        if run_path.wants_run_path(self._session, run_metadata):
+            key = (key, "run path")  # see run_path: keeps the step's run metadata
         if key not in self._callables:
-            make = self._session._make_callable_from_options  # pylint: disable=protected-access
-            self._callables[key] = [make(_callable_options(p, options)) for p in self._programs]
+            make = (self._session._make_callable_from_options  # pylint: disable=protected-access
+                    if isinstance(key, bytes)
+                    else lambda options: run_path.RunPathCallable(self._session, options))
+            measure = self._runtime.measure_device
+            self._callables[key] = [make(_callable_options(p, options, measure))
+                                    for p in self._programs]
         return self._callables[key]
 
     def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
-                        timeline):
+                        timeline, peaks):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
             try:
-                self._run_partition(index, program, call, feeds, swaps, results, run_metadata,
-                                    timeline)
+                peaks.append(self._run_partition(index, program, call, feeds, swaps, results,
+                                                 run_metadata, timeline))
             except tf.errors.ResourceExhaustedError as err:
                 if not oom.is_out_of_memory(err):
                     raise  # another exhausted resource (a queue, a quota): as TensorFlow said
@@ -106,15 +153,23 @@ class Executor:
 
     def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,
                        timeline):
-        """Run one partition: feed its inputs, hand its outputs to the swap manager."""
+        """Run one partition: feed its inputs, hand its outputs to the swap manager.
+
+        Returns its measured device peak (None when not measured)."""
         started = time.perf_counter()
         swaps.start_uploads(index)
         args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                 for s in program.feed_sources]
-        if run_metadata is not None:
+        peak = None
+        record = self._process_peak() if self._runtime.measure_device else None
+        if run_metadata is not None or self._runtime.measure_device:
             metadata = config_pb2.RunMetadata()
             values = call(*args, run_metadata=metadata)
-            run_metadata.MergeFrom(metadata)
+            if self._runtime.measure_device:
+                peak = self._partition_peak(metadata, record)
+                self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
+            if run_metadata is not None:
+                run_metadata.MergeFrom(metadata)
         else:
             values = call(*args)
         for (kind, name), value in zip(program.fetch_sinks, values):
@@ -131,6 +186,25 @@ class Executor:
         if timeline:
             timeline.span("partitions", f"partition {index}", started,
                           {"ops": len(self._plan.partitions[index].ops)})
+        return peak
+
+    def _process_peak(self):
+        memory = accelerator.device_memory(self._runtime.device)
+        return memory["peak"] if memory else None
+
+    def _partition_peak(self, metadata, record_before):
+        """The partition's device peak: from its step statistics, or TensorFlow's process
+        peak when the partition raised it (read, never reset: allocations of other
+        threads, the prefetcher's uploads, count there and not in the statistics)."""
+        peak = measured_peak(metadata)
+        memory = accelerator.device_memory(self._runtime.device)
+        if memory is None:
+            return peak
+        if peak is None:  # no op of it allocated: it held what was resident
+            peak = memory["current"]
+        if record_before is not None and memory["peak"] > record_before:
+            peak = max(peak, memory["peak"])
+        return peak
 
     def run(self, feeds, options=None, run_metadata=None, timeline=None):
         """Run one step; return ({requested tensor name: value}, StepStats).
@@ -138,24 +212,28 @@ class Executor:
         With a trace.Timeline, partitions, swap-outs, uploads and waits are recorded in it.
         """
         runtime = self._runtime
-        callables = self._callables_for(options)
+        callables = self._callables_for(options, run_metadata)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
-        measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
         started = time.perf_counter()
-        results = {}
+        results, peaks = {}, []
+        self.last_scratch = {}
+        if runtime.measure_device:
+            memory = accelerator.device_memory(runtime.device)
+            self.last_resident = memory["current"] if memory else None
         try:
             with _deferred_interrupts() as deliver_interrupt:
                 self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                     deliver_interrupt, timeline)
+                                     deliver_interrupt, timeline, peaks)
         except BaseException:
             swaps.abort()
             raise
         wall = time.perf_counter() - started
-        memory = accelerator.device_memory(runtime.device) if measured else None
+        measured = None if None in peaks or not peaks else tuple(peaks)
         stats = StepStats(
             partitions=len(self._programs),
-            device_peak_bytes=memory["peak"] if memory else None,
+            device_peak_bytes=max(measured) if measured else None,
+            partition_peak_bytes=measured,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall,

@@ -134,3 +134,72 @@ def unrolled_rnn(steps=32, features=64, hidden=128, classes=16, seed=0):
         return {x: rng.randn(batch, steps, features).astype(np.float32),
                 y: rng.randint(0, classes, batch)}
     return _finish(g, (x, y), loss, 0.01, feed)
+
+
+def moe(experts=8, d_model=64, hidden=128, tokens=64, top_k=2, classes=16, seed=0):
+    """A mixture-of-experts layer with top-k gating and dense dispatch, on a dense stem.
+
+    Every expert runs on every token; the gate's top-k weights (zero elsewhere)
+    combine their outputs, as TensorFlowMem's MoE layers do without a sparse
+    dispatcher.
+    """
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, tokens, d_model], name="tokens")
+        y = tf1.placeholder(tf.int64, [None], name="labels")
+        flat = tf.reshape(x, [-1, d_model])
+        init = tf1.glorot_uniform_initializer
+        gate_w = tf1.get_variable("gate", [d_model, experts], initializer=init(seed=seed))
+        logits = tf.matmul(flat, gate_w)
+        top, index = tf.nn.top_k(logits, top_k)
+        threshold = top[:, -1:]
+        weights = tf.nn.softmax(tf.where(logits >= threshold, logits,
+                                         tf.fill(tf.shape(logits), -1e9)))
+        mixed = 0.0
+        for e in range(experts):
+            w1 = tf1.get_variable(f"e{e}/w1", [d_model, hidden], initializer=init(seed=seed + e))
+            w2 = tf1.get_variable(f"e{e}/w2", [hidden, d_model],
+                                  initializer=init(seed=seed + 100 + e))
+            out = tf.matmul(tf.nn.relu(tf.matmul(flat, w1)), w2)
+            mixed = mixed + weights[:, e:e + 1] * out
+        h = tf.reshape(mixed + flat, [-1, tokens, d_model])
+        pooled = tf.reduce_mean(h, 1)
+        w = tf1.get_variable("out", [d_model, classes], initializer=init(seed=seed + 1))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=tf.matmul(pooled, w)))
+
+    def feed(batch, data_seed=0):
+        rng = np.random.RandomState(data_seed)
+        return {x: rng.randn(batch, tokens, d_model).astype(np.float32),
+                y: rng.randint(0, classes, batch)}
+    return _finish(g, (x, y), loss, 0.01, feed)
+
+
+def convnet(channels=(13, 29, 47), image=36, strides=(1, 2, 1), kernel=(5, 3, 3),
+            pool="max", classes=10, seed=0):
+    """A plain convolution net of odd shapes the simulator was not tuned on: odd channel
+    counts and image size, a strided layer, 5x5 and 3x3 kernels, VALID padding on the
+    first layer, and a 2x2 pooling (max or average) after each layer."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, image, image, 3], name="images")
+        y = tf1.placeholder(tf.int64, [None], name="labels")
+        h = x
+        pooling = tf.nn.max_pool2d if pool == "max" else tf.nn.avg_pool2d
+        for i, (width, stride, size) in enumerate(zip(channels, strides, kernel)):
+            w = tf1.get_variable(f"conv{i}", [size, size, h.shape[-1], width],
+                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
+            h = tf.nn.relu(tf.nn.conv2d(h, w, strides=stride,
+                                        padding="VALID" if i == 0 else "SAME"))
+            h = pooling(h, 2, 2, "SAME")
+        flat = tf.reshape(h, [-1, int(np.prod(h.shape[1:]))])
+        w = tf1.get_variable("fc", [flat.shape[-1], classes],
+                             initializer=tf1.glorot_uniform_initializer(seed=seed))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=tf.matmul(flat, w)))
+
+    def feed(batch, data_seed=0):
+        rng = np.random.RandomState(data_seed)
+        return {x: rng.randn(batch, image, image, 3).astype(np.float32),
+                y: rng.randint(0, classes, batch)}
+    return _finish(g, (x, y), loss, 0.05, feed)

@@ -14,6 +14,7 @@ import dataclasses
 
 from tfmem import accelerator, budget, errors
 from tfmem.analyse import split_tensor_name
+from tfmem.scratch import calibrate
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import TensorSizes, simulate
 
@@ -113,7 +114,7 @@ def device_memory_error(session, plan, feeds, index, error):
     sizes = TensorSizes(plan.view, shapes)
     fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
     largest = largest_tensors(plan, index, sizes, fed_bytes)
-    trace = simulate(plan, shapes)
+    trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, shapes_fed, session))
     capacity = device_capacity(session)
     ops = len(plan.partitions[index].ops)
     reason = _allocation_failure(error)

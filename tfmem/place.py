@@ -5,62 +5,114 @@ partition uses only a few of them.  Kept on the host, they reach the
 accelerator only for the run of a partition that reads them (TensorFlow
 copies a host tensor to its consumer's device for that run).
 
-tfmem never changes the user's ops, and a variable's device is a property of
-the user's VarHandleOp / VariableV2: its state lives where that op runs.  So
-the pass moves what tfmem can move on its own and reports the rest:
+The placement pass (`placement_pass`) sets the device of the user's state
+ops to the host before the session first places them; this module describes
+its outcome for one plan, as a `Placement`:
 
-* constants of at least `min_bytes`: each plan reads a host-placed copy;
-* variables already on the host: nothing to do;
-* variables the graph puts on (or leaves free for) the accelerator: left
-  where they are, with the fix: build them under `tfmem.state_on_host()`.
+* `moved`: variables and constants of at least `min_bytes` the pass put on
+  the host (with their colocation groups: initializers, reads, updates);
+* `stays`: those left on the accelerator, and why (the session had already
+  placed them, a colocated op has no CPU kernel...);
+* `copied`: large constants that stayed; the plan reads host copies of them.
 
-On a session without an accelerator there is nothing to move, and the
-placement says so.
+Planned without a session (`make_plan(..., accelerator='GPU:0')`), `moved`
+lists what the pass would move.  On a session without an accelerator, or
+with `place_state_on_host=False`, there is nothing to move, and the
+placement says so.  `state_on_host()` does the same at graph construction.
 """
 
 import contextlib
 import dataclasses
+import functools
 import types
 
 HOST_DEVICE = "/device:CPU:0"
 DEFAULT_MIN_BYTES = 1 << 20
 VARIABLES = frozenset({"VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable"})
+_EMPTY = types.MappingProxyType({})
 
 
-def _on_host(device):
-    return "CPU" in device.upper()
+@functools.lru_cache(maxsize=4096)
+def _spec(device):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    try:
+        return tf.DeviceSpec.from_string(device or "")
+    except ValueError:
+        return None
+
+
+def on_host(device):
+    """True for a device string naming the host CPU (CPU:0 of any job and task)."""
+    spec = _spec(device)
+    return spec is not None and (spec.device_type or "").upper() == "CPU" and \
+        spec.device_index in (None, 0)
+
+
+def host_device_of(device):
+    """The host CPU of the job and task `device` names ('/device:CPU:0' locally)."""
+    spec = _spec(device)
+    if spec is None or not (spec.job or spec.task is not None or spec.replica is not None):
+        return HOST_DEVICE
+    return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def is_state(node_type, nbytes, min_bytes):
+    """True for what the pass moves: a variable, or a constant of at least min_bytes."""
+    return node_type in VARIABLES or (node_type == "Const" and (nbytes or 0) >= min_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """Where the plan's state goes: `moved` ops run on the host, `stays` explains the rest."""
+    """Where the plan's state goes; see the module docstring."""
     accelerator: str | None
-    moved: types.MappingProxyType  # op name -> device (constants copied to the host)
-    stays: types.MappingProxyType  # variable op -> why it stays where the graph puts it
+    moved: types.MappingProxyType  # state op -> the host device it runs on
+    stays: types.MappingProxyType  # state op -> why it stays on the accelerator
+    copied: types.MappingProxyType = dataclasses.field(
+        default_factory=lambda: _EMPTY)  # constant -> device of the host copy read
+    moved_bytes: int = 0  # bytes of the moved variables and constants (known shapes)
+    predicted: bool = False  # planned without a session: what the pass would move
 
     def __str__(self):
         if self.accelerator is None:
-            return "placement: the session has no accelerator; nothing to move"
-        lines = [f"placement: {len(self.moved)} constants to {HOST_DEVICE}, "
-                 f"{len(self.stays)} variables left where the graph puts them"]
+            return ("placement: nothing to move (the session has no accelerator, "
+                    "or place_state_on_host=False)")
+        verb = "would move" if self.predicted else "moved"
+        lines = [f"placement: {verb} {len(self.moved)} state ops "
+                 f"({self.moved_bytes / (1 << 20):.1f} MiB) from {self.accelerator} to "
+                 f"{HOST_DEVICE}; {len(self.stays)} stay on the accelerator"
+                 + (f", {len(self.copied)} constants read from host copies"
+                    if self.copied else "")]
         lines += [f"  {name}: {why}" for name, why in sorted(self.stays.items())]
         return "\n".join(lines)
 
 
-def place(view, accelerator, min_bytes=DEFAULT_MIN_BYTES):
-    """The placement of the view's state, for a session whose accelerator is `accelerator`."""
-    moved, stays = {}, {}
-    if accelerator is not None:
-        for name, node in view.sources.items():
-            if node.type == "Const" and (node.outputs[0].nbytes or 0) >= min_bytes \
-                    and not _on_host(node.device):
-                moved[name] = HOST_DEVICE
-            elif node.type in VARIABLES and not _on_host(node.device):
-                where = node.device or "unassigned (the accelerator)"
-                stays[name] = (f"device {where} is set by the graph, and tfmem does not change "
-                               "the user's ops; create the variable under "
-                               "`with tfmem.state_on_host():` to keep it on the host")
-    return Placement(accelerator, types.MappingProxyType(moved), types.MappingProxyType(stays))
+def _state_bytes(node):
+    return node.state_bytes if node.type in VARIABLES else (node.outputs[0].nbytes or 0)
+
+
+def place(view, accelerator, min_bytes=DEFAULT_MIN_BYTES, outcome=None):
+    """The placement of the view's state on a session whose accelerator is `accelerator`.
+
+    `outcome` is the pass's record on that session (`placement_pass.Record`:
+    `moved` and `stays` by op name); without one, the placement is predicted.
+    """
+    if view is None or accelerator is None:
+        return Placement(accelerator, _EMPTY, _EMPTY)
+    moved, stays, copied, nbytes = {}, {}, {}, 0
+    for name, node in view.sources.items():
+        if not is_state(node.type, node.outputs[0].nbytes, min_bytes):
+            continue
+        if outcome is not None and name in outcome.moved or \
+                outcome is None and not on_host(node.device):
+            moved[name] = node.device if outcome is not None else host_device_of(node.device)
+            nbytes += _state_bytes(node)
+        elif outcome is not None and not on_host(node.device):
+            stays[name] = outcome.stays.get(
+                name, "not seen by the placement pass (created after its last run)")
+            if node.type == "Const":
+                copied[name] = HOST_DEVICE
+    return Placement(accelerator, types.MappingProxyType(moved), types.MappingProxyType(stays),
+                     types.MappingProxyType(copied), nbytes, predicted=outcome is None)
 
 
 @contextlib.contextmanager
@@ -86,4 +138,3 @@ def state_on_host(graph=None, min_bytes=DEFAULT_MIN_BYTES):
 
     with graph.device(device_of):
         yield
-

@@ -258,9 +258,9 @@ def validate(plan):
     for name, node in view.sources.items():
         if node.inputs or node.control_inputs:
             problems.append(f"state source '{name}' has inputs and would re-run them")
-    for name in plan.placement.moved:
+    for name in plan.placement.copied:
         if name not in view.sources or view.sources[name].type != "Const":
-            problems.append(f"placement moves '{name}', which is not a constant tfmem copies")
+            problems.append(f"placement copies '{name}', which is not a constant of the request")
     if problems:
         raise InvalidPlanError("invalid plan:\n  " + "\n  ".join(problems))
 
@@ -273,6 +273,6 @@ def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size, policy=Swa
     """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     plan = build_plan(view, partition(view, units(view), partition_size), partition_size,
-                      policy, place(view, accelerator))
+                      policy, place(view, accelerator, policy.min_bytes))
     validate(plan)
     return plan

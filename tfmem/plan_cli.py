@@ -10,10 +10,14 @@ same pipeline `TFMemSession` runs before its first step:
     model -> graph -> analyse / place / partition / plan (make_plan, or
                       budget.fit to find a partition size within --budget)
                    -> resolve_shapes (feed shapes fix unknown dimensions)
+                   -> scratch.calibrate (each distinct kernel once, alone)
                    -> simulate -> summary table, JSON, plot, Chrome trace
 
-Nothing runs in TensorFlow: the memory figures are the simulator's
-predictions and the trace's times are nominal (1 ms per op).
+The model's step never runs: the memory figures are the simulator's
+predictions, kernel scratch included (each distinct kernel configuration runs
+once on zeros in a scratch session to measure it), and the trace's times are
+nominal (1 ms per op).  Measured per-partition peaks of a real step are in
+`TFMemSession.memory_report()`.
 
 Exit status: 0 when a plan was made; 1 when tfmem cannot plan the request (no
 partition size fits the budget, a graph construct it cannot partition); 2 for
@@ -39,10 +43,11 @@ _PLACEHOLDER_TYPES = ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")
 
 DESCRIPTION = """\
 Plan one request of a saved graph the way TFMemSession would run it, and
-predict its memory, without running TensorFlow: load MODEL, cut what the
+predict its memory, without running the step: load MODEL, cut what the
 fetches need into partitions, decide for every tensor that crosses a
 partition whether it stays on the device or waits in host memory, and
-simulate the device and host bytes of one step. Prints a table per partition
+simulate the device and host bytes of one step (kernel scratch measured once
+per distinct kernel on zeros). Prints a table per partition
 and totals; optionally writes the plan as JSON, a plot of the memory, and a
 Chrome trace of the planned step."""
 
@@ -473,14 +478,14 @@ def format_summary(plan, trace, model=None, budget=None):
         f"swap={policy.mode}, swap_distance={policy.swap_distance}, "
         f"prefetch={policy.prefetch}, swap_min_bytes={policy.min_bytes}")
     columns = ("part", "ops", "inputs", "outputs", "swapped out MiB", "uploaded MiB",
-               "device peak MiB", "host MiB")
+               "device peak MiB", "kernel scratch MiB", "host MiB")
     widths = [max(len(c), 6) for c in columns]
     lines = [head, "", "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     memory = {m.index: m for m in trace.partitions}
     for p in plan.partitions:
         m = memory[p.index]
         row = (p.index, len(p.ops), len(p.inputs), len(p.outputs), _mib(m.to_host),
-               _mib(m.to_device), _mib(m.device_peak), _mib(m.host_after))
+               _mib(m.to_device), _mib(m.device_peak), _mib(m.scratch), _mib(m.host_after))
         lines.append("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
     lines += [
         "",
@@ -533,9 +538,10 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
         plan, trace = budgets.fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes,
                                   budget, policy)
     else:
+        from tfmem.scratch import calibrate  # pylint: disable=import-outside-toplevel
         plan = make_plan(fetch_tensors, target_ops, fed_tensors,
                          partition_size or DEFAULT_PARTITION_SIZE, policy)
-        trace = simulate(plan, shapes)
+        trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, feed_shapes))
     return plan, trace, shapes
 
 

@@ -1,23 +1,36 @@
 """Memory proof: tfmem trains a step that plain TensorFlow cannot fit.
 
-Three runs of one activation-heavy MLP, each in a fresh process (the memory
-cap is read when TensorFlow starts, see :mod:`tfmem.accelerator`):
+Four runs of one activation-heavy MLP, each in a fresh process (the
+allocator and its cap are read when TensorFlow starts, see
+:mod:`tfmem.child_env`), all under TensorFlow's BFC allocator so that every
+run reports figures on every machine:
 
     (a) plain Session, no cap          -> peak P, reference losses
     (b) plain Session, cap = P/2 MiB   -> must raise ResourceExhaustedError
     (c) TFMemSession,  cap = P/2 MiB   -> must train, losses equal to (a)
+    (d) TFMemSession,  no cap          -> its peak must be below P/2, losses equal to (a)
+
+"No cap" is the same BFC allocator with a limit far above the step.  The
+kernel path (oneDNN on or off) is set explicitly in every child: (a), (c)
+and (d) run the path asked for; (b) always runs without oneDNN, whose
+kernels have crashed (SIGSEGV) at a full capped allocator instead of raising
+ResourceExhaustedError.  A child that crashes is reported as a crash, never
+as running out of memory.  (d) checks a figure that could be wrong: (c)'s
+peak is under the cap by construction, (d)'s is not.
 
 The model keeps many activations alive for its backward pass
 (``h = relu(h @ w); h = sin(h) * 0.5 + h`` per layer, squared-mean loss,
 plain SGD), so its peak is mostly activations, which tfmem swaps to host
 memory between partitions.  Weights come from seeded random initialisers,
 not numpy constants: a constant initialiser keeps its value in the graph and
-that copy would count as device memory in every run.
+that copy would count as device memory in every run.  Sessions use one
+intra-op thread and two inter-op threads, so peaks do not depend on the
+machine's core count.
 
 ``train`` runs one system in the current process and returns a small dict;
 ``python -m tfmem.proof --system tf|tfmem [--device-memory MiB] --json``
-prints that dict as one JSON line (setting the cap before TensorFlow is
-imported); ``run_proof`` starts the three processes and checks the result.
+prints that dict as one JSON line; ``run_proof`` starts the four processes
+and checks the result.
 """
 
 import argparse
@@ -29,6 +42,7 @@ import sys
 import time
 
 import tfmem
+from tfmem import accelerator, child_env
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -97,10 +111,15 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     from tfmem import accelerator  # pylint: disable=import-outside-toplevel
 
     graph, x, loss, train_op, init = build_model(tf, layers, batch, width, seed)
-    sess = tf.compat.v1.Session(graph=graph)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=2)
+    sess = tf.compat.v1.Session(graph=graph, config=config)
     runner = sess if system == "tf" else tfmem.TFMemSession(
         sess, partition_size=partition_size, swap=swap, prefetch=prefetch)
-    result = dict(system=system, device_memory_mib=accelerator.emulated_memory_mib(),
+    limit = accelerator.emulated_memory_mib()
+    result = dict(system=system,
+                  device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,
+                  allocator_limit_mib=limit, onednn=os.environ.get(child_env.ONEDNN),
                   steps=steps, layers=layers, batch=batch, width=width, seed=seed,
                   partition_size=partition_size if system == "tfmem" else None,
                   swap=swap if system == "tfmem" else None,
@@ -109,7 +128,7 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
                   step_times=[], step_time_median=None, last_step=None)
     with sess:
         runner.run(init)
-        # tfmem's executor resets the peak at the start of each step where it
+        # tfmem's executor may reset the peak at the start of a step where it
         # measures device memory, so the peak is read after every step and
         # the largest one kept.
         accelerator.reset_peak("CPU:0")
@@ -141,26 +160,36 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     return result
 
 
-def _run_subprocess(system, device_memory=None, timeout=600, **settings):
-    """`train` in a fresh `python -m tfmem.proof` process; its dict, or one with `failed`."""
+def _run_subprocess(system, device_memory=None, onednn=False, timeout=600, **settings):
+    """`train` in a fresh `python -m tfmem.proof` process; its dict, or one with `failed`.
+
+    device_memory: the cap in MiB, or None for the same BFC allocator without a
+    cap.  onednn: the child's kernel path (TF_ENABLE_ONEDNN_OPTS, always set).
+    A child that ends without a result is `failed`; one a signal ended is
+    also `crashed` (TensorFlow crashed: not an out-of-memory error).
+    """
     cmd = [sys.executable, "-m", "tfmem.proof", "--system", system, "--json"]
     if device_memory is not None:
         cmd += ["--device-memory", str(device_memory)]
     for key, value in settings.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    # The child sets the cap itself (--device-memory); never inherit one.
-    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
-        env.pop(name, None)
+    env = child_env.child_env(cap_mib=device_memory, onednn=onednn)
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return dict(system=system, device_memory_mib=device_memory, onednn=env[child_env.ONEDNN],
+                    failed=True, crashed=False, returncode=None, command=cmd,
+                    how=f"no result within {timeout} s", stderr_tail="")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        return dict(system=system, device_memory_mib=device_memory, failed=True,
-                    returncode=proc.returncode, stderr_tail=tail, command=cmd)
+        return dict(system=system, device_memory_mib=device_memory, onednn=env[child_env.ONEDNN],
+                    failed=True, crashed=proc.returncode < 0, returncode=proc.returncode,
+                    how=child_env.describe_exit(proc.returncode), stderr_tail=tail, command=cmd)
     result = json.loads(lines[-1])
-    result["failed"] = False
+    result["failed"] = result["crashed"] = False
     result["process_seconds"] = time.perf_counter() - started
     return result
 
@@ -172,50 +201,90 @@ def losses_match(expected, got, rtol=RTOL, atol=ATOL):
             and bool(np.allclose(got, expected, rtol=rtol, atol=atol)))
 
 
+def _max_rel_diff(expected, got):
+    if len(got) != len(expected) or not expected:
+        return None
+    return max(abs(g - e) / max(abs(e), 1e-30) for e, g in zip(expected, got))
+
+
+def _trained(run, steps):
+    return run is not None and not run["failed"] and not run["oom"] and len(run["losses"]) == steps
+
+
 def run_proof(steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFAULTS["batch"],
               width=DEFAULTS["width"], seed=DEFAULTS["seed"],
               partition_size=DEFAULTS["partition_size"], swap=DEFAULTS["swap"],
-              prefetch=DEFAULTS["prefetch"], timeout=600, progress=None):
-    """Run the three-process memory proof; return a dict of the runs and the verdict.
+              prefetch=DEFAULTS["prefetch"], onednn=None, timeout=600, progress=None):
+    """Run the four-process memory proof; return a dict of the runs and the verdict.
 
-    Keys: plain (uncapped plain run), cap_mib (half its peak, MiB, rounded
-    down), plain_capped, tfmem_capped (the runs under the cap; see `train`),
-    plain_oom, tfmem_fits, losses_match, max_rel_diff and ok (all three hold).
+    onednn: the kernel path of runs (a), (c) and (d); None reads
+    TF_ENABLE_ONEDNN_OPTS (unset: off).  Keys: onednn, plain (a), cap_mib (half
+    its peak, MiB, rounded down), plain_capped (b), tfmem_capped (c),
+    tfmem_uncapped (d) (see `train`); plain_oom ((b) raised
+    ResourceExhaustedError), plain_crashed ((b) crashed instead), tfmem_fits ((c)
+    trained every step), losses_match and max_rel_diff ((c) against (a)),
+    tfmem_peak_ratio ((d)'s peak / (a)'s), tfmem_peak_below_half ((d)'s peak
+    under half of (a)'s, its losses equal to (a)'s), reasons (why not ok) and ok.
     progress: optional callable given a line of text before each run.
     """
+    if onednn is None:
+        onednn = child_env.onednn_from_env()
     model = dict(steps=steps, layers=layers, batch=batch, width=width, seed=seed)
     tfmem_settings = dict(partition_size=partition_size, swap=swap, prefetch=prefetch)
     say = progress or (lambda text: None)
+    path = child_env.kernel_path(onednn)
 
-    say("plain Session, no cap ...")
-    plain = _run_subprocess("tf", timeout=timeout, **model)
-    result = dict(plain=plain, cap_mib=None, plain_capped=None, tfmem_capped=None,
-                  plain_oom=False, tfmem_fits=False, losses_match=False,
-                  max_rel_diff=None, ok=False)
+    say(f"plain Session, no cap ({path}) ...")
+    plain = _run_subprocess("tf", onednn=onednn, timeout=timeout, **model)
+    result = dict(onednn=bool(onednn), plain=plain, cap_mib=None, plain_capped=None,
+                  tfmem_capped=None, tfmem_uncapped=None, plain_oom=False, plain_crashed=False,
+                  tfmem_fits=False, losses_match=False, max_rel_diff=None,
+                  tfmem_peak_ratio=None, tfmem_peak_below_half=False, reasons=[], ok=False)
     if plain["failed"] or plain["oom"] or not plain["peak_bytes"]:
+        result["reasons"].append("the uncapped plain run did not train or measured no peak")
         return result
     cap = plain["peak_bytes"] // 2 // MIB
     result["cap_mib"] = cap
     if cap < 1:
+        result["reasons"].append("the plain peak is under 2 MiB: no cap to test")
         return result
 
-    say(f"plain Session, cap {cap} MiB ...")
-    plain_capped = _run_subprocess("tf", device_memory=cap, timeout=timeout, **model)
-    say(f"TFMemSession, cap {cap} MiB ...")
-    tfmem_capped = _run_subprocess("tfmem", device_memory=cap, timeout=timeout,
+    say(f"plain Session, cap {cap} MiB (oneDNN off) ...")
+    plain_capped = _run_subprocess("tf", device_memory=cap, onednn=False, timeout=timeout, **model)
+    say(f"TFMemSession, cap {cap} MiB ({path}) ...")
+    tfmem_capped = _run_subprocess("tfmem", device_memory=cap, onednn=onednn, timeout=timeout,
                                    **model, **tfmem_settings)
-    result["plain_capped"] = plain_capped
-    result["tfmem_capped"] = tfmem_capped
+    say(f"TFMemSession, no cap ({path}) ...")
+    tfmem_uncapped = _run_subprocess("tfmem", onednn=onednn, timeout=timeout,
+                                     **model, **tfmem_settings)
+    result.update(plain_capped=plain_capped, tfmem_capped=tfmem_capped,
+                  tfmem_uncapped=tfmem_uncapped)
     result["plain_oom"] = not plain_capped["failed"] and plain_capped["oom"]
-    result["tfmem_fits"] = (not tfmem_capped["failed"] and not tfmem_capped["oom"]
-                            and tfmem_capped["peak_bytes"] <= cap * MIB)
+    result["plain_crashed"] = plain_capped["crashed"]
+    result["tfmem_fits"] = _trained(tfmem_capped, steps)
+    expected = plain["losses"]
     if not tfmem_capped["failed"]:
-        expected, got = plain["losses"], tfmem_capped["losses"]
-        result["losses_match"] = losses_match(expected, got)
-        if len(got) == len(expected) and expected:
-            result["max_rel_diff"] = max(abs(g - e) / max(abs(e), 1e-30)
-                                         for e, g in zip(expected, got))
-    result["ok"] = result["plain_oom"] and result["tfmem_fits"] and result["losses_match"]
+        result["losses_match"] = losses_match(expected, tfmem_capped["losses"])
+        result["max_rel_diff"] = _max_rel_diff(expected, tfmem_capped["losses"])
+    if _trained(tfmem_uncapped, steps) and tfmem_uncapped["peak_bytes"]:
+        result["tfmem_peak_ratio"] = tfmem_uncapped["peak_bytes"] / plain["peak_bytes"]
+        result["tfmem_peak_below_half"] = (
+            2 * tfmem_uncapped["peak_bytes"] < plain["peak_bytes"]
+            and losses_match(expected, tfmem_uncapped["losses"]))
+    reasons = result["reasons"]
+    if result["plain_crashed"]:
+        reasons.append(f"the capped plain run crashed ({plain_capped['how']}) instead of "
+                       "raising ResourceExhaustedError")
+    elif not result["plain_oom"]:
+        reasons.append("the capped plain run did not raise ResourceExhaustedError")
+    if not result["tfmem_fits"]:
+        reasons.append("TFMemSession did not train every step under the cap")
+    elif not result["losses_match"]:
+        reasons.append("TFMemSession's losses under the cap differ from the plain run's")
+    if not result["tfmem_peak_below_half"]:
+        reasons.append("TFMemSession without a cap did not stay under half the plain peak "
+                       "with the plain losses")
+    result["ok"] = not reasons
     return result
 
 
@@ -227,28 +296,37 @@ def _ms(seconds):
     return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
 
 
+def _describe_run(run):
+    """What one run did, in a few words."""
+    if run["failed"]:
+        what = "CRASHED" if run["crashed"] else "process failed"
+        return f"{what} ({run['how']}):\n{run['stderr_tail']}"
+    if run["oom"]:
+        what = (run["error"] or "").split(": ", 1)[-1].split(" on /job")[0]
+        return (f"ResourceExhaustedError at step {len(run['losses'])}"
+                + (f" ({what})" if what else ""))
+    return (f"trained {len(run['losses'])} steps, peak {_mib(run['peak_bytes'])}, "
+            f"median step {_ms(run['step_time_median'])}")
+
+
 def report(result, out=print):
     """Print a `run_proof` result, one fact per line."""
     plain, cap = result["plain"], result["cap_mib"]
+    path = child_env.kernel_path(result["onednn"])
     if plain["failed"] or plain["oom"]:
-        out(f"plain Session without a cap failed: {plain.get('error') or plain.get('stderr_tail')}")
+        out(f"plain Session without a cap failed: {_describe_run(plain)}")
+        out("memory proof: FAILED (" + "; ".join(result["reasons"]) + ")")
         return
+    out(f"kernel path: {path} (the capped plain run: oneDNN off); every run under "
+        f"TensorFlow's BFC allocator")
     out(f"plain Session, no cap:     peak {_mib(plain['peak_bytes'])}, "
         f"median step {_ms(plain['step_time_median'])}")
     out(f"cap (half the plain peak): {cap} MiB")
-    for label, run in (("plain Session under cap: ", result["plain_capped"]),
-                       ("TFMemSession under cap:  ", result["tfmem_capped"])):
-        if run is None:
-            continue
-        if run["failed"]:
-            out(f"{label} process failed (exit {run['returncode']}):\n{run['stderr_tail']}")
-        elif run["oom"]:
-            what = (run["error"] or "").split(": ", 1)[-1].split(" on /job")[0]
-            out(f"{label} ResourceExhaustedError at step {len(run['losses'])}"
-                + (f" ({what})" if what else ""))
-        else:
-            out(f"{label} trained {len(run['losses'])} steps, peak {_mib(run['peak_bytes'])}, "
-                f"median step {_ms(run['step_time_median'])}")
+    for label, key in (("plain Session under cap: ", "plain_capped"),
+                       ("TFMemSession under cap:  ", "tfmem_capped"),
+                       ("TFMemSession, no cap:    ", "tfmem_uncapped")):
+        if result[key] is not None:
+            out(f"{label} {_describe_run(result[key])}")
     tfmem_run = result["tfmem_capped"]
     if tfmem_run is not None and not tfmem_run["failed"] and tfmem_run.get("last_step"):
         out(f"TFMemSession last step:    {tfmem_run['last_step']}")
@@ -257,12 +335,15 @@ def report(result, out=print):
         diff_text = "" if diff is None else f" (max relative difference {diff:.1e})"
         out(f"losses match the uncapped plain run (rtol {RTOL:g}): "
             f"{'yes' if result['losses_match'] else 'no'}{diff_text}")
+    if result["tfmem_peak_ratio"] is not None:
+        out(f"TFMemSession's peak without a cap: {result['tfmem_peak_ratio']:.2f}x the plain "
+            f"peak (must be under 0.5x)")
     if plain["step_time_median"] and tfmem_run and tfmem_run.get("step_time_median"):
-        out(f"median time per step: plain (no cap, default allocator) "
-            f"{_ms(plain['step_time_median'])}, tfmem (cap, BFC allocator) "
-            f"{_ms(tfmem_run['step_time_median'])} "
+        out(f"median time per step: plain (no cap) {_ms(plain['step_time_median'])}, "
+            f"tfmem (cap) {_ms(tfmem_run['step_time_median'])} "
             f"({tfmem_run['step_time_median'] / plain['step_time_median']:.2f}x)")
-    out("memory proof: " + ("PASSED" if result["ok"] else "FAILED"))
+    out("memory proof: " + ("PASSED" if result["ok"]
+                            else "FAILED (" + "; ".join(result["reasons"]) + ")"))
 
 
 def _positive_int(text):
@@ -276,13 +357,16 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m tfmem.proof",
         description="Train the memory-proof MLP with one system in this process "
-                    "(--system), or run the whole three-process proof (no --system).")
+                    "(--system), or run the whole four-process proof (no --system).")
     parser.add_argument("--system", choices=SYSTEMS,
                         help="train with a plain Session (tf) or a TFMemSession (tfmem) "
                              "in this process; without it, run the whole proof")
     parser.add_argument("--device-memory", type=_positive_int, metavar="MiB",
                         help="emulate an accelerator of this many MiB (TensorFlow's CPU "
                              "allocator capped, see tfmem.emulate_accelerator)")
+    parser.add_argument("--onednn", choices=("0", "1"),
+                        help="kernel path: sets TF_ENABLE_ONEDNN_OPTS (default: its value in "
+                             "the environment; the whole proof treats unset as 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     for key in ("steps", "layers", "batch", "width", "partition_size", "prefetch"):
         kind = int if key == "prefetch" else _positive_int
@@ -305,15 +389,23 @@ def main(argv=None):
     if args.system is None:
         if args.device_memory is not None:
             build_parser().error("--device-memory needs --system (the proof picks its own cap)")
-        result = run_proof(**model, **tfmem_settings,
+        onednn = None if args.onednn is None else args.onednn == "1"
+        result = run_proof(**model, **tfmem_settings, onednn=onednn,
                            progress=None if args.json else (lambda text: print(text, flush=True)))
         if args.json:
             print(json.dumps(result))
         else:
             report(result)
         return 0 if result["ok"] else 1
+    # Before TensorFlow is imported: it reads both when it starts.
+    if args.onednn is not None:
+        os.environ[child_env.ONEDNN] = args.onednn
     if args.device_memory is not None:
-        tfmem.emulate_accelerator(args.device_memory)  # before TensorFlow is imported
+        tfmem.emulate_accelerator(args.device_memory)
+    elif accelerator.emulated_memory_mib() is None:
+        # No cap: the same BFC allocator with a limit far above the step, so
+        # that TensorFlow keeps figures whatever the kernel path.
+        tfmem.emulate_accelerator(child_env.MEASURE_LIMIT_MIB)
     result = train(args.system, **model, **tfmem_settings)
     if args.json:
         print(json.dumps(result))

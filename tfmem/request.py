@@ -45,16 +45,14 @@ def _feed_value(tensor, value):
             "values include Python scalars, strings, lists, numpy ndarrays. For "
             f"reference, the tensor object was {value} which was fed to {tensor.name}.")
     np_dtype = tensor.dtype.as_numpy_dtype
-    if isinstance(value, int) and not isinstance(value, bool) and np_dtype is not object:
-        try:
-            fits = np_dtype(value) == value
-        except OverflowError:
-            fits = False
-        if not fits:
-            raise TypeError(
-                f"Type of feed value {value} with type {type(value)} is not compatible "
-                f"with Tensor type {np_dtype}. Try explicitly setting the type of the "
-                "feed tensor to a larger type (e.g. int64).")
+    # Session.run's own check, with its converter: an int that does not survive
+    # the conversion (too large, or fed to a string tensor) is a TypeError; one
+    # too large for numpy at all raises numpy's OverflowError, as there.
+    if isinstance(value, int) and tf_session._convert_to_numpy_obj(np_dtype, value) != value:  # pylint: disable=protected-access
+        raise TypeError(
+            f"Type of feed value {value} with type {type(value)} is not compatible "
+            f"with Tensor type {np_dtype}. Try explicitly setting the type of the "
+            "feed tensor to a larger type (e.g. int64).")
     array = np.asarray(value, dtype=np_dtype)
     if not tensor.shape.is_compatible_with(array.shape):
         raise ValueError(f"Cannot feed value of shape {array.shape} for Tensor "

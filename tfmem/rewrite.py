@@ -24,6 +24,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfmem import graph_growth
 from tfmem.analyse import split_tensor_name
 
 _DONE = "tfmem_partition_done"
@@ -45,8 +46,10 @@ HANDLE, HOST, RESULT = "handle", "host", "result"
 
 @contextlib.contextmanager
 def clean_context(graph):
-    """Add ops at top level, free of the caller's control, device and colocation scopes."""
-    with graph.as_default(), graph.name_scope(None), graph.control_dependencies(None), \
+    """Add ops at top level, free of the caller's control, device and colocation scopes
+    (also to a finalized graph: see graph_growth)."""
+    with graph_growth.additions_allowed(graph), \
+            graph.as_default(), graph.name_scope(None), graph.control_dependencies(None), \
             graph.device(None), graph.colocate_with(None, ignore_existing=True):
         yield
 
@@ -107,17 +110,17 @@ def _transfer_inputs(graph, plan, partition):
 
 
 def _host_copies(graph, plan, scope):
-    """One copy of each constant the placement moves, on its host device."""
-    if not plan.placement.moved:
+    """One copy of each constant the placement reads from the host (its original stayed)."""
+    if not plan.placement.copied:
         return {}
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
-    for name, device in plan.placement.moved.items():
+    for name, device in plan.placement.copied.items():
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
         node.device = device
         node.attr.pop("_class", None)
-    names = [f"{name}:0" for name in plan.placement.moved]
+    names = [f"{name}:0" for name in plan.placement.copied]
     with clean_context(graph):
         copies = tf.graph_util.import_graph_def(graph_def, return_elements=names,
                                                 name=scope + "/host")

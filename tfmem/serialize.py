@@ -10,7 +10,7 @@ always gives the same text:
      "partitions": [{"index": 0, "ops": [...], "inputs": [], "outputs": ["relu:0"], ...}],
      "transfers": [{"tensor": "relu:0", "producer": 0, "consumers": [3],
                     "spans": [{"start": 2, "readers": [3], "uploaded": true}], ...}],
-     "placement": {"accelerator": null, "moved": {}, "stays": {}},
+     "placement": {"accelerator": null, "moved": {}, "stays": {}, "copied": {}, ...},
      "memory": {...}}                       # only with a simulate.MemoryTrace
 
 Lists keep the plan's order (partitions in run order, ops in plan order,
@@ -107,6 +107,8 @@ def plan_to_dict(plan, trace=None, shapes=None):
             "accelerator": placement.accelerator,
             "moved": dict(sorted(placement.moved.items())),
             "stays": dict(sorted(placement.stays.items())),
+            "copied": dict(sorted(placement.copied.items())),
+            "moved_bytes": placement.moved_bytes,
             "summary": str(placement),
         },
     }

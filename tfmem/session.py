@@ -19,17 +19,23 @@ import threading
 import time
 
 import psutil
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import session as tf_session
 
 from tfmem import accelerator, budget
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
 from tfmem.compile_stats import CompileStats
-from tfmem.errors import HostMemoryError, TFMemError
+from tfmem.errors import HostMemoryError
 from tfmem.execute import Executor
+from tfmem.place import place
+from tfmem.placement_pass import Record, place_state_on_host
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
 from tfmem.rewrite import rewrite
+from tfmem.scratch import calibrate
+from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
@@ -89,6 +95,10 @@ class MemoryReport:
     predicted_host_peak: int
     host_rss: int
     host_available: int
+    # Per partition, kernel scratch included: the simulator's peaks, and TensorFlow's
+    # measured ones (None where it keeps no figures).
+    predicted_partition_peaks: tuple = ()
+    partition_peaks: tuple | None = None
 
 
 @dataclasses.dataclass
@@ -105,17 +115,22 @@ class _Compiled:
     """A cached plan, its predicted memory, its executor once rewritten, and the graph
     version it was checked at."""
 
-    def __init__(self, plan, graph_version, trace=None, plan_time=0.0):
+    def __init__(self, plan, graph_version, trace=None):
         self.plan = plan
         self.graph_version = graph_version
         self.trace = trace
         self.executor = None
-        self.plan_time = plan_time
-        self.feed_shapes = None  # of the first run; the trace, if needed later, is for them
+        self.correction = None  # budget.Correction of the request's plans, in budget mode
+        self.replan = False  # budget mode learned from a step: plan again before the next
+        self.feed_shapes = None  # the fed shapes of its first step
+        self.plan_time = 0.0  # seconds spent planning it
 
 
-class TFMemSession:
+class TFMemSession(SessionInterfaceMethods):
     """Runs `Session.run` requests of `sess` as sequences of partitions.
+
+    A `SessionInterface`, accepted wherever TensorFlow accepts a session (see
+    session_interface for what is partitioned and what goes straight through).
 
     partition_size: the most ops one partition runs.
     swap: "auto" swaps a cross-partition tensor to host memory when its next
@@ -126,8 +141,14 @@ class TFMemSession:
     swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
     prefetch: how many partitions ahead of its reader a swapped tensor is
         uploaded again (0: just before the reader, with no overlap).
-    place_state_on_host: on a session with an accelerator, read large
-        constants from host copies and report variables left on it (see place).
+    place_state_on_host: on a session with an accelerator, set the device of
+        variables and of constants of at least swap_min_bytes (with the ops
+        TensorFlow colocates with them) to the host CPU before the session
+        places them; what could not move is listed in plan.placement (see
+        placement_pass).  False leaves every op where the graph puts it.
+    accelerator_device: the device the placement pass moves state off; None
+        takes the session's first GPU or TPU.  Tests on a CPU-only machine name
+        a second CPU device here ('CPU:1' with ConfigProto(device_count={"CPU": 2})).
     trace: a path; each step's timeline is written there as a Chrome trace.
     device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
         the partition size and swap distance: the fewest partitions whose
@@ -138,7 +159,7 @@ class TFMemSession:
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None):
+                 device_memory_budget=None, accelerator_device=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
@@ -151,7 +172,9 @@ class TFMemSession:
         self._session = sess
         self._compiled = {}  # request signature -> _Compiled
         self._planning = threading.Lock()  # plans and graph additions, one thread at a time
-        self._accelerator = accelerator.accelerator_of(sess) if place_state_on_host else None
+        self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
+            if place_state_on_host else None
+        self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
         measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
@@ -165,6 +188,21 @@ class TFMemSession:
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
+        self._step_listeners = []  # called as f(tfs, entry, stats) after every step
+        self._interactive = None
+        if (isinstance(sess, tf_session.InteractiveSession)
+                and not getattr(sess, "tfmem_routes_run", False)):
+            # As InteractiveSession does for itself: Tensor.eval() runs through tfmem.
+            self._interactive = self.as_default()
+            self._interactive.enforce_nesting = False
+            self._interactive.__enter__()
+        self._place_state()
+
+    def _place_state(self):
+        """Run the placement pass over ops it has not seen, before the session places them."""
+        if self._accelerator is not None and self.graph.version and \
+                not getattr(self._session, "_closed", False):
+            place_state_on_host(self._session, self._policy.min_bytes, self._placed)
 
     @property
     def session(self):
@@ -186,7 +224,27 @@ class TFMemSession:
             raise RuntimeError("The Session graph is empty. Add operations to the "
                                "graph before calling run().")
 
-    def _make_plan(self, request):
+    def _predict(self, plan, request):
+        """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
+        (in budget mode, the prediction budget mode plans with)."""
+        return self._predict_shapes(plan, request.feed_shapes())
+
+    def _predict_shapes(self, plan, feed_shapes):
+        if self._budget is not None:
+            return budget.predict(self.graph, plan, feed_shapes, self._session)
+        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
+                        scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
+
+    def _make_plan(self, request, correction=None):
+        """(plan, predicted trace or None) for the request, with the placement pass's outcome."""
+        self._place_state()
+        plan, trace = self._plan_request(request, correction)
+        placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
+        if plan.placement != placement:  # else keep the plan: it may be a compiled one
+            plan = dataclasses.replace(plan, placement=placement)
+        return plan, trace
+
+    def _plan_request(self, request, correction=None):
         """(plan, predicted trace or None) for the request under this session's settings."""
         with _gc_paused():
             if self._budget is None:
@@ -197,6 +255,7 @@ class TFMemSession:
             return budget.fit(self.graph, request.fetch_tensors, request.targets,
                               request.feeds, request.feed_shapes(), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
+                              session=self._session, correction=correction,
                               prefer=self._compiled_plans(request))
 
     def _compiled_plans(self, request):
@@ -227,11 +286,24 @@ class TFMemSession:
                 entry = None
             else:
                 entry.graph_version = version
+        if entry is not None and entry.replan:
+            entry.replan = False
+            plan, trace = self._make_plan(request, entry.correction)
+            if (plan.partition_size, plan.policy) != (entry.plan.partition_size,
+                                                      entry.plan.policy):
+                log.info("request planned again with the corrected model: %d partitions "
+                         "(partition_size=%s), was %d", len(plan.partitions),
+                         plan.partition_size, len(entry.plan.partitions))
+                correction = entry.correction
+                entry = self._compiled[key] = _Compiled(plan, version, trace)
+                entry.correction = correction
+            else:
+                entry.trace = trace  # the same plan, predicted with what was learned
         if entry is None:
             started = time.perf_counter()
             plan, trace = self._make_plan(request)
-            entry = self._compiled[key] = _Compiled(plan, version, trace,
-                                                    time.perf_counter() - started)
+            entry = self._compiled[key] = _Compiled(plan, version, trace)
+            entry.plan_time = time.perf_counter() - started
         return entry
 
     def simulate(self, fetches, feed_dict=None):
@@ -241,8 +313,7 @@ class TFMemSession:
         """
         self._check_open()
         request = Request(self.graph, fetches, feed_dict)
-        plan = self._entry(request).plan
-        return simulate(plan, resolve_shapes(self.graph, plan.view, request.feed_shapes()))
+        return self._predict(self._entry(request).plan, request)
 
     def plan(self, fetches, feed_dict=None):
         """The plan `run(fetches, feed_dict)` would execute, without running anything."""
@@ -258,29 +329,60 @@ class TFMemSession:
             with self._planning:
                 if entry.executor is None:
                     started = time.perf_counter()
-                    entry.feed_shapes = request.feed_shapes()
                     if entry.trace is None and any(t.swapped for t in entry.plan.transfers):
                         # Only swapped tensors take host buffers; without any, the
                         # prediction (seconds on a large request) waits for memory_report.
-                        entry.trace = self._predict(entry)
+                        entry.trace = self._predict(entry.plan, request)
                     simulated = time.perf_counter() - started
                     if entry.trace is not None:
                         self._check_host_memory(entry.trace)
                     entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
+                    entry.feed_shapes = request.feed_shapes()
         self._last_entry = entry
         timeline = Timeline() if self._trace else None
-        values, self.last_step = entry.executor.run(
-            request.feed_values_by_name(), options, run_metadata, timeline)
+        # Session.run replaces run_metadata with the step's, and only when the step ran.
+        step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        values, stats = entry.executor.run(
+            request.feed_values_by_name(), options, step_metadata, timeline)
+        self.last_step = stats
+        if run_metadata is not None:
+            run_metadata.CopyFrom(step_metadata)
         if timeline:
             write_chrome_trace(timeline.events, self._trace)
-        log.debug("step: %s", self.last_step)
+        log.debug("step: %s", stats)
+        if self._budget is not None:
+            self._learn(request, entry)
+        for listener in self._step_listeners:
+            listener(self, entry, stats)
         return request.build_results(self._session, values)
 
-    def _predict(self, entry):
-        """The predicted MemoryTrace of the entry's plan at the shapes it was compiled with."""
-        return simulate(entry.plan, resolve_shapes(self.graph, entry.plan.view,
-                                                   entry.feed_shapes))
+    def _learn(self, request, entry):
+        """Budget mode: when the step measured over its predicted peak, correct the model
+        and plan the request again before the next step (this one is never run again).
+        memory_report() shows every partition's measured and predicted peak."""
+        if entry.correction is None:
+            entry.correction = budget.Correction()
+        measured = self.last_step.partition_peak_bytes
+        resident = entry.executor.last_resident
+        if measured and resident is not None:
+            # What the device held beyond the request's state (other requests' variables,
+            # other sessions) is in the measured peaks, not in the predictions.
+            foreign = max(resident - entry.trace.state_bytes, 0)
+            measured = tuple(m - foreign for m in measured)
+        feed_shapes = request.feed_shapes()
+        if not entry.correction.learn(
+                entry.trace, measured, entry.executor.last_scratch,
+                lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
+                                             self._session, extra)):
+            return
+        worst = max(range(len(measured)), key=measured.__getitem__)
+        log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
+                 "model now takes the kernel scratch this step measured (%d ops) and scales "
+                 "predictions by %.2f; planning the request again for the next step",
+                 measured[worst] / (1 << 20), worst, entry.trace.peak_device / (1 << 20),
+                 len(entry.correction.scratch), entry.correction.factor)
+        entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
     def _check_host_memory(self, trace):
         """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
@@ -298,7 +400,8 @@ class TFMemSession:
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
         if self._last_entry.trace is None:
-            self._last_entry.trace = self._predict(self._last_entry)
+            self._last_entry.trace = self._predict_shapes(self._last_entry.plan,
+                                                          self._last_entry.feed_shapes)
         trace = self._last_entry.trace
         return MemoryReport(
             device_peak=self.last_step.device_peak_bytes,
@@ -307,12 +410,15 @@ class TFMemSession:
             host_buffers=self.last_step.host_buffer_bytes,
             predicted_host_peak=trace.peak_host,
             host_rss=self.last_step.host_rss_bytes,
-            host_available=psutil.virtual_memory().available)
+            host_available=psutil.virtual_memory().available,
+            predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
+            partition_peaks=self.last_step.partition_peak_bytes)
 
     def _executor_for(self, entry, simulate_time):
         """The executor of the entry's plan: shared with an entry of the same plan, or new."""
         for other in self._compiled.values():
-            if other.executor is not None and other.plan is entry.plan:
+            if other.executor is not None and (other.plan is entry.plan
+                                               or other.plan == entry.plan):
                 self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
                 return other.executor
         before = self.graph.version
@@ -327,12 +433,7 @@ class TFMemSession:
 
     def _compile(self, plan, trace):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
-        graph = self.graph
-        if graph.finalized:
-            raise TFMemError(
-                "The session's graph is finalized, but tfmem adds the partition copies to it. "
-                "Wrap the session before finalizing the graph (MonitoredSession and "
-                "Supervisor finalize it).")
+        graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         started = time.perf_counter()
@@ -362,16 +463,11 @@ class TFMemSession:
         self._compiled.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
+        if self._interactive is not None:
+            interactive, self._interactive = self._interactive, None
+            interactive.__exit__(None, None, None)
 
     def close(self):
         """Close the wrapped session (as Session.close) and free tfmem's host buffers."""
         self._release()
         self._session.close()
-
-    def __enter__(self):
-        self._session.__enter__()
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        self._release()
-        self._session.__exit__(exc_type, exc_value, traceback)

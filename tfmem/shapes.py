@@ -8,21 +8,19 @@ shapes are read back.  Nothing runs, and the user's graph is not touched.
 """
 
 import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
 
 from tfmem.analyse import split_tensor_name
 
 
-def resolve_shapes(graph, view, feed_shapes):
-    """{tensor name: shape tuple or None} for every output of the view's nodes and sources.
+def import_request(graph, view, feed_shapes):
+    """A scratch graph holding a copy of the request's ops under the prefix "s/", each fed
+    tensor replaced by a placeholder of its shape in `feed_shapes` (when given).
 
-    `feed_shapes` maps fed tensor names to concrete shapes.  Without feeds of
-    unknown shape, the view's static shapes are returned as they are.
+    Shape inference runs as the copies are imported; nothing runs, and the user's
+    graph is not touched.  `scratch.calibrate` reads concrete input shapes and
+    constant shape vectors from it.
     """
-    static = {f"{name}:{i}": info.shape
-              for nodes in (view.nodes, view.sources) for name, node in nodes.items()
-              for i, info in enumerate(node.outputs)}
-    if not feed_shapes:
-        return static
     members = set(view.nodes) | set(view.sources)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
@@ -42,13 +40,30 @@ def resolve_shapes(graph, view, feed_shapes):
         input_map = {}
         for name in view.feeds:
             tensor = graph.get_tensor_by_name(name)
-            shape = feed_shapes.get(name, tensor.shape)
+            shape = (feed_shapes or {}).get(name, tensor.shape)
             input_map[name] = tf.compat.v1.placeholder(tensor.dtype, shape)
+            if tensor.dtype in (tf.resource, tf.variant):  # a fed variable handle (TF2)
+                handle_data_util.copy_handle_data(tensor, input_map[name])
         used = {t for n in view.nodes.values() for t in n.inputs}
         input_map = {k: v for k, v in input_map.items() if k in used}
         tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="s")
-        resolved = {}
-        for name in static:
-            shape = scratch.get_tensor_by_name("s/" + name).shape
-            resolved[name] = None if shape.rank is None else tuple(shape.as_list())
+    return scratch
+
+
+def resolve_shapes(graph, view, feed_shapes):
+    """{tensor name: shape tuple or None} for every output of the view's nodes and sources.
+
+    `feed_shapes` maps fed tensor names to concrete shapes.  Without feeds of
+    unknown shape, the view's static shapes are returned as they are.
+    """
+    static = {f"{name}:{i}": info.shape
+              for nodes in (view.nodes, view.sources) for name, node in nodes.items()
+              for i, info in enumerate(node.outputs)}
+    if not feed_shapes:
+        return static
+    scratch = import_request(graph, view, feed_shapes)
+    resolved = {}
+    for name in static:
+        shape = scratch.get_tensor_by_name("s/" + name).shape
+        resolved[name] = None if shape.rank is None else tuple(shape.as_list())
     return resolved

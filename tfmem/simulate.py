@@ -52,6 +52,7 @@ class PartitionMemory:
     host_after: int  # host buffers held after the run
     to_host: int  # bytes swapped out after the run
     to_device: int  # bytes the prefetcher uploads while it runs
+    scratch: int = 0  # the largest kernel scratch of one of its ops (counted in the peak)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +165,13 @@ def _dependency_order(view, ops):
     return order + [name for name in ops if name not in ordered]
 
 
-def _working_set(view, partition, size, keep_until_end, freed_inside):
+def _working_set(view, partition, size, keep_until_end, freed_inside, scratch):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
     to their bytes: they are released after their last reader, not at the end.
+    `scratch` maps op names to the bytes their kernel allocates besides its outputs,
+    held while it runs, with its inputs and outputs alive.
     """
     order = _dependency_order(view, partition.ops)
     last_read = {}
@@ -191,7 +194,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside):
                     current -= live.pop(reuse)
             live[tensor] = nbytes
             current += nbytes
-        peak = max(peak, current)
+        peak = max(peak, current + scratch.get(name, 0))
         for tensor in dying:
             current -= live.pop(tensor)
         for tensor in dict.fromkeys(node.inputs):
@@ -210,8 +213,10 @@ def state_bytes(view, size):
         size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
 
 
-def simulate(plan, shapes=None, early_frees=True):
-    """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`.
+def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
+    """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
+    `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
+    every partition's peak (budget mode's allowance for the allocator's chunks).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
     after its last reader there (what usually happens); without, at the
@@ -233,7 +238,8 @@ def simulate(plan, shapes=None, early_frees=True):
         keep_until_end = set(partition.outputs) | set(partition.fetches)
         freed_inside = {key[0]: live[key] for key in schedule.frees[index]
                         if key in live and early_frees}
-        peak = before + _working_set(view, partition, size, keep_until_end, freed_inside)
+        peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
+                                     scratch or {})
         for key in schedule.frees[index]:
             live.pop(key, None)
         for tensor, reader in [k for k in schedule.uploads[index]]:
@@ -252,7 +258,9 @@ def simulate(plan, shapes=None, early_frees=True):
                 to_host += size(tensor)
         after = state + sum(live.values())
         # An aliasing op's kept output holds a buffer the working set saw die.
-        peak = max(peak, after)
+        peak = max(peak, after) + slack
+        kernel = max((scratch.get(name, 0) for name in partition.ops), default=0) \
+            if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
-                                     sum(host.values()), to_host, to_device))
+                                     sum(host.values()), to_host, to_device, kernel))
     return MemoryTrace(tuple(trace), state, len(size.unknown))

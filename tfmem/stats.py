@@ -9,7 +9,9 @@ class StepStats:
 
     `peak_device_handle_bytes` counts the handles whose size is known (a
     static shape, or a host copy).  `device_peak_bytes` is TensorFlow's own
-    allocator peak for the step, None where TensorFlow reports none.
+    allocator peak for the step, and `partition_peak_bytes` that of each
+    partition, read from the step statistics of its run (TensorFlow's
+    process-wide peak is left alone); None where TensorFlow reports none.
     """
     partitions: int = 0
     swapped_out: int = 0
@@ -19,6 +21,7 @@ class StepStats:
     peak_device_handles: int = 0
     peak_device_handle_bytes: int = 0
     device_peak_bytes: int | None = None
+    partition_peak_bytes: tuple | None = None
     host_buffer_bytes: int = 0
     host_rss_bytes: int = 0
     wall_time: float = 0.0

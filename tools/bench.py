@@ -85,6 +85,8 @@ GOALS = {  # name -> (comparison, bound)
     "prefetch_wait_share": ("<", 0.10),
     "first_step_ps50_ratio": ("<=", 2.0),
     "compile_ratio_50k_2k": ("<=", 1.5),
+    "budget_refusal_s": ("<=", 10.0),
+    "host_guard_refusal_s": ("<=", 5.0),
 }
 
 FULL = dict(steps=20, warmup=3, breakdown_steps=3, capped_steps=10, capped_warmup=2)
@@ -701,6 +703,41 @@ def profile_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200), steps=5,
 # report
 
 
+def bench_refusals(huge=100_000):
+    """Seconds until a request is refused before anything runs: a budget nothing fits
+    (BudgetError, while planning), and swapped tensors the host cannot hold
+    (HostMemoryError, before the first partition).  In this process, no cap needed."""
+    tf = _tf()
+    tf1 = tf.compat.v1
+    import tfmem  # pylint: disable=import-outside-toplevel
+    from tfmem import models  # pylint: disable=import-outside-toplevel
+    result = {}
+    model = models.mlp(layers=12)
+    with tf1.Session(graph=model.graph) as sess:
+        tfs = tfmem.TFMemSession(sess, device_memory_budget="4MiB")
+        sess.run(model.init)
+        started = time.perf_counter()
+        try:
+            tfs.run([model.train, model.loss], model.feed(1024))
+            result["budget_refusal"] = None
+        except tfmem.BudgetError:
+            result["budget_refusal"] = time.perf_counter() - started
+    graph = tf.Graph()
+    with graph.as_default():
+        a = tf.ones([huge, huge])  # 40 GB of float32: a static shape, never materialised
+        b = tf.add(a, 1.0)
+        total = tf.reduce_sum(tf.add(tf.add(tf.cos(tf.sin(b)), a), b))
+    with tf1.Session(graph=graph) as sess:
+        tfs = tfmem.TFMemSession(sess, partition_size=1, swap="all")
+        started = time.perf_counter()
+        try:
+            tfs.run(total)
+            result["host_guard_refusal"] = None
+        except tfmem.HostMemoryError:
+            result["host_guard_refusal"] = time.perf_counter() - started
+    return result
+
+
 def targets(results):
     """[(name, value)] of the machine-readable figures."""
     values = {}
@@ -740,6 +777,10 @@ def targets(results):
             values["prefetch_wait_share"] = capped["prefetch_wait_share"]
         else:
             values["capped_tfmem_examples_per_s"] = "failed"
+    refusals = results.get("refusals")
+    if refusals:
+        for key in ("budget_refusal", "host_guard_refusal"):
+            values[f"{key}_s"] = refusals[key] if refusals[key] is not None else "not refused"
     return list(values.items())
 
 
@@ -851,6 +892,12 @@ def report(results, out=print):
                     f"{capped['exposed_transfer_share']:.1%}, prefetch wait "
                     f"{capped['prefetch_wait_share']:.1%}")
                 out(f"  tfmem last step:  {run['last_step']}")
+    refusals = results.get("refusals")
+    if refusals:
+        out("\nrefused before running: "
+            + ", ".join(f"{key.replace('_', ' ')} "
+                        + ("not refused" if value is None else f"after {value:.2f} s")
+                        for key, value in refusals.items()))
     out("")
     for name, value in targets(results):
         out(_target_line(name, value))
@@ -917,6 +964,7 @@ def run_all(args, log=None):
             steps=settings["capped_steps"], warmup=settings["capped_warmup"],
             breakdown_steps=settings["breakdown_steps"],
             partition_size=args.capped_partition_size, log=log)
+    results["refusals"] = bench_refusals()
     if args.profile:
         results["profile"] = profile_fits(blocks=tuple(args.blocks), batch=args.batch)
     return results

@@ -1,0 +1,134 @@
+"""Measuring a step without taking TensorFlow's figures from the user, and budget mode
+learning from what it measured.
+
+Both run in one fresh process with a BFC allocator capped far above the steps
+(the cap is read when TensorFlow starts), oneDNN off, pinned thread pools;
+it prints one JSON line with every figure.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+MIB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAP_MIB = 512
+# Over the ResNet step's measured peak (~61-65 MiB), under it / (1 - margin).
+LEARN_BUDGET_MIB = 64
+
+SCRIPT = r"""
+import json, logging, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tfmem
+tfmem.emulate_accelerator(int(sys.argv[1]))
+import tensorflow as tf
+from tfmem import accelerator, models, scratch
+tf1 = tf.compat.v1
+budget_mib, cache_path = int(sys.argv[2]), sys.argv[3]
+config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+out = {}
+
+# 1. The user's own peak figure survives tfmem's steps.
+model = models.mlp(layers=4)
+sess = tf1.Session(graph=model.graph, config=config)
+with model.graph.as_default():
+    big = tf.reduce_sum(tf.random.uniform([24 << 18], seed=1))  # a 24 MiB tensor
+tfs = tfmem.TFMemSession(sess, partition_size=10)
+tfs.run(model.init)
+accelerator.reset_peak("CPU:0")
+sess.run(big)
+out["user_peak"] = accelerator.device_memory("CPU:0")["peak"]
+out["tfmem_peaks"] = []
+for _ in range(3):
+    tfs.run([model.train, model.loss], model.feed(256))
+    out["tfmem_peaks"].append(tfs.last_step.device_peak_bytes)
+out["partition_peaks"] = list(tfs.last_step.partition_peak_bytes)
+out["partitions"] = tfs.last_step.partitions
+out["peak_after"] = accelerator.device_memory("CPU:0")["peak"]
+tfs.close()
+
+# 2. Budget mode learns.  A stale kernel scratch cache (every kernel recorded with no
+# scratch, as a cache from another machine might say) makes the first plan too large.
+model = models.resnet(blocks=(2, 2, 2))
+feed = model.feed(32)
+fetches = [model.train, model.loss]
+plain = tf1.Session(graph=model.graph, config=config)
+plain_tfs = tfmem.TFMemSession(plain, partition_size=100000)  # init without cached constants
+plain_tfs.run(model.init)
+out["plain_losses"] = [float(plain.run(fetches, feed)[1]) for _ in range(3)]
+plain.close()
+sess = tf1.Session(graph=model.graph, config=config)
+tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+probe = tfmem.TFMemSession(sess, partition_size=100000)
+plan = probe.plan(fetches, feed)
+stale = scratch.ScratchCache(cache_path)
+scratch.calibrate(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess,
+                  cache=stale)
+with open(cache_path) as file:
+    zeros = {key: 0 for key in json.load(file)}
+with open(cache_path, "w") as file:
+    json.dump(zeros, file)
+os.environ[scratch.CACHE_ENV] = cache_path
+records = []
+handler = logging.Handler()
+handler.emit = lambda record: records.append(record.getMessage())
+logging.getLogger("tfmem").addHandler(handler)
+logging.getLogger("tfmem").setLevel(logging.INFO)
+tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{budget_mib}MiB")
+learn = out["learn"] = {"losses": [], "peaks": [], "partitions": [], "predicted": []}
+for _ in range(3):
+    accelerator.reset_peak("CPU:0")
+    _, loss = tfs.run(fetches, feed)
+    learn["losses"].append(float(loss))
+    learn["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
+    learn["partitions"].append(tfs.last_step.partitions)
+    learn["predicted"].append(tfs.memory_report().predicted_device_peak)
+learn["log"] = records
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("scratch") / "kernels.json"
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(CAP_MIB), str(LEARN_BUDGET_MIB), str(cache)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+        env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    learn = out["learn"]
+    print(f"\nlearning: peaks {[round(p / MIB, 1) for p in learn['peaks']]} MiB, predicted "
+          f"{[round(p / MIB, 1) for p in learn['predicted']]} MiB, partitions "
+          f"{learn['partitions']}; log: {learn['log']}")
+    return out
+
+
+def test_tfmem_leaves_tensorflows_peak_figure_alone(measured):
+    """The user's process peak (a 24 MiB tensor) is still TensorFlow's peak after tfmem's
+    steps, which measure their own, smaller peaks."""
+    assert measured["peak_after"] == measured["user_peak"]
+    assert measured["user_peak"] >= 24 * MIB
+    assert measured["partitions"] > 1
+    for peak in measured["tfmem_peaks"]:
+        assert 0 < peak < measured["user_peak"]
+    assert max(measured["partition_peaks"]) == measured["tfmem_peaks"][-1]
+
+
+def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
+    learn = measured["learn"]
+    budget = LEARN_BUDGET_MIB * MIB
+    # The stale cache's plan: one partition predicted without scratch, measured over it.
+    assert learn["partitions"][0] == 1
+    assert learn["peaks"][0] > learn["predicted"][0]
+    assert any("planning the request again" in line for line in learn["log"]), learn["log"]
+    # Re-planned for the next step: more partitions, inside the budget, predicted closer.
+    assert learn["partitions"][1] > 1 and learn["partitions"][2] == learn["partitions"][1]
+    assert max(learn["peaks"][1:]) <= budget, learn["peaks"]
+    assert abs(learn["predicted"][2] - learn["peaks"][2]) <= 0.25 * learn["peaks"][2]
+    # No step ran twice: the losses are plain TensorFlow's three steps.
+    np.testing.assert_allclose(learn["losses"], measured["plain_losses"], rtol=1e-4, atol=1e-6)

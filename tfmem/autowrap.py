@@ -1,0 +1,269 @@
+"""Run an unmodified program with every session it creates going through tfmem.
+
+    tfmem run --partition-size 50 train.py --epochs 3
+    TFMEM="partition_size=50" python -m tfmem.autowrap train.py --epochs 3
+
+How: before the program starts, `install` replaces TensorFlow's `Session`
+and `InteractiveSession` classes, where programs look them up (the
+`tf.compat.v1` modules that export them), by subclasses whose `run` and
+`make_callable` go through a TFMemSession wrapping the session itself.
+Everything else is the real session: type checks (`isinstance(s,
+tf.compat.v1.Session)`), `partial_run`, `close`, context managers.
+`MonitoredTrainingSession`, `MonitoredSession`, `SingularMonitoredSession`
+and `Supervisor` create their sessions through `SessionManager`, which looks
+up `session.Session` at call time; its `session` name is pointed at a view
+of TensorFlow's session module with the two classes replaced, so their
+steps, hooks, queue runners, savers and recovered sessions are wrapped too.
+The defining module itself is left alone: its classes call
+`super(Session, self)` through its globals.
+
+Only `tfmem run` and `python -m tfmem.autowrap` install it, in their own
+process; `import tfmem` never does.  The environment variable (TFMEM) is
+for launchers that start `python` themselves (mpirun, a scheduler's job
+script): point them at `python -m tfmem.autowrap script.py` and pass the
+options in TFMEM.  No `sitecustomize` or `.pth` file: those would wrap every
+Python process of the environment, including tools that never asked for it.
+
+A request tfmem cannot plan (`UnsupportedGraphError`, raised while planning,
+before anything runs) is run by the plain session and counted in the
+summary, so the program still runs.
+"""
+
+import logging
+import os
+import runpy
+import sys
+import threading
+import types
+
+from tfmem import accelerator
+from tfmem.errors import UnsupportedGraphError
+
+# Nothing here imports TensorFlow before `run_program` has set an emulated
+# accelerator's cap: TensorFlow reads it when it starts.
+
+log = logging.getLogger(__name__)
+
+ENV = "TFMEM"
+
+# option -> parser; the TFMemSession keyword options, plus what the runner itself uses
+_PARSERS = {
+    "partition_size": lambda v: v if v == "auto" else int(v),
+    "device_memory_budget": str,
+    "swap": str,
+    "swap_distance": int,
+    "prefetch": int,
+    "swap_min_bytes": str,  # read by _checked_sizes, once TensorFlow may start
+    "place_state_on_host": lambda v: {"1": True, "true": True, "0": False,
+                                      "false": False}[v.lower()],
+    "trace": str,
+    "device_memory": int,  # MiB: emulate an accelerator of this size (before TensorFlow starts)
+    "summary_json": str,  # also write the summary as JSON here
+}
+_ALIASES = {"budget": "device_memory_budget"}
+RUNNER_OPTIONS = ("device_memory", "summary_json")
+
+
+def parse_options(text):
+    """Options from `key=value,key=value` (the TFMEM variable's form)."""
+    options = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        key = _ALIASES.get(key.strip(), key.strip())
+        if not sep or key not in _PARSERS:
+            raise ValueError(
+                f"{ENV}: cannot read {item!r}; expected key=value pairs separated by commas, "
+                f"keys: {', '.join(sorted(set(_PARSERS) | set(_ALIASES)))} "
+                f"(for example {ENV}=partition_size=50 or {ENV}=budget=2GiB,swap=all)")
+        try:
+            options[key] = _PARSERS[key](value.strip())
+        except (ValueError, KeyError) as error:
+            raise ValueError(f"{ENV}: bad value for {key}: {value.strip()!r} ({error})") from None
+    return options
+
+
+def _checked_sizes(options):
+    """Memory sizes read and checked (this imports TensorFlow, through tfmem.budget)."""
+    from tfmem.budget import parse_bytes  # pylint: disable=import-outside-toplevel
+    options = dict(options)
+    if "swap_min_bytes" in options:
+        options["swap_min_bytes"] = parse_bytes(options["swap_min_bytes"])
+    if options.get("device_memory_budget") is not None:
+        parse_bytes(options["device_memory_budget"])
+    return options
+
+
+def _session_classes(options, recorder):
+    """Subclasses of Session and InteractiveSession whose steps run through tfmem."""
+    from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
+    from tfmem.session import TFMemSession  # pylint: disable=import-outside-toplevel
+
+    class Routed:
+        """Routes `run` and `make_callable` to a TFMemSession wrapping this session."""
+        tfmem_routes_run = True  # TFMemSession: do not make the wrapper the default session
+        _tfmem = None
+
+        def _start_tfmem(self):
+            self._tfmem = TFMemSession(self, **options)
+            recorder.watch(self._tfmem)
+
+        @property
+        def tfmem(self):
+            """The TFMemSession this session's steps run through."""
+            return self._tfmem
+
+        def run(self, fetches, feed_dict=None, options=None, run_metadata=None):  # pylint: disable=redefined-outer-name
+            try:
+                return self._tfmem.run(fetches, feed_dict, options, run_metadata)
+            except UnsupportedGraphError as error:  # raised while planning: nothing ran
+                log.warning("tfmem cannot run this request in partitions (%s); "
+                            "the plain session runs it", error)
+                recorder.on_plain_run(self._tfmem, str(error).split("\n")[0])
+                return tf_session.BaseSession.run(self, fetches, feed_dict, options, run_metadata)
+
+        def make_callable(self, fetches, feed_list=None, accept_options=False):
+            return self._tfmem.make_callable(fetches, feed_list, accept_options)
+
+        def close(self):
+            if self._tfmem is not None:
+                self._tfmem._release()  # pylint: disable=protected-access
+            super().close()
+
+    class Session(Routed, tf_session.Session):  # pylint: disable=redefined-outer-name
+        __doc__ = tf_session.Session.__doc__
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._start_tfmem()
+
+    class InteractiveSession(Routed, tf_session.InteractiveSession):
+        __doc__ = tf_session.InteractiveSession.__doc__
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._start_tfmem()
+
+    for cls, original in ((Session, tf_session.Session),
+                          (InteractiveSession, tf_session.InteractiveSession)):
+        cls.__module__, cls.__qualname__ = original.__module__, original.__qualname__
+    return {"Session": Session, "InteractiveSession": InteractiveSession}
+
+
+class Installation:
+    """The patched classes of one `install`; `uninstall()` puts TensorFlow's back."""
+
+    def __init__(self, options, recorder, patched):
+        self.options = options
+        self.recorder = recorder
+        self._patched = patched  # [(module, name, original)]
+
+    def uninstall(self):
+        for module, name, original in reversed(self._patched):
+            setattr(module, name, original)
+        self._patched = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.uninstall()
+
+
+_INSTALL_LOCK = threading.Lock()
+
+
+def _module_view(module, replacements):
+    """A module that is `module` except for the replaced names."""
+    view = types.ModuleType(module.__name__, module.__doc__)
+    view.__dict__.update(replacements)
+    view.__getattr__ = lambda name: getattr(module, name)
+    return view
+
+
+def install(**options):
+    """Wrap every Session / InteractiveSession created from now on in this process.
+
+    Takes TFMemSession's keyword options.  Returns an Installation (its
+    `recorder` holds the per-session totals; `uninstall()` undoes it)."""
+    from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.training import session_manager  # pylint: disable=import-outside-toplevel
+    from tfmem.run_summary import RunRecorder  # pylint: disable=import-outside-toplevel
+    recorder = RunRecorder()
+    replacements = _session_classes(options, recorder)
+    with _INSTALL_LOCK:
+        originals = {name: getattr(tf_session, name) for name in replacements}
+        patched = [(session_manager, "session", session_manager.session)]
+        session_manager.session = _module_view(tf_session, replacements)
+        for module_name, module in list(sys.modules.items()):
+            if (module is None or module is tf_session
+                    or not module_name.startswith("tensorflow")):
+                continue
+            for name, original in originals.items():
+                if getattr(module, name, None) is original:
+                    setattr(module, name, replacements[name])
+                    patched.append((module, name, original))
+    return Installation(options, recorder, patched)
+
+
+def describe_settings(options):
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
+
+
+def run_program(options, target, args, module=False):
+    """Run `target` (a script path, or a module with module=True) as __main__ with
+    `args`, every session wrapped; print the summary at exit; return the exit code."""
+    options = dict(options)
+    runner = {k: options.pop(k) for k in RUNNER_OPTIONS if k in options}
+    if runner.get("device_memory") is not None:
+        if "tensorflow" in sys.modules:
+            raise RuntimeError("device_memory must be set before TensorFlow is imported")
+        accelerator.emulate_accelerator(runner["device_memory"])
+    try:
+        options = _checked_sizes(options)
+        installation = install(**options)
+    except ValueError as error:
+        print(f"tfmem: {error}", file=sys.stderr)
+        return 2
+    settings = describe_settings(options)
+    sys.argv = [target, *args]
+    code = 0
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if not isinstance(exit_.code, (int, type(None))):
+            print(exit_.code, file=sys.stderr)
+    finally:
+        installation.recorder.print(settings)
+        if runner.get("summary_json"):
+            installation.recorder.write_json(runner["summary_json"], settings)
+    return code
+
+
+def main(argv=None):
+    """`python -m tfmem.autowrap [-m module | script.py] [args]`, options from TFMEM."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = (f"usage: {ENV}=key=value,... python -m tfmem.autowrap "
+             "(script.py | -m module) [args ...]")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage + "\n\n" + __doc__, file=sys.stderr)
+        return 2 if not argv else 0
+    try:
+        options = parse_options(os.environ.get(ENV, ""))
+    except ValueError as error:
+        print(f"tfmem: {error}", file=sys.stderr)
+        return 2
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(usage, file=sys.stderr)
+            return 2
+        return run_program(options, argv[1], argv[2:], module=True)
+    return run_program(options, argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

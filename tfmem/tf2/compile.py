@@ -1,0 +1,99 @@
+"""Compile: one partition of a traced function as a callable ConcreteFunction of its own.
+
+A `tf.function` traces to a FuncGraph.  tfmem plans that graph like a
+Session request (fetches: the function's outputs; targets: its control
+outputs, the variable updates; feeds: its inputs, captured variable handles
+included).  Each partition then becomes a new function:
+
+    partition ops (NodeDefs copied) + the constants they read
+    inputs:  transfers from earlier partitions, then the traced graph's inputs
+             it reads (arguments and captured handles, fed unchanged)
+    outputs: transfers to later partitions and the function's outputs it makes
+
+The NodeDefs are imported into a fresh `tf.function` trace, whose automatic
+control dependencies run every stateful op (a variable update) and keep
+their order; the traced graph's own control edges between ops of the
+partition are kept, those from other partitions dropped (running partitions
+in order satisfies them).  Variable handles are the program's own captured
+handles, fed as arguments: an update made inside is visible outside.
+
+The user's graph is never changed: copies only.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+from tensorflow.python.ops import handle_data_util
+
+_HANDLE_DTYPES = (tf.resource, tf.variant)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionFunction:
+    """One compiled partition: what it is fed, what it returns, and how to call it."""
+    index: int
+    input_sources: tuple  # per argument: a transfer or a fed tensor of the traced graph
+    output_sinks: tuple  # per output: the traced graph's tensor it stands for
+    call: object  # (*tensors) -> list of tensors
+    concrete: object  # the ConcreteFunction, kept alive while `call` is used
+
+
+def partition_graph_def(graph, view, partition, library):
+    """A GraphDef of the partition's ops and the constants (state sources) they read."""
+    members = set(partition.ops)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    graph_def.library.CopyFrom(library)
+    for name in tuple(partition.sources) + tuple(partition.ops):
+        node = graph_def.node.add()
+        node.CopyFrom(graph.get_operation_by_name(name).node_def)
+        data = [inp for inp in node.input if not inp.startswith("^")]
+        edges = view.nodes[name].control_inputs if name in view.nodes else ()
+        control = [src for src in edges if src in members]
+        del node.input[:]
+        node.input.extend(data + ["^" + src for src in control])
+        if "_class" in node.attr:
+            inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
+            if inside:
+                node.attr["_class"].list.s[:] = inside
+            else:
+                del node.attr["_class"]
+    return graph_def
+
+
+def _flat_call(concrete):
+    """The cheapest call of a ConcreteFunction on flat eager tensors (no tape, no structure)."""
+    atomic = getattr(concrete, "_inference_function", None)
+    if atomic is not None and hasattr(atomic, "call_flat"):
+        def call(*args):
+            return atomic.call_flat(*args) or []
+        return call
+
+    def fallback(*args):  # other TensorFlow versions: the public, structured call
+        return tf.nest.flatten(concrete(*args))
+    return fallback
+
+
+def compile_partition(graph, plan, partition, library):
+    """The PartitionFunction of `partition` of `plan`, traced from `graph` (a FuncGraph)."""
+    inputs = tuple(partition.inputs) + tuple(partition.feeds)
+    outputs = tuple(dict.fromkeys(tuple(partition.outputs) + tuple(partition.fetches)))
+    originals = [graph.get_tensor_by_name(name) for name in inputs]
+    graph_def = partition_graph_def(graph, plan.view, partition, library)
+    specs = [tf.TensorSpec(t.shape, t.dtype) for t in originals]
+
+    def body(*args):
+        for arg, original in zip(args, originals):
+            if original.dtype in _HANDLE_DTYPES:  # variable shapes, TensorList element shapes
+                handle_data_util.copy_handle_data(original, arg)
+        if not graph_def.node:
+            return []
+        imported = tf.graph_util.import_graph_def(
+            graph_def, input_map=dict(zip(inputs, args)), return_elements=list(outputs),
+            name=f"p{partition.index}")
+        return list(imported)
+
+    body.__name__ = f"tfmem_partition_{partition.index}"
+    concrete = tf.function(body, input_signature=specs, autograph=False).get_concrete_function()
+    return PartitionFunction(partition.index, inputs, outputs, _flat_call(concrete), concrete)
+

@@ -1,0 +1,332 @@
+"""tfmem.function: a drop-in for `tf.function` that runs the traced step in partitions.
+
+    @tfmem.function(partition_size=200)        # or device_memory_budget="2GiB"
+    def train_step(x, y):
+        ...
+    loss = train_step(x, y)
+    print(train_step.last_step)
+
+Tracing is TensorFlow's own: the wrapper holds a real `tf.function` and asks
+it for the ConcreteFunction of each call, so retracing rules, input
+signatures and nested structures in and out are exactly tf.function's.  Each
+ConcreteFunction's graph is then planned as a Session request would be
+(fetches: its outputs; targets: its control outputs; feeds: its inputs and
+captured handles), once per trace, and run eagerly one partition function
+at a time (`tfmem.tf2`).  Variables are fed as the program's own captured
+handles, so updates are shared both ways.
+
+What runs as one unit: control flow inside the function (`tf.cond`,
+`tf.while_loop` become single If/While ops) and calls of nested functions.
+Refused: `jit_compile=True` (XLA compiles the whole function as one
+cluster).  Called inside another `tf.function` (graph mode), or while a
+GradientTape outside the call is recording, the wrapper runs the plain
+`tf.function` as one call: a graph being built cannot be partitioned, and
+partition calls are not recorded on an outer tape.
+"""
+
+import dataclasses
+import functools
+import logging
+import threading
+import weakref
+
+import psutil
+import tensorflow as tf
+from tensorflow.python.eager import record
+from tensorflow.python.eager.polymorphic_function import function_type_utils
+
+from tfmem import accelerator, budget
+from tfmem.buffers import HostBufferPool
+from tfmem.errors import HostMemoryError, UnsupportedGraphError
+from tfmem.plan import make_plan
+from tfmem.session import HOST_MARGIN, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.shapes import resolve_shapes
+from tfmem.simulate import simulate
+from tfmem.swap import SwapPolicy
+from tfmem.tf2.compile import compile_partition
+from tfmem.tf2.execute import EagerExecutor, GraphDevices
+from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
+from tfmem.trace import Timeline, write_chrome_trace
+
+log = logging.getLogger(__name__)
+
+_HANDLE_DTYPES = (tf.resource, tf.variant)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """The partitioning settings of one tfmem.function, checked once."""
+    partition_size: object  # int, or "auto" (budget mode)
+    policy: SwapPolicy
+    budget: object  # the device_memory_budget as given, or None
+    trace: object  # a path for Chrome traces, or None
+
+
+@dataclasses.dataclass
+class _Runtime:
+    """What every trace of one tfmem.function shares at run time."""
+    device: str
+    pool: HostBufferPool
+    prefetcher: EagerPrefetcher
+    releaser: DroppedHandles
+    measure_device: bool
+    policy: SwapPolicy
+    budget_bytes: int | None
+
+
+class _Traced:
+    """One ConcreteFunction: its plan, predicted memory and compiled partitions."""
+
+    def __init__(self, concrete, plan, trace):
+        self.concrete = concrete  # kept alive: the cache is keyed by its id
+        self.graph = concrete.graph
+        self.input_names = tuple(t.name for t in self.graph.inputs)
+        self.output_names = tuple(t.name for t in self.graph.outputs)
+        self.plan = plan
+        self.trace = trace
+        self.executor = None
+
+
+def _refuse_jit(jit_compile):
+    if jit_compile:
+        raise UnsupportedGraphError(
+            "tfmem.function cannot partition an XLA-compiled function (jit_compile=True): XLA "
+            "compiles the whole function into one cluster, which tfmem cannot cut. Drop "
+            "jit_compile (or set it to None/False) to run it through tfmem, or use "
+            "tf.function(jit_compile=True) without tfmem.")
+
+
+def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
+             swap_min_bytes=1 << 20, device_memory_budget=None, trace=None,
+             **tf_function_kwargs):
+    """Like `tf.function`, but runs each traced step as a sequence of partitions.
+
+    Works as `@tfmem.function`, `@tfmem.function(...)` and `tfmem.function(fn, ...)`.
+    partition_size, swap, swap_distance, prefetch, swap_min_bytes, trace and
+    device_memory_budget mean what they mean for `TFMemSession`; every other
+    keyword (input_signature, reduce_retracing, autograph, ...) goes to
+    `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
+    """
+    _refuse_jit(tf_function_kwargs.get("jit_compile"))
+    size = _check_partition_size(partition_size)
+    policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
+    if device_memory_budget is not None:
+        budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
+        size = "auto"
+    settings = _Settings(size, policy, device_memory_budget, trace)
+
+    def decorate(python_function):
+        return PartitionedFunction(python_function, settings, tf_function_kwargs)
+
+    return decorate if func is None else decorate(func)
+
+
+def _budget_bytes(settings, devices):
+    """The device-memory budget in bytes (budget mode), else None."""
+    if settings.partition_size != "auto":
+        return None
+    if settings.budget is not None:
+        return budget.parse_bytes(settings.budget)
+    cap = accelerator.emulated_memory_mib()
+    if cap is not None:
+        return cap << 20
+    limit = accelerator.accelerator_memory(devices)
+    if limit:
+        return limit
+    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
+                     "on a machine without an accelerator or an emulated cap")
+
+
+def _make_runtime(settings):
+    devices = GraphDevices(None)
+    device = accelerator.memory_device(devices)
+    budget_bytes = _budget_bytes(settings, devices)
+    policy = settings.policy
+    if policy.mode == "auto" and budget_bytes is None and not accelerator.has_own_memory(devices):
+        # The "device" is host memory itself: a host copy would free nothing.
+        policy = dataclasses.replace(policy, mode="none")
+    measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
+    return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
+                    measurable, policy, budget_bytes)
+
+
+def _check_sources(view):
+    """Constants are copied into each partition; other state must be captured, not made inside."""
+    for name, node in view.sources.items():
+        if node.type != "Const":
+            raise UnsupportedGraphError(
+                f"the traced function creates the state op '{name}' ({node.type}) inside its "
+                "graph; tfmem.function runs partitions as separate functions and would create "
+                "it once per partition. Create variables, tables and iterators outside the "
+                "function and use them there (they are then captured).")
+
+
+class PartitionedFunction:
+    """A `tf.function` whose calls run in partitions.  See `tfmem.function`.
+
+    Attributes: `last_step` (a StepStats of the last call), `tf_function`
+    (the tf.function that traces), `host_buffers`.  `plan(*args)` and
+    `simulate(*args)` describe a call without running it.
+    """
+
+    def __init__(self, python_function, settings, tf_function_kwargs, tf_function=None):
+        self._python_function = python_function
+        self._settings = settings
+        self._tf_function_kwargs = dict(tf_function_kwargs)
+        self._tf_function = tf_function or tf.function(python_function, **tf_function_kwargs)
+        self._traced = {}  # (id of ConcreteFunction, shapes in budget mode) -> _Traced
+        self._runtime = None
+        self._planning = threading.Lock()  # plans and compiles, one thread at a time
+        self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
+        self.last_step = None
+        functools.update_wrapper(self, python_function, updated=())
+
+    @property
+    def tf_function(self):
+        """The `tf.function` that traces the Python function."""
+        return self._tf_function
+
+    @property
+    def python_function(self):
+        return self._python_function
+
+    @property
+    def host_buffers(self):
+        """The HostBufferPool swapped tensors wait in."""
+        return self._runtime_now().pool
+
+    def _runtime_now(self):
+        if self._runtime is None:
+            self._runtime = _make_runtime(self._settings)
+        return self._runtime
+
+    def __get__(self, instance, owner):
+        """Methods: one PartitionedFunction per instance, as tf.function does."""
+        if instance is None:
+            return self
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = PartitionedFunction(
+                self._python_function.__get__(instance, owner), self._settings,
+                self._tf_function_kwargs, self._tf_function.__get__(instance, owner))
+            self._bound[instance] = bound
+        return bound
+
+    def get_concrete_function(self, *args, **kwargs):
+        """The ConcreteFunction tf.function traces for these arguments (run unpartitioned)."""
+        return self._tf_function.get_concrete_function(*args, **kwargs)
+
+    def _feeds(self, args, kwargs):
+        """(ConcreteFunction, {graph input name: value}) for one call."""
+        # What tf.function's own call does first: defaults filled in, numpy made tensors.
+        bound = function_type_utils.canonicalize_function_inputs(
+            args, kwargs, self._tf_function._function_type,  # pylint: disable=protected-access
+            self._tf_function._default_values, self._tf_function._is_pure)  # pylint: disable=protected-access
+        args, kwargs = bound.args, bound.kwargs
+        concrete = self._tf_function.get_concrete_function(*args, **kwargs)
+        function_type = concrete.function_type
+        flat = function_type.unpack_inputs(function_type.bind(*args, **kwargs))
+        values = list(flat) + list(concrete.captured_inputs)
+        inputs = concrete.graph.inputs
+        if len(values) != len(inputs):
+            raise UnsupportedGraphError(
+                f"tfmem.function could not match the {len(values)} arguments and captures of "
+                f"this call to the {len(inputs)} inputs of the traced graph.")
+        return concrete, {t.name: tf.convert_to_tensor(v) if not tf.is_tensor(v) else v
+                          for t, v in zip(inputs, values)}
+
+    def _key(self, concrete, feeds, runtime):
+        key = (id(concrete),)
+        if runtime.budget_bytes is not None:  # the fitting plan depends on the shapes fed
+            key += tuple(tuple(v.shape) for v in feeds.values()
+                         if v.dtype not in _HANDLE_DTYPES)
+        return key
+
+    @staticmethod
+    def _feed_shapes(graph, feeds):
+        """Shapes of fed values where the traced graph leaves dimensions unknown."""
+        shapes = {}
+        for tensor in graph.inputs:
+            if tensor.dtype not in _HANDLE_DTYPES and not tensor.shape.is_fully_defined():
+                shapes[tensor.name] = tuple(feeds[tensor.name].shape)
+        return shapes
+
+    def _traced_for(self, concrete, feeds):
+        runtime = self._runtime_now()
+        key = self._key(concrete, feeds, runtime)
+        traced = self._traced.get(key)
+        if traced is not None and traced.concrete is concrete:
+            return traced
+        graph = concrete.graph
+        input_names = {t.name for t in graph.inputs}
+        fetches = list({t.name: t for t in graph.outputs if t.name not in input_names}.values())
+        targets = list(graph.control_outputs)
+        shapes = self._feed_shapes(graph, feeds)
+        with _gc_paused():
+            if runtime.budget_bytes is None:
+                plan, trace = make_plan(fetches, targets, graph.inputs,
+                                        self._settings.partition_size, runtime.policy), None
+            else:
+                memory = (accelerator.device_memory(runtime.device)
+                          if runtime.measure_device else None)
+                plan, trace = budget.fit(graph, fetches, targets, graph.inputs, shapes,
+                                         runtime.budget_bytes, runtime.policy,
+                                         resident_bytes=memory["current"] if memory else 0)
+        _check_sources(plan.view)
+        if trace is None:
+            # Partition inputs live until the call returns: no early frees (as budget mode).
+            trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
+        traced = self._traced[key] = _Traced(concrete, plan, trace)
+        return traced
+
+    def _compile(self, traced):
+        runtime = self._runtime
+        available = psutil.virtual_memory().available
+        needed = traced.trace.peak_host - runtime.pool.capacity_bytes
+        if needed > available * (1 - HOST_MARGIN):
+            raise HostMemoryError(
+                f"the plan needs {needed / (1 << 20):.0f} MiB of host memory for swapped "
+                f"tensors, but only {available / (1 << 20):.0f} MiB is available (tfmem keeps "
+                f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
+                "swap='none', or free host memory.")
+        plan = traced.plan
+        library = traced.graph.as_graph_def().library
+        functions = [compile_partition(traced.graph, plan, p, library) for p in plan.partitions]
+        swapped = [t for t in plan.transfers if t.swapped]
+        log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
+                 "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,
+                 len(plan.partitions), plan.partition_size, len(swapped),
+                 traced.trace.bytes_to_host / (1 << 20), traced.trace.peak_device / (1 << 20))
+        traced.executor = EagerExecutor(traced.graph, plan, functions, runtime)
+
+    def plan(self, *args, **kwargs):
+        """The tfmem.Plan a call with these arguments runs (traced, not run)."""
+        concrete, feeds = self._feeds(args, kwargs)
+        with self._planning:
+            return self._traced_for(concrete, feeds).plan
+
+    def simulate(self, *args, **kwargs):
+        """The predicted MemoryTrace of a call with these arguments, without running it."""
+        concrete, feeds = self._feeds(args, kwargs)
+        with self._planning:
+            traced = self._traced_for(concrete, feeds)
+        return simulate(traced.plan, resolve_shapes(
+            traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
+
+    def __call__(self, *args, **kwargs):
+        if not tf.executing_eagerly() or record.could_possibly_record():
+            # Building a graph, or a tape outside is recording: tf.function's own call, one
+            # unit (partition calls are not recorded on tapes, and a graph cannot be cut here).
+            return self._tf_function(*args, **kwargs)
+        concrete, feeds = self._feeds(args, kwargs)
+        with self._planning:
+            traced = self._traced_for(concrete, feeds)
+            if traced.executor is None:
+                self._compile(traced)
+        timeline = Timeline() if self._settings.trace else None
+        results, self.last_step = traced.executor.run(feeds, timeline)
+        if timeline:
+            write_chrome_trace(timeline.events, self._settings.trace)
+        log.debug("step: %s", self.last_step)
+        flat = [feeds[name] if name in feeds else results[name] for name in traced.output_names]
+        return concrete.function_type.pack_output(flat)

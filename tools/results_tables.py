@@ -1,0 +1,164 @@
+"""Regenerate the README's result tables from the files under experiments/results/.
+
+    python tools/results_tables.py            # rewrite the generated blocks in place
+    python tools/results_tables.py --check    # exit 1 (and say where) if a block is stale
+
+A generated block sits between two markers that name its source:
+
+    <!-- results:resnet-quick -->
+    ... written by this script from experiments/results/resnet-quick.json ...
+    <!-- /results:resnet-quick -->
+
+`<name>` is a result file's stem: an experiment's `--find-max` output
+(`resnet-quick.json`, with its provenance, cap, table, RESULT line and, for
+DeepSpeech, the iteration-time table) or the soak's (`soak.json`, written by
+`python tools/soak.py --json experiments/results/soak.json`).  Text outside
+the markers is left alone, so the prose around a table stays hand-written,
+but no figure inside a block can drift from the file that produced it.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+DOCUMENTS = (ROOT / "README.md", ROOT / "experiments" / "README.md")
+BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)",
+                   re.S)
+MIB = 1 << 20
+
+sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT))
+
+
+def _provenance(info):
+    from tfmem import provenance  # pylint: disable=import-outside-toplevel
+    return provenance.describe(info) if info else "provenance not recorded"
+
+
+def experiment_block(data, name):
+    """The markdown of an experiment's result file."""
+    import common  # pylint: disable=import-outside-toplevel
+    settings, summaries = data["settings"], data["summaries"]
+    size_name = summaries[0]["size_name"] if summaries else "size"
+    unit = summaries[0]["unit"] if summaries else "examples"
+    script = name.split("-", 1)[0]
+    command = f"python experiments/{script}.py" + (" --quick" if settings.get("quick") else "")
+    cap = data.get("cap")
+    if cap:
+        cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
+                    f"{cap['base_size']} measured on the machine ({cap['plain_peak_mib']} MiB, "
+                    f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
+    else:
+        cap_text = f"cap {settings.get('device_memory')} MiB (given)"
+    lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; whole run "
+             f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
+             common.markdown_table(summaries, size_name, unit), ""]
+    failures = [f"- {s['system']} at {size_name} {s['first_failing_size']}: {s['failure']}"
+                for s in summaries if s.get("first_failing_size") and s.get("failure")]
+    lines += failures + ([""] if failures else [])
+    lines += [f"    {data.get('result') or common.result_line(summaries)}", ""]
+    if data.get("extra_markdown"):
+        extra = data["extra_markdown"].strip().splitlines()
+        if extra and extra[0].startswith("#"):
+            extra[0] = "**" + extra[0].lstrip("# ").strip() + "**"
+        lines += extra + [""]
+    return "\n".join(lines)
+
+
+def soak_block(data):
+    """The markdown of a soak's result file."""
+    samples, growth, args = data["samples"], data["growth_per_1000"], data["args"]
+    device = [s["device"] for s in samples]
+    rss = [s["rss"] for s in samples]
+    buffers = [s["host_buffers"] for s in samples]
+    plain = data.get("plain_peak")
+    lines = [
+        f"`python tools/soak.py --steps {args['steps']} --json experiments/results/soak.json` "
+        f"({_provenance(data.get('provenance'))}):", "",
+        f"- model: `tfmem.models.mlp(layers={args['layers']}, width={args['width']})`, batch "
+        f"{args['batch']}, momentum SGD; plain TensorFlow's peak for one step "
+        + (f"{plain / MIB:.1f} MiB" if plain else "not measured")
+        + f"; cap {data['cap_mib']} MiB"
+        + (" (half that peak)" if args.get("cap") == "auto" else ""),
+        f"- tfmem: partition_size={args['partition_size']} -> {data['partitions']} partitions "
+        f"(size {data['partition_size']}), {data['swapped']} tensors swapped, "
+        f"{data['swapped_out_bytes'] / MIB:.1f} MiB out per step; {samples[-1]['step']} steps "
+        f"in {data['seconds']:.0f} s ({data['seconds'] / samples[-1]['step'] * 1e3:.0f} ms per "
+        f"step); {len(samples)} samples from step {samples[0]['step']} every {args['every']}",
+        "",
+        "| figure | first sample | last sample | growth per 1000 steps (least squares) |",
+        "|---|---|---|---|",
+        f"| TensorFlow device memory between steps | {device[0]:,} B | {device[-1]:,} B | "
+        f"{growth['device'] / 1024:+.1f} KiB ({'the same at every sample' if len(set(device)) == 1 else f'{min(device):,} .. {max(device):,} B'}) |",
+        f"| host buffer pool | {buffers[0] / MIB:.1f} MiB | {buffers[-1] / MIB:.1f} MiB | "
+        f"{growth['host_buffers'] / MIB:+.2f} MiB |",
+        f"| host RSS (after malloc_trim) | {rss[0] / MIB:.1f} MiB | {rss[-1] / MIB:.1f} MiB | "
+        f"{growth['rss'] / MIB:+.2f} MiB over the later half "
+        f"({growth.get('rss_all', growth['rss']) / MIB:+.2f} over all samples; tolerance "
+        f"{args['rss_tolerance']} MiB) |",
+        f"| device peak per step | | {data['max_device_peak'] / MIB:.2f} MiB at most | "
+        + (f"{data['max_device_peak'] / plain:.2f}x plain TensorFlow's peak |" if plain else "|"),
+        "",
+        f"- loss {data['first_loss']:.5f} -> {data['last_loss']:.5f} (all finite: "
+        f"{data['finite']})",
+        f"- {data['verdict'][-1] if data.get('verdict') else ''}", ""]
+    return "\n".join(lines)
+
+
+def block(name):
+    """The generated markdown for `name`, from experiments/results/<name>.json."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} (named by a results marker) does not exist")
+    data = json.loads(path.read_text())
+    if "samples" in data and "growth_per_1000" in data:
+        return soak_block(data)
+    return experiment_block(data, name)
+
+
+def regenerate(text):
+    """`text` with every generated block rewritten; (new text, names of the blocks)."""
+    names = []
+
+    def replace(match):
+        names.append(match.group("name"))
+        return match.group(1) + block(match.group("name")) + match.group(4)
+
+    return BLOCK.sub(replace, text), names
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a generated block differs from its file")
+    args = parser.parse_args(argv)
+    stale = []
+    for document in DOCUMENTS:
+        if not document.exists():
+            continue
+        text = document.read_text()
+        try:
+            new, names = regenerate(text)
+        except (FileNotFoundError, KeyError, ValueError) as err:
+            print(f"{document.relative_to(ROOT)}: cannot regenerate: {err}")
+            return 1
+        if new != text:
+            stale.append(str(document.relative_to(ROOT)))
+            if not args.check:
+                document.write_text(new)
+        print(f"{document.relative_to(ROOT)}: {len(names)} generated block(s)"
+              + (f": {', '.join(names)}" if names else "")
+              + (" (stale)" if new != text and args.check else
+                 " (rewritten)" if new != text else " (up to date)"))
+    if args.check and stale:
+        print(f"stale: {', '.join(stale)}; run python tools/results_tables.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
