@@ -227,9 +227,7 @@ class TFMemSession(SessionInterfaceMethods):
     def _predict(self, plan, request):
         """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
         (in budget mode, the prediction budget mode plans with)."""
-        return self._predict_shapes(plan, request.feed_shapes())
-
-    def _predict_shapes(self, plan, feed_shapes):
+        feed_shapes = request.feed_shapes()
         if self._budget is not None:
             return budget.predict(self.graph, plan, feed_shapes, self._session)
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
@@ -329,13 +327,10 @@ class TFMemSession(SessionInterfaceMethods):
             with self._planning:
                 if entry.executor is None:
                     started = time.perf_counter()
-                    if entry.trace is None and any(t.swapped for t in entry.plan.transfers):
-                        # Only swapped tensors take host buffers; without any, the
-                        # prediction (seconds on a large request) waits for memory_report.
+                    if entry.trace is None:
                         entry.trace = self._predict(entry.plan, request)
                     simulated = time.perf_counter() - started
-                    if entry.trace is not None:
-                        self._check_host_memory(entry.trace)
+                    self._check_host_memory(entry.trace)
                     entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
                     entry.feed_shapes = request.feed_shapes()
@@ -399,9 +394,6 @@ class TFMemSession(SessionInterfaceMethods):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
-        if self._last_entry.trace is None:
-            self._last_entry.trace = self._predict_shapes(self._last_entry.plan,
-                                                          self._last_entry.feed_shapes)
         trace = self._last_entry.trace
         return MemoryReport(
             device_peak=self.last_step.device_peak_bytes,
@@ -441,11 +433,9 @@ class TFMemSession(SessionInterfaceMethods):
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB), predicted device peak %s",
+                 "(%.1f MiB), predicted device peak %.1f MiB",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
-                 trace.bytes_to_host / (1 << 20) if trace else 0.0,
-                 f"{trace.peak_device / (1 << 20):.1f} MiB" if trace else
-                 "not predicted yet (nothing swapped; memory_report() predicts it)")
+                 trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
         extend = getattr(self._session, "_extend_graph", None)
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
