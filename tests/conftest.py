@@ -36,15 +36,27 @@ ATOL = 1e-6
 # sessions
 
 
+MEMORY_KINDS = ("accelerator", "cpu")
+
+
 @pytest.fixture(autouse=True)
-def device_with_own_memory(monkeypatch):
-    """Run this CPU process as if its session had an accelerator's memory.
+def device_memory(request, monkeypatch):
+    """Which memory sessions see: "accelerator" (the default) or the real "cpu".
 
     On a plain CPU session swap="auto" swaps nothing (a host copy frees no
-    memory); the suite checks the swap policy here and the real behaviour in
-    test_session_api.test_auto_swaps_nothing_without_device_memory.
+    memory), so by default the suite runs as if its session had an
+    accelerator's own memory, where "auto" swaps.  A test that parametrizes
+    this fixture indirectly (`both_memories`) also runs on the real CPU
+    default, unpatched.
     """
-    monkeypatch.setattr(accelerator, "has_own_memory", lambda session: True)
+    kind = getattr(request, "param", "accelerator")
+    assert kind in MEMORY_KINDS, kind
+    if kind == "accelerator":
+        monkeypatch.setattr(accelerator, "has_own_memory", lambda session: True)
+    return kind
+
+
+both_memories = pytest.mark.parametrize("device_memory", MEMORY_KINDS, indirect=True)
 
 
 def session_config():

@@ -1,4 +1,9 @@
-"""Training and state: partitioned runs equal plain Session.run runs."""
+"""Training and state: partitioned runs equal plain Session.run runs.
+
+The training tests run both ways (`both_memories`): as if the session had an
+accelerator's own memory, where swap="auto" swaps tensors whose next reader
+is far, and on the real CPU default, where it swaps nothing.
+"""
 
 import numpy as np
 import pytest
@@ -9,6 +14,7 @@ from conftest import (
     ATOL,
     RTOL,
     assert_same_result,
+    both_memories,
     build_convnet,
     build_mlp,
     check_plan,
@@ -27,25 +33,41 @@ def _train(run, model, steps):
     return np.array(losses), run(model.weights)
 
 
+# swap="auto" settings under which these tiny models swap their far tensors
+AUTO_SWAPS = dict(swap="auto", swap_distance=1, swap_min_bytes=0)
+
+
 def _plain_and_wrapped(build, partition_size, **kwargs):
     """Build the model twice: one plain session, one TFMemSession."""
     plain_model, wrapped_model = build(**kwargs), build(**kwargs)
     plain = new_session(plain_model.graph)
-    tfs = tfmem.TFMemSession(new_session(wrapped_model.graph), partition_size=partition_size)
+    tfs = tfmem.TFMemSession(new_session(wrapped_model.graph), partition_size=partition_size,
+                             **AUTO_SWAPS)
     plain.run(plain_model.init)
     tfs.run(wrapped_model.init)
     return plain_model, plain, wrapped_model, tfs
 
 
+def _check_swapping(plan, device_memory):
+    """On accelerator memory "auto" swaps far tensors; on the CPU default nothing."""
+    swapped = [t.tensor for t in plan.transfers if t.swapped]
+    if device_memory == "accelerator":
+        assert plan.policy.mode == "auto" and swapped, (plan.policy, swapped)
+    else:
+        assert plan.policy.mode == "none" and not swapped, (plan.policy, swapped)
+
+
+@both_memories
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 @pytest.mark.parametrize("partition_size", [3, 7])
-def test_mlp_training_matches_plain(optimizer, use_resource, partition_size):
+def test_mlp_training_matches_plain(optimizer, use_resource, partition_size, device_memory):
     pm, plain, wm, tfs = _plain_and_wrapped(build_mlp, partition_size, optimizer=optimizer, use_resource=use_resource)
     try:
         plan = tfs.plan([wm.train, wm.loss], feed_dict=wm.data[0])
         assert len(plan.partitions) > 1
         check_plan(plan, wm.graph, partition_size)
+        _check_swapping(plan, device_memory)
 
         exp_losses, exp_w = _train(plain.run, pm, 4)
         got_losses, got_w = _train(tfs.run, wm, 4)
@@ -58,9 +80,11 @@ def test_mlp_training_matches_plain(optimizer, use_resource, partition_size):
         tfs.close()
 
 
-def test_mlp_training_partition_size_one():
+@both_memories
+def test_mlp_training_partition_size_one(device_memory):
     pm, plain, wm, tfs = _plain_and_wrapped(build_mlp, 1, optimizer="adam", use_resource=True)
     try:
+        _check_swapping(tfs.plan([wm.train, wm.loss], feed_dict=wm.data[0]), device_memory)
         exp_losses, exp_w = _train(plain.run, pm, 3)
         got_losses, got_w = _train(tfs.run, wm, 3)
         np.testing.assert_allclose(got_losses, exp_losses, rtol=RTOL, atol=ATOL)
@@ -89,14 +113,16 @@ def test_adam_slots_and_beta_powers_match_plain():
         tfs.close()
 
 
+@both_memories
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
 @pytest.mark.parametrize("partition_size", [2, 5])
-def test_convnet_moving_averages_once_per_step(use_resource, partition_size):
+def test_convnet_moving_averages_once_per_step(use_resource, partition_size, device_memory):
     pm, plain, wm, tfs = _plain_and_wrapped(build_convnet, partition_size, use_resource=use_resource)
     try:
         plan = tfs.plan([wm.train, wm.loss], feed_dict=wm.data[0])
         assert len(plan.partitions) > 1
         check_plan(plan, wm.graph, partition_size)
+        _check_swapping(plan, device_memory)
         steps = 4
         exp_losses, exp_w = _train(plain.run, pm, steps)
         got_losses, got_w = _train(tfs.run, wm, steps)
@@ -114,14 +140,17 @@ def test_convnet_moving_averages_once_per_step(use_resource, partition_size):
         tfs.close()
 
 
+@both_memories
 @pytest.mark.parametrize("use_resource", [True, False], ids=["resource", "ref"])
-def test_plain_session_between_wrapped_runs(use_resource):
+def test_plain_session_between_wrapped_runs(use_resource, device_memory):
     """State is shared: alternate sess.run and tfs.run on one session."""
     ref_model, mixed_model = build_mlp("momentum", use_resource), build_mlp("momentum", use_resource)
     ref = new_session(ref_model.graph)
     sess = new_session(mixed_model.graph)
-    tfs = tfmem.TFMemSession(sess, partition_size=4)
+    tfs = tfmem.TFMemSession(sess, partition_size=4, **AUTO_SWAPS)
     try:
+        _check_swapping(tfs.plan([mixed_model.train, mixed_model.loss],
+                                 feed_dict=mixed_model.data[0]), device_memory)
         assert tfs.session is sess
         assert tfs.graph is mixed_model.graph
         ref.run(ref_model.init)

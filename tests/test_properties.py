@@ -3,7 +3,8 @@
 Hypothesis draws a *recipe* (a list of small integer tuples) and the builder
 below turns it into a graph of elementwise ops, matmuls, split / unstack
 (several outputs), concat / stack, control edges, resource or reference
-variables with `assign_add`, seeded random ops and `tf.cond` (control flow
+variables with `assign_add`, seeded random ops (of constant shape, of a
+computed shape, shuffling a computed tensor) and `tf.cond` (control flow
 v2, or v1's Switch/Merge).  The recipe is built twice,
 into two graphs with the same graph-level and op-level seeds: one runs in a
 plain session, the other through a TFMemSession with a drawn
@@ -25,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tfmem
+from tfmem.optypes import RANDOM_STREAM
 from conftest import assert_same_result, new_session
 
 tf1 = tf.compat.v1
@@ -96,8 +98,15 @@ class _Builder:
                                                      read_value=False)
             self.last_write[i], self.reads[i] = write, []
             self.updates.append(write)
-        elif kind == "random":
-            full.append(tf.random.uniform([N, N], -1.0, 1.0, seed=len(full)))
+        elif kind == "random":  # a constant shape, a computed shape, a computed operand
+            source = self.pick("full", a)
+            if c % 3 == 0:
+                full.append(tf.random.uniform([N, N], -1.0, 1.0, seed=len(full)))
+            elif c % 3 == 1:
+                full.append(tf.random.uniform(tf.raw_ops.Shape(input=source), -1.0, 1.0,
+                                              seed=len(full)))
+            else:
+                full.append(tf.random.shuffle(source, seed=len(full)))
         elif kind == "cond":
             pred = tf.reduce_sum(self.pick("full", c)) > 0.0
             t, f = self.pick("full", a), self.pick("full", b)
@@ -175,21 +184,27 @@ def test_random_graph_matches_plain(recipe, picks, config, kinds):
 
 def test_recipes_reach_every_kind_and_really_swap():
     """The strategy is not vacuous: its examples use every kind of op and swap tensors."""
-    seen, swapped = set(), 0
+    seen, swapped, connected = set(), 0, 0
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None)
     @given(recipe=recipes, config=configs)
     def survey(recipe, config):
-        nonlocal swapped
+        nonlocal swapped, connected
         seen.update(KINDS[k] for k, _, _, _ in recipe)
         if config["swap"] != "none" and len(recipe) > 8:
             g, x, fetches, _, _ = build(recipe, [])
             tfs = tfmem.TFMemSession(new_session(g), swap_min_bytes=0, **config)
             try:
-                swapped += sum(t.swapped for t in tfs.plan(fetches, {x: np.zeros((N, N))}).transfers)
+                plan = tfs.plan(fetches, {x: np.zeros((N, N))})
+                swapped += sum(t.swapped for t in plan.transfers)
+                view = plan.view
+                connected += sum(  # random ops run as the user's op on computed inputs
+                    1 for name in view.originals if view.nodes[name].type in RANDOM_STREAM
+                    and any(t.split(":")[0] in view.nodes for t in view.nodes[name].inputs))
             finally:
                 tfs.close()
 
     survey()  # pylint: disable=no-value-for-parameter
     assert seen == set(KINDS)
     assert swapped > 0
+    assert connected > 0

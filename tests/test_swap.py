@@ -7,11 +7,17 @@
 * Every swap mode and prefetch distance returns what plain ``Session.run``
   returns, for training (Adam) and for v1/v2 while loops.
 * ``StepStats`` counts what the plan says is swapped, in bytes for static
-  shapes.
+  shapes; its device peak is TensorFlow's own figure for that step (None
+  where the allocator keeps none), checked under an emulated cap in a
+  subprocess.
 """
 
 import dataclasses
 import itertools
+import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -19,7 +25,9 @@ import tensorflow as tf
 
 import tfmem
 from tfmem.swap import Span, SwapPolicy, spans
-from conftest import ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session
+from tfmem import accelerator
+from conftest import (ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session,
+                      worker_results)
 
 tf1 = tf.compat.v1
 
@@ -489,8 +497,10 @@ def test_stats_count_what_the_plan_swaps(prefetch, swap_pair):
         assert stats.prefetch_wait_time >= 0
         assert stats.prefetch_wait_time <= stats.wall_time
         assert stats.host_rss_bytes > 0
-        assert stats.device_peak_bytes is None or (
-            isinstance(stats.device_peak_bytes, int) and stats.device_peak_bytes >= 0)
+        # TensorFlow's figure where its allocator keeps one (an accelerator, an emulated
+        # cap; see test_device_peak_is_tensorflows_figure_for_each_step), else None
+        keeps_figures = accelerator.device_memory(accelerator.memory_device(tfs.session))
+        assert (stats.device_peak_bytes is None) == (keeps_figures is None), stats
         assert stats.host_buffer_bytes == tfs.host_buffers.capacity_bytes > 0
         assert stats.peak_device_handles >= 1
         assert isinstance(str(stats), str)
@@ -525,3 +535,57 @@ def test_stats_auto_counts_only_far_gaps(swap_pair):
     assert_same_result(plain.run(out, feed_dict=feed), tfs.run(out, feed_dict=feed))
     assert tfs.last_step.swapped_out == len(far)
     assert tfs.last_step.swapped_in == sum(s.uploaded for t in far for s in t.spans)
+
+
+# --------------------------------------------------------------------------
+# the device peak under an emulated cap (a subprocess: the cap is set before TF starts)
+
+PEAK_ROWS = (4096, 16, 4096, 16)  # a [4096, 256] float32 tensor is 4 MiB; [16, 256] 16 KiB
+PEAK_WIDTH = 256
+
+
+def _peak_worker():
+    """Subprocess entry: steps of alternating size; print what tfmem and TensorFlow report."""
+    assert accelerator.emulated_memory_mib() is not None
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, PEAK_WIDTH], name="x")
+        w = tf1.Variable(np.eye(PEAK_WIDTH, dtype=np.float32) * 0.5, name="w", use_resource=True)
+        h = tf.tanh(tf.matmul(x, w))
+        for i in range(4):
+            h = tf.sin(h) + h if i % 2 else tf.tanh(h)
+        out = tf.reduce_sum(h)
+        init = tf1.global_variables_initializer()
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all", swap_min_bytes=0)
+    tfs.run(init)
+    steps = []
+    for rows in PEAK_ROWS:
+        tfs.run(out, feed_dict={x: np.ones((rows, PEAK_WIDTH), np.float32)})
+        steps.append(dict(rows=rows, reported=tfs.last_step.device_peak_bytes,
+                          tensorflow=int(accelerator.device_memory("CPU:0")["peak"])))
+    tfs.close()
+    print("TFMEM-RESULTS " + json.dumps(steps))
+
+
+def test_device_peak_is_tensorflows_figure_for_each_step():
+    """Each step reports its own peak, not an earlier, larger step's, and leaves
+    TensorFlow's process-wide peak figure alone."""
+    env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPU_BFC_MEM_LIMIT_IN_MB="512",
+               TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_swap; test_swap._peak_worker()"
+    worker = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    steps = worker_results(worker, timeout=300)
+    big = PEAK_ROWS[0] * PEAK_WIDTH * 4
+    for before, step in zip([None] + steps, steps):
+        assert isinstance(step["reported"], int), step
+        # a figure of this step, within TensorFlow's process-wide peak ...
+        assert 0 < step["reported"] <= step["tensorflow"], step
+        if step["rows"] == PEAK_ROWS[0]:
+            assert step["reported"] >= big, step  # the [4096, 256] activation was on the device
+        else:
+            assert step["reported"] < big, step  # a peak carried over from the larger step
+        # ... which belongs to the user: tfmem never resets it
+        if before is not None:
+            assert step["tensorflow"] >= max(before["tensorflow"], before["reported"]), steps

@@ -22,6 +22,7 @@ _EXPORTS = {
     "parse_bytes": "tfmem.budget",
     "Session": "tfmem.session_factory", "session_config": "tfmem.session_factory",
     "CompileStats": "tfmem.compile_stats",
+    "RemoteTaskError": "tfmem.remote",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
     "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
     "MonitoredTrainingSession": "tfmem.monitored",

@@ -25,7 +25,24 @@ stateful ops is unchanged.
 A stateful op that reads only sources and feeds (a random op of constant
 shape, an iterator's get_next) is an *original*: its partition runs the
 user's op itself instead of a copy, so its kernel state (a random stream) is
-the one the plain session and every other plan share.
+the one the plain session and every other plan share.  TensorFlow keeps one
+kernel per stateful op *name* in a session, so a copy would start a stream of
+its own.  A random op (`optypes.RANDOM_STREAM`), or a v2 loop, cond or
+function call whose body runs one (TensorFlow inlines the body under the
+caller's name), is an original also when it reads computed tensors, such as
+dropout's `Shape` of an activation:
+
+    x -> h -> Shape -> RandomUniform (original) -> mask -> ...
+         copies         ^ the copy of Shape is connected to its input
+
+Its partition's callable connects the copies' tensors to the op's inputs
+(`CallableOptions.tensor_connection`, see `rewrite`), which cuts the op's data
+edges the way a feed does, so the copies' values reach the user's op and
+nothing upstream of it runs twice.  Control edges cannot be cut that way, so
+an original's control inputs must all be state sources (idempotent to run
+again).  Random ops downstream of v1 control flow (Switch, Merge, loop
+frames) stay copies: their inputs may be dead tensors or per-iteration
+values, which tfmem does not connect.
 """
 
 import dataclasses
@@ -207,10 +224,43 @@ def _drop_unobservable(nodes, keep):
     return kept
 
 
+def _after_v1_control_flow(nodes):
+    """Names of the nodes that v1 control-flow ops reach through data edges (loops included)."""
+    consumers = {}
+    for name, node in nodes.items():
+        for tensor in node.inputs:
+            consumers.setdefault(split_tensor_name(tensor)[0], []).append(name)
+    reached = {name for name, node in nodes.items() if node.type in optypes.CONTROL_FLOW}
+    pending = list(reached)
+    while pending:
+        for reader in consumers.get(pending.pop(), ()):
+            if reader not in reached:
+                reached.add(reader)
+                pending.append(reader)
+    return reached
+
+
+def _originals(nodes, sources, fed, control_on_sources, draws):
+    """The stateful nodes that run as the user's own op (see the module docstring)."""
+    def reads_given(node):
+        return all(t in fed or split_tensor_name(t)[0] in sources for t in node.inputs)
+
+    streams = [name for name, node in nodes.items()
+               if name in draws and name in control_on_sources and not reads_given(node)]
+    if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
+        after = _after_v1_control_flow(nodes)
+        streams = [name for name in streams if name not in after]
+    given = [name for name, node in nodes.items()
+             if node.stateful and name in control_on_sources and reads_given(node)]
+    return frozenset(given + streams)
+
+
 def analyse(fetch_tensors, target_ops, fed_tensors):
     """The GraphView of the ops `Session.run(fetches + targets)` would run."""
     fed = frozenset(t.name for t in fed_tensors)
     nodes, sources, stateful_types = {}, {}, {}
+    control_on_sources = set()  # ops whose own control inputs are all state sources
+    draws = set()  # ops whose kernels keep random streams
     seen = set()
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
@@ -229,6 +279,10 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
             sources[op.name] = _node(op, stateful_types)
             continue
         nodes[op.name] = _node(op, stateful_types)
+        if all(optypes.is_source(c) for c in op.control_inputs):
+            control_on_sources.add(op.name)
+        if optypes.draws_random_stream(op):
+            draws.add(op.name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
         pending += [c for c in op.control_inputs
@@ -236,10 +290,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     nodes = _drop_unobservable(nodes, keep)
-    originals = frozenset(
-        name for name, node in nodes.items()
-        if node.stateful and not node.control_inputs and all(
-            t in fed or split_tensor_name(t)[0] in sources for t in node.inputs))
+    originals = _originals(nodes, sources, fed, control_on_sources, draws)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
         originals=originals,

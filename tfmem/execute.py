@@ -18,7 +18,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator, oom, run_path
+from tfmem import accelerator, oom, remote, run_path, updates
 from tfmem.rewrite import HANDLE, HOST
 from tfmem.stats import StepStats
 from tfmem.swap_manager import Schedule, SwapManager
@@ -27,6 +27,8 @@ from tfmem.swap_manager import Schedule, SwapManager
 def _callable_options(program, run_options, measure):
     options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
                                          target=program.targets)
+    for source, original_input in program.connections:  # see rewrite: originals
+        options.tensor_connection.add(from_tensor=source, to_tensor=original_input)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
     if measure and options.run_options.trace_level < config_pb2.RunOptions.SOFTWARE_TRACE:
@@ -104,21 +106,22 @@ def _deferred_interrupts():
 class Executor:
     """Runs the programs of one plan on one session."""
 
-    def __init__(self, session, plan, programs, runtime):
+    def __init__(self, session, plan, programs, runtime, residence):
         self._session = session
         self._plan = plan
         self._programs = programs
-        self._runtime = runtime  # the session-wide pool, prefetcher, releaser and device
+        self._runtime = runtime  # the session-wide pool, prefetcher and device
+        self._residence = residence  # where the plan's kept tensors wait (see residence)
+        self._one_step = threading.Lock() if residence.serial_steps else contextlib.nullcontext()
         self._callables = {}  # serialized RunOptions -> list of callables
         self._schedule = Schedule(plan)
-        dtypes = {index: [plan.view.tensor(t).dtype for t, _ in keys]
-                  for index, keys in enumerate(self._schedule.uploads) if keys}
-        for batch in dtypes.values():
-            runtime.prefetcher.add_batch(batch)
+        uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
+                                                          for t, _ in keys])
+                   for index, keys in enumerate(self._schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
         self._callables_for(None)
-        self._batches = {index: runtime.prefetcher.batch(batch)  # partition -> upload callable
-                         for index, batch in dtypes.items()}
+        self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
+                         for index, options in uploads.items()}
         self._process = psutil.Process()
         self._ops = [frozenset(p.ops) for p in plan.partitions]
         self.last_scratch = {}  # op name -> kernel scratch measured in the last step
@@ -129,12 +132,16 @@ class Executor:
         if run_path.wants_run_path(self._session, run_metadata):
             key = (key, "run path")  # see run_path: keeps the step's run metadata
         if key not in self._callables:
-            make = (self._session._make_callable_from_options  # pylint: disable=protected-access
-                    if isinstance(key, bytes)
-                    else lambda options: run_path.RunPathCallable(self._session, options))
+            def make(program):
+                callable_options = _callable_options(program, options, measure)
+                # TF_SessionRun cannot connect tensors (see rewrite): such a partition
+                # stays a callable, whose run metadata a distributed session drops
+                if isinstance(key, bytes) or program.connections:
+                    return self._session._make_callable_from_options(callable_options)  # pylint: disable=protected-access
+                return run_path.RunPathCallable(self._session, callable_options)
+
             measure = self._runtime.measure_device
-            self._callables[key] = [make(_callable_options(p, options, measure))
-                                    for p in self._programs]
+            self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
     def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
@@ -149,6 +156,13 @@ class Executor:
                 swaps.abort()  # free the step's device memory before diagnosing
                 raise oom.device_memory_error(self._session, self._plan, feeds, index,
                                               err) from err
+            except tf.errors.OpError as err:
+                lost = remote.lost_task_error(self._runtime.remote_info, err, index,
+                                              len(self._programs),
+                                              updates.update_partitions(self._plan))
+                if lost is None:
+                    raise
+                raise lost from err
             deliver_interrupt()
 
     def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,
@@ -214,20 +228,21 @@ class Executor:
         runtime = self._runtime
         callables = self._callables_for(options, run_metadata)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
-                            runtime.releaser, timeline)
+                            self._residence, timeline)
         started = time.perf_counter()
         results, peaks = {}, []
         self.last_scratch = {}
         if runtime.measure_device:
             memory = accelerator.device_memory(runtime.device)
             self.last_resident = memory["current"] if memory else None
-        try:
-            with _deferred_interrupts() as deliver_interrupt:
-                self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                     deliver_interrupt, timeline, peaks)
-        except BaseException:
-            swaps.abort()
-            raise
+        with self._one_step:  # staging keys are per plan: one step at a time, abort included
+            try:
+                with _deferred_interrupts() as deliver_interrupt:
+                    self._run_partitions(callables, feeds, swaps, results, run_metadata,
+                                         deliver_interrupt, timeline, peaks)
+            except BaseException:
+                swaps.abort()
+                raise
         wall = time.perf_counter() - started
         measured = None if None in peaks or not peaks else tuple(peaks)
         stats = StepStats(

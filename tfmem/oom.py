@@ -126,7 +126,9 @@ def device_memory_error(session, plan, feeds, index, error):
     lines.append(f"The simulator predicts {_mib(trace.partitions[index].device_peak)} for this "
                  f"partition and {_mib(trace.peak_device)} for the step"
                  + (f", on a device of {_mib(capacity)}." if capacity else "."))
-    found = suggest(graph, plan, shapes_fed, capacity, trace.partitions[index].device_peak)
+    # Candidates are fitted with budget mode's bound: compare them with the same bound.
+    bound = budget.predict(graph, plan, shapes_fed, session)
+    found = suggest(graph, plan, shapes_fed, capacity, bound.partitions[index].device_peak)
     if found:
         size, target, peak, policy = found
         swap = f", swap={policy.mode!r}" if policy.mode != plan.policy.mode else ""

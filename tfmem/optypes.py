@@ -11,6 +11,10 @@ Three questions decide how an op may be partitioned:
   Input-free constants are mapped to the original the same way: they are
   stateless, and import-time shape inference needs their values (a TensorList's
   element shape, say), which a copy fed across a boundary would hide.
+* Does its kernel hold a random stream?  A stateful random op draws the next
+  numbers of one stream per op *name* in a session (TensorFlow caches the
+  kernels of stateful ops by node name), so the plain session and every plan
+  share a stream only if they all run the user's own op (see `analyse`).
 * Does an edge carry something that cannot leave a `Session.run`?  Resource
   handles and reference tensors are only meaningful inside the run that made
   them (TensorArrays and v1 while-loop stacks die with the run), so producer
@@ -55,6 +59,23 @@ CONTROL_FLOW = ENTER | EXIT | NEXT_ITERATION | SWITCH | MERGE | frozenset({
 # large tensor die early and only a small shape vector crosses a boundary.
 SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
 
+# Stateful ops whose kernel keeps a random stream (Philox state seeded from the
+# op's seed/seed2 attrs) that advances on every run.
+RANDOM_STREAM = frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Multinomial", "RandomCrop",
+    "SampleDistortedBoundingBox", "SampleDistortedBoundingBoxV2",
+    "AllCandidateSampler", "UniformCandidateSampler", "LogUniformCandidateSampler",
+    "LearnedUnigramCandidateSampler", "FixedUnigramCandidateSampler",
+    "ThreadUnsafeUnigramCandidateSampler",
+})
+
+# Stateful ops that call functions.  TensorFlow lowers them into the calling
+# graph with node names derived from the caller's name, so the random ops of
+# their bodies also keep one stream per caller name.
+STATEFUL_CALLS = frozenset({"While", "If", "Case", "StatefulPartitionedCall"})
+
 _SHARING_ATTRS = ("shared_name", "container")
 
 
@@ -96,3 +117,39 @@ def reads_state(node, sources):
         return producer in sources and sources[producer].outputs[0].dtype != \
             sources[producer].outputs[0].dtype.base_dtype
     return False
+
+
+def _function_names(attrs):
+    for value in attrs:
+        if value.HasField("func"):
+            yield value.func.name
+        elif value.HasField("list"):
+            yield from (f.name for f in value.list.func)
+
+
+def _function_draws(graph, name, seen):
+    """True when the graph's function `name`, or one it calls, runs a random-stream op."""
+    if name in seen:
+        return False
+    seen.add(name)
+    function = graph._get_function(name)  # pylint: disable=protected-access
+    if function is None:
+        return False
+    for node in function.definition.node_def:
+        if node.op in RANDOM_STREAM or any(
+                _function_draws(graph, n, seen)
+                for n in [node.op, *_function_names(node.attr.values())]):
+            return True
+    return False
+
+
+def draws_random_stream(op):
+    """True for an op whose kernels keep random streams: a random op, or a stateful
+    call (a v2 loop or cond, a tf.function) whose body runs one."""
+    if op.type in RANDOM_STREAM:
+        return True
+    if op.type not in STATEFUL_CALLS:
+        return False
+    seen = set()
+    return any(_function_draws(op.graph, name, seen)
+               for name in _function_names(op.node_def.attr.values()))

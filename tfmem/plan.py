@@ -202,6 +202,9 @@ def validate(plan):
     partition_size unless they hold a single unit; every fetch has a home.
     Stateful ops therefore run once per step; state sources, which may be
     read by several partitions, are idempotent by construction (`optypes`).
+    Originals (the user's own ops, see `analyse`) are ops of the request with
+    no control input from another op it runs: a partition running the user's
+    op would run such an input again.
     """
     view, problems = plan.view, []
     home = {}
@@ -218,6 +221,14 @@ def validate(plan):
     problems += [f"op '{op}' is in no partition" for op in view.nodes if op not in home]
     problems += [f"unknown op '{op}' in partition {home[op]}"
                  for op in home if op not in view.nodes]
+
+    for name in sorted(view.originals):
+        node = view.nodes.get(name)
+        if node is None:
+            problems.append(f"original '{name}' is not an op of the request")
+        elif node.control_inputs:
+            problems.append(f"original '{name}' has control inputs {list(node.control_inputs)}; "
+                            "running the user's op would run them again")
 
     transfers = {t.tensor: t for t in plan.transfers}
     for node in view.nodes.values():

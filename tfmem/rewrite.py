@@ -7,15 +7,27 @@ read them through `input_map`:
     fed tensor x:0        -> the original x:0 (the executor feeds it)
     state source w        -> the original w (same variable, same state)
     constant c, original r -> the original (see analyse: originals)
-    transfer h:0          -> GetSessionTensor(handle placeholder), fed the
-                             producer's handle or one the prefetcher uploaded
+    transfer h:0          -> read by a ticket placeholder (GetSessionTensor of a
+                             session handle, or a staging key: see residence),
+                             fed the producer's ticket or one the prefetcher uploaded
+
+An original (see analyse) runs as the user's op; where it reads a computed
+tensor, the callable connects the tensor the partition has (a copy's output
+or a transfer's GetSessionTensor) to the original's input:
+
+    copy: p3/dropout/Shape:0 --tensor_connection--> dropout/Shape:0 -> RandomUniform
+
+The connection cuts the input's data edge like a feed, so the user's Shape
+and everything before it stay out of the call, and the random op's kernel
+(one per op name and session) keeps drawing from its one stream.
 
 Control edges from ops outside the partition are dropped: those ops ran in
 an earlier partition, and keeping the edge would make Session.run run them
 again.  A NoOp joins the partition's sinks so one target runs every op.
-Outputs kept on the device are fetched through GetSessionHandle, and the
-last reader of each device copy deletes the handle in-graph
-(DeleteSessionTensor), so no extra Session.run is spent on freeing.  Outputs
+Outputs kept on the device are fetched as tickets (GetSessionHandle, or a
+staging key on a distributed session), and the last reader of each device
+copy frees it in-graph (DeleteSessionTensor, MapUnstage), so no extra
+Session.run is spent on freeing.  Outputs
 swapped to host are fetched as values.
 """
 
@@ -39,6 +51,7 @@ class Program:
     fetches: tuple  # graph tensor names
     fetch_sinks: tuple  # per fetch: (HANDLE | HOST | RESULT, tensor name)
     targets: tuple  # op names
+    connections: tuple = ()  # (from tensor, to tensor): what the originals read instead
 
 
 HANDLE, HOST, RESULT = "handle", "host", "result"
@@ -90,19 +103,25 @@ def _partition_graph_def(graph, view, ops, originals):
     return graph_def, done.name
 
 
-def _transfer_inputs(graph, plan, partition):
-    """Feed points for the partition's transfers: input_map entries, feeds, deleters."""
+def _transfer_inputs(graph, plan, partition, residence):
+    """Feed points for the partition's transfers: input_map entries, feeds, deleters.
+
+    The residence decides where a kept tensor waits (see residence): the
+    partition feeds a ticket (a session handle, a staging key) and reads the
+    tensor by it.
+    """
     input_map, feeds, sources, targets = {}, [], [], []
     for name in partition.inputs:
         info = plan.view.tensor(name)
         stem = split_tensor_name(name)[0].replace("/", "_")
-        holder = tf.compat.v1.placeholder(tf.string, [], name=f"{stem}_handle")
-        value = tf.raw_ops.GetSessionTensor(handle=holder, dtype=info.dtype, name=f"{stem}_read")
+        transfer = plan.transfer(name)
+        key = (name, transfer.span_of(partition.index).readers[0])
+        value, holder, deleter = residence.read(graph, name, info, key,
+                                                transfer.frees_at(partition.index), stem)
         if info.shape is not None:
             value.set_shape(info.shape)
-        if plan.transfer(name).frees_at(partition.index):
-            with graph.control_dependencies([value.op]):
-                targets.append(tf.raw_ops.DeleteSessionTensor(handle=holder).name)
+        if deleter is not None:
+            targets.append(deleter.name)
         feeds.append(holder.name)
         input_map[name] = value
         sources.append(name)
@@ -144,14 +163,32 @@ def _originals_map(graph, view, copied, originals, input_map):
                     input_map["^" + src] = tf.constant(0, name="gate")
 
 
-def rewrite_partition(graph, plan, partition, scope, host_copies):
+def connected_inputs(view, partition):
+    """Computed tensors the partition's originals read: each is connected, not fed.
+
+    An input made by another original of the same partition is a real edge
+    of the user's graph, and fed tensors and sources are read where they are.
+    """
+    originals = [op for op in partition.ops if op in view.originals]
+    tensors = []
+    for name in originals:
+        for tensor in view.nodes[name].inputs:
+            producer = split_tensor_name(tensor)[0]
+            if tensor in view.feeds or producer in view.sources or producer in originals:
+                continue
+            tensors.append(tensor)
+    return tuple(dict.fromkeys(tensors))
+
+
+def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
     """Copy one partition into `graph` under `scope`; return its Program."""
     view = plan.view
     copied = [op for op in partition.ops if op not in view.originals]
     originals = [op for op in partition.ops if op in view.originals]
     with clean_context(graph):
         with graph.name_scope(scope + "_in/"):
-            input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition)
+            input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition,
+                                                                        residence)
         input_map.update(host_copies)
         feeds += partition.feeds
         feed_sources += partition.feeds
@@ -160,24 +197,31 @@ def rewrite_partition(graph, plan, partition, scope, host_copies):
             _originals_map(graph, view, set(copied), set(originals), input_map)
         targets += originals
 
+        connected = connected_inputs(view, partition)
         tensors = {}
         if copied:
             graph_def, done = _partition_graph_def(graph, view, copied, set(originals))
-            wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches)
+            wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches + connected)
                       if split_tensor_name(t)[0] in copied]
+            read = {t for op in copied for t in view.nodes[op].inputs}  # not originals' reads
             imported = tf.graph_util.import_graph_def(
-                graph_def, input_map=input_map, return_elements=wanted + [done], name=scope)
+                graph_def, input_map={k: v for k, v in input_map.items()
+                                      if k in read or k.startswith("^")},
+                return_elements=wanted + [done], name=scope)
             tensors = dict(zip(wanted, imported[:-1]))
             targets.append(imported[-1].name)
+        connections = tuple((tensors[t].name if t in tensors else input_map[t].name, t)
+                            for t in connected)
 
         fetches, sinks = [], []
         with graph.name_scope(scope + "_out/"):
             for name in partition.outputs:
                 tensor = tensors[name] if name in tensors else graph.get_tensor_by_name(name)
                 transfer = plan.transfer(name)
+                residence.produced(name, tensor)
                 if transfer.kept:
-                    with graph.colocate_with(tensor.op):
-                        fetches.append(tf.raw_ops.GetSessionHandle(value=tensor).name)
+                    key = (name, transfer.spans[0].readers[0])
+                    fetches.append(residence.keep(graph, name, tensor, key).name)
                     sinks.append((HANDLE, name))
                 if transfer.swapped:
                     fetches.append(tensor.name)
@@ -186,16 +230,20 @@ def rewrite_partition(graph, plan, partition, scope, host_copies):
             fetches.append(tensors[name].name if name in tensors else name)
             sinks.append((RESULT, name))
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
-                   tuple(sinks), tuple(targets))
+                   tuple(sinks), tuple(targets), connections)
 
 
-def rewrite(graph, plan, scope):
-    """Programs for every partition of the plan, copied under `scope`/p<index>."""
+def rewrite(graph, plan, scope, residence):
+    """Programs for every partition of the plan, copied under `scope`/p<index>.
+
+    `residence` keeps the plan's cross-partition tensors on the device (see residence).
+    """
     host_copies = _host_copies(graph, plan, scope)
     programs = []
     for p in plan.partitions:
         read = {t for name in p.ops if name not in plan.view.originals
                 for t in plan.view.nodes[name].inputs}
         used = {t: c for t, c in host_copies.items() if t in read}
-        programs.append(rewrite_partition(graph, plan, p, f"{scope}/p{p.index}", used))
+        programs.append(rewrite_partition(graph, plan, p, f"{scope}/p{p.index}", used,
+                                          residence))
     return tuple(programs)

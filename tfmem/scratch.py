@@ -34,6 +34,7 @@ import threading
 import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.client import session as tf_session
 
 from tfmem import optypes
 from tfmem.accelerator import emulated_memory_mib
@@ -218,7 +219,10 @@ def _measure(configs, threads):
             ops[key] = graph.get_operation_by_name(copy.name)
     measured = {}
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    with tf.compat.v1.Session(graph=graph, config=_session_config(threads)) as session:
+    # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
+    # (a wrapped one would calibrate its own kernels again, without end).
+    session = tf_session.BaseSession(graph=graph, config=_session_config(threads))
+    try:
         for key, op in ops.items():
             metadata = config_pb2.RunMetadata()
             try:
@@ -232,6 +236,8 @@ def _measure(configs, threads):
                 (max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
                  for d in metadata.step_stats.dev_stats for n in d.node_stats
                  if n.node_name == op.name), default=0)
+    finally:
+        session.close()
     return measured
 
 

@@ -40,7 +40,7 @@ from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
-from tfmem.swap_manager import HandleReleaser
+from tfmem import remote, residence as residences, updates
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,9 @@ class _Runtime:
     device: str  # the device whose memory tfmem manages ("GPU:0", or "CPU:0")
     pool: HostBufferPool
     prefetcher: Prefetcher
-    releaser: HandleReleaser
+    residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
+    remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
 
 
 class _Compiled:
@@ -155,16 +156,20 @@ class TFMemSession(SessionInterfaceMethods):
         predicted peak fits (one, at plain speed, when the whole step fits).
         partition_size="auto" does the same with the emulated cap or the
         accelerator's memory as the budget.
+    atomic_updates: run every variable update of a step in its last partition,
+        so a failed step applies all or none (see updates).  None: on for a
+        session on TensorFlow's distributed runtime, off for a local one.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None, accelerator_device=None):
+                 device_memory_budget=None, accelerator_device=None, atomic_updates=None):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
+            remote.check_budget_source(sess, device_memory_budget is not None)
             self._partition_size = "auto"
             self._budget = _budget_of(sess, device_memory_budget)
         else:
@@ -176,14 +181,19 @@ class TFMemSession(SessionInterfaceMethods):
             if place_state_on_host else None
         self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
-        measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
+        remote_info = remote.describe(sess)
+        measurable = (device != "CPU:0" or accelerator.emulated_memory_mib() is not None) and \
+            (remote_info is None or remote_info.allocator_local)
+        self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
+                                else bool(atomic_updates))
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.
             self._policy = dataclasses.replace(self._policy, mode="none")
             log.info("swap='auto' on a CPU session without a memory cap or budget: "
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
-        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess, device),
-                                 HandleReleaser(sess), measure_device=measurable)
+        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
+                                 residences.for_session(sess, device), measure_device=measurable,
+                                 remote_info=remote_info)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
@@ -240,6 +250,8 @@ class TFMemSession(SessionInterfaceMethods):
         placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
         if plan.placement != placement:  # else keep the plan: it may be a compiled one
             plan = dataclasses.replace(plan, placement=placement)
+        if self._atomic_updates:
+            return updates.gather(plan, trace)
         return plan, trace
 
     def _plan_request(self, request, correction=None):
@@ -429,7 +441,8 @@ class TFMemSession(SessionInterfaceMethods):
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         started = time.perf_counter()
-        programs = rewrite(graph, plan, scope)
+        residence = self._runtime.residence.for_plan(scope)
+        programs = rewrite(graph, plan, scope, residence)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -440,7 +453,7 @@ class TFMemSession(SessionInterfaceMethods):
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
-        executor = Executor(self._session, plan, programs, self._runtime)
+        executor = Executor(self._session, plan, programs, self._runtime, residence)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)
 

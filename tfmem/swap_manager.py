@@ -3,7 +3,8 @@
 The plan (see `swap`) says, for every transfer, which device copies exist
 and when; the swap manager carries that out for one step:
 
-* the producer's handle is kept while its span has readers;
+* the producer's ticket (a session handle, a staging key: see residence)
+  is kept while its span has readers;
 * a swapped tensor is copied into a pooled host buffer right after its
   producer, and the fetched array is dropped so TensorFlow frees the device
   copy;
@@ -12,41 +13,13 @@ and when; the swap manager carries that out for one step:
 * a span's last reader deletes the handle in-graph; the host buffer returns
   to the pool once its last upload is done.
 
-If the step fails, `abort` waits for running uploads and releases every
-handle and buffer the step still holds.
+If the step fails, `abort` waits for running uploads and has the residence
+release every ticket the step still holds, and returns its host buffers.
 """
 
 import time
 
 import numpy as np
-import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2
-
-from tfmem.rewrite import clean_context
-
-
-class HandleReleaser:
-    """Deletes session handles outside a plan, for steps that did not finish."""
-
-    def __init__(self, session):
-        self._session = session
-        self._delete = None
-
-    def release(self, handles):
-        if not handles:
-            return
-        if self._delete is None:
-            graph = self._session.graph
-            with clean_context(graph), graph.name_scope("tfmem/release/"):
-                holder = tf.compat.v1.placeholder(tf.string, [], name="handle")
-                op = tf.raw_ops.DeleteSessionTensor(handle=holder)
-            self._delete = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                config_pb2.CallableOptions(feed=[holder.name], target=[op.name]))
-        for handle in handles:
-            try:
-                self._delete(handle)
-            except tf.errors.OpError:
-                pass  # already deleted in-graph by the partition that failed
 
 
 class Schedule:
@@ -81,6 +54,7 @@ class SwapManager:
     """
 
     def __init__(self, schedule, batches, pool, prefetcher, releaser, timeline=None):
+        """`releaser` has `release(tickets)`: the plan's residence."""
         self._schedule = schedule
         self._timeline = timeline
         self._batches = batches

@@ -48,6 +48,8 @@ from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.trace import Timeline, write_chrome_trace
 
+TF2_MARGIN = 0.25  # budget margin of tfmem.function (see budget.fit below)
+
 log = logging.getLogger(__name__)
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
@@ -269,9 +271,13 @@ class PartitionedFunction:
             else:
                 memory = (accelerator.device_memory(runtime.device)
                           if runtime.measure_device else None)
+                # The TF2 path neither measures its steps nor learns from them yet
+                # (issue 10's budget mode is the Session path's): it keeps the margin
+                # it was tested with.
                 plan, trace = budget.fit(graph, fetches, targets, graph.inputs, shapes,
                                          runtime.budget_bytes, runtime.policy,
-                                         resident_bytes=memory["current"] if memory else 0)
+                                         resident_bytes=memory["current"] if memory else 0,
+                                         margin=TF2_MARGIN)
         _check_sources(plan.view)
         if trace is None:
             # Partition inputs live until the call returns: no early frees (as budget mode).

@@ -1,0 +1,373 @@
+"""Between-graph replication with tfmem: one parameter server, two workers, capped devices.
+
+    python experiments/distributed.py                 # the three runs below, ~2-4 min here
+    python experiments/distributed.py --residence     # where a kept tensor should wait
+
+Every task is a separate process on this machine: the ps is a plain
+TensorFlow server, and each worker runs its own server and its own training
+loop against it (`tf.compat.v1.Session(server.target)`, the usual
+between-graph setup), with the variables on the ps through
+`replica_device_setter`.  Servers bind free ports of 127.0.0.1; every process
+has a lifetime and is killed when the script ends, whatever happens.
+
+Updates are synchronous through a barrier made of TensorFlow ops on the ps
+(SyncReplicasOptimizer lets a fast worker take a slow one's token, so its
+losses depend on timing): each worker stores its gradients in its own slot
+variables and signals a queue; the chief waits for every signal, applies the
+mean of the slots (summed in a fixed order) and releases each worker through
+a queue of its own.  Every worker thus sees the same parameters at step k in
+every run, and the losses of two runs can be compared step by step.
+
+Three runs, each a fresh cluster:
+
+1. plain TensorFlow, uncapped (a BFC allocator with a high limit, for figures):
+   the reference losses and each worker's device peak;
+2. plain TensorFlow with each worker's allocator capped at half that peak:
+   expected to run out of memory;
+3. tfmem (TFMemSession, partition_size="auto" from the cap) at the same cap:
+   expected to train, with the losses of run 1.
+
+It prints, per worker, throughput and what limited it, and a RESULT line.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_cluster import LocalCluster, exit_when_orphaned_or_after  # noqa: E402  pylint: disable=wrong-import-position
+
+MIB = 1 << 20
+UNCAPPED_MIB = 16384  # a BFC allocator this large never limits, but keeps figures
+LOSS_RTOL = 1e-4
+RESULT = "TFMEM-WORKER-RESULT"
+
+
+# --------------------------------------------------------------------------
+# the model and the barrier (built identically by every worker)
+
+
+def build(tf, spec, task, args):
+    """The worker's training graph: an MLP, gradients into slots, the barrier."""
+    tf1 = tf.compat.v1
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    workers = len(spec["worker"])
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default():
+        with graph.device(tf1.train.replica_device_setter(
+                worker_device=f"/job:worker/task:{task}", cluster=spec)):
+            x = tf1.placeholder(tf.float32, [args.batch, args.width], name="x")
+            h, weights = x, []
+            for i in range(args.depth):
+                weights.append(tf1.get_variable(
+                    f"w{i}", initializer=(rng.randn(args.width, args.width)
+                                          / np.sqrt(args.width)).astype(np.float32),
+                    use_resource=True))
+                h = tf.tanh(h @ weights[-1])
+            loss = tf.reduce_mean(tf.square(h - 0.25))
+            grads = tf.gradients(loss, weights)
+            slots = [[tf1.get_variable(f"slot{j}_{i}", shape=w.shape, trainable=False,
+                                       initializer=tf1.zeros_initializer(), use_resource=True)
+                      for i, w in enumerate(weights)] for j in range(workers)]
+        with graph.device("/job:ps/task:0"):
+            done = tf1.FIFOQueue(2 * workers, tf.int32, shapes=[], shared_name="done")
+            go = [tf1.FIFOQueue(2, tf.int32, shapes=[], shared_name=f"go{j}")
+                  for j in range(workers)]
+            push = tf.group(*[s.assign(g) for s, g in zip(slots[task], grads)])
+            with tf.control_dependencies([push]):
+                signal = done.enqueue(task)
+            if task == 0:
+                with tf.control_dependencies([signal]):
+                    arrived = done.dequeue_many(workers)
+                with tf.control_dependencies([arrived]):
+                    update = tf.group(*[
+                        w.assign_sub(args.lr * tf.add_n([slots[j][i] for j in range(workers)])
+                                     / workers) for i, w in enumerate(weights)])
+                with tf.control_dependencies([update]):
+                    train = tf.group(*[go[j].enqueue(0) for j in range(1, workers)])
+            else:
+                with tf.control_dependencies([signal]):
+                    train = go[task].dequeue().op
+        init = tf1.global_variables_initializer()
+        uninitialized = tf1.report_uninitialized_variables()
+    return graph, x, loss, train, init, uninitialized
+
+
+def batch_for(task, step, args):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    return np.random.RandomState(1000 * task + step).randn(
+        args.batch, args.width).astype(np.float32)
+
+
+# --------------------------------------------------------------------------
+# one worker process
+
+
+def _first_line(err):
+    for line in str(err).splitlines():
+        if "OOM" in line or "out of memory" in line.lower() or "Exhausted" in line:
+            return line.strip()[:200]
+    return str(err).strip().splitlines()[0][:200]
+
+
+def worker_main(args):
+    exit_when_orphaned_or_after(args.lifetime)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tfmem  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    spec = json.loads(args.cluster)
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name="worker",
+                                  task_index=args.task, protocol="grpc")
+    graph, x, loss, train, init, uninitialized = build(tf, spec, args.task, args)
+    sess = tf1.Session(server.target, graph=graph, config=tf1.ConfigProto(
+        intra_op_parallelism_threads=1, inter_op_parallelism_threads=2,
+        operation_timeout_in_ms=int(args.step_timeout * 1000)))
+    report = {"task": args.task, "system": args.system, "cap_mib": args.cap,
+              "losses": [], "step_times": [], "status": "ok"}
+    try:
+        if args.task == 0:
+            sess.run(init)
+        else:
+            deadline = time.monotonic() + args.step_timeout
+            while len(sess.run(uninitialized)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        runner = sess
+        if args.system == "tfmem":
+            runner = tfmem.TFMemSession(sess, partition_size="auto")
+        for step in range(args.steps):
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            started = time.perf_counter()
+            _, value = runner.run([train, loss], {x: batch_for(args.task, step, args)})
+            report["step_times"].append(time.perf_counter() - started)
+            report["losses"].append(float(value))
+            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+            report["peak_bytes"] = max(report.get("peak_bytes", 0), peak)
+            if args.system == "tfmem":
+                stats = runner.last_step
+                report.update(partitions=stats.partitions,
+                              swap_bytes=stats.swapped_out_bytes + stats.swapped_in_bytes,
+                              prefetch_wait=stats.prefetch_wait_time)
+    except tf.errors.ResourceExhaustedError as err:
+        report.update(status="oom", error=_first_line(err))
+    except Exception as err:  # pylint: disable=broad-except
+        report.update(status="error", error=f"{type(err).__name__}: {_first_line(err)}")
+    print(RESULT, json.dumps(report), flush=True)
+    os._exit(0)  # pylint: disable=protected-access  # the in-process server cannot be stopped
+
+
+# --------------------------------------------------------------------------
+# the driver
+
+
+def run_cluster(system, cap_mib, args):
+    """Start a ps and two workers; return the workers' reports (None for a lost one)."""
+    env = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    with LocalCluster({"ps": 1, "worker": args.workers}, lifetime=args.time_limit,
+                      env=dict(os.environ, **env)) as cluster:
+        cluster.start_server("ps", 0)
+        worker_env = {"TF_CPU_ALLOCATOR_USE_BFC": "true",
+                      "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(cap_mib)}
+        procs = []
+        for task in range(args.workers):
+            command = [sys.executable, os.path.abspath(__file__), "--role", "worker",
+                       "--task", str(task), "--cluster", json.dumps(cluster.spec),
+                       "--system", system, "--cap", str(cap_mib),
+                       "--lifetime", str(args.time_limit)] + model_args(args)
+            procs.append(cluster.run_task("worker", task, command, worker_env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                          text=True))
+        reports = []
+        deadline = time.monotonic() + args.time_limit
+        for task, proc in enumerate(procs):
+            try:
+                out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                cluster.stop()
+                out = ""
+            found = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+                     if line.startswith(RESULT)]
+            reports.append(found[0] if found else {
+                "task": task, "system": system, "cap_mib": cap_mib, "losses": [],
+                "step_times": [], "status": "crash" if proc.returncode else "timeout",
+                "error": f"exit code {proc.returncode}"})
+    return reports
+
+
+def model_args(args):
+    return ["--steps", str(args.steps), "--batch", str(args.batch), "--width", str(args.width),
+            "--depth", str(args.depth), "--lr", str(args.lr),
+            "--step-timeout", str(args.step_timeout)]
+
+
+def throughput(report, batch):
+    times = report["step_times"][1:] or report["step_times"]
+    return batch * len(times) / sum(times) if times else 0.0
+
+
+def limit_of(report, reference):
+    if report["status"] == "oom":
+        return f"device memory: {report['error']}"
+    if report["status"] != "ok":
+        return f"{report['status']}: {report.get('error', '')}"
+    if report["system"] == "tfmem":
+        return (f"{report['partitions']} Session calls per step and "
+                f"{report['swap_bytes'] / MIB:.1f} MiB of swap traffic per step "
+                f"(prefetch wait {report['prefetch_wait'] * 1e3:.0f} ms), peak "
+                f"{report['peak_bytes'] / MIB:.1f} of {report['cap_mib']} MiB")
+    return (f"compute and the barrier (nothing else: peak "
+            f"{report['peak_bytes'] / MIB:.1f} MiB{'' if reference else ' under the cap'})")
+
+
+def losses_match(report, reference):
+    if report["status"] != "ok" or len(report["losses"]) != len(reference["losses"]):
+        return False
+    return all(abs(a - b) <= LOSS_RTOL * max(abs(b), 1e-12)
+               for a, b in zip(report["losses"], reference["losses"]))
+
+
+def driver(args):
+    started = time.monotonic()
+    print(f"model: MLP depth {args.depth}, width {args.width}, batch {args.batch} per worker; "
+          f"{args.workers} workers, 1 ps; {args.steps} synchronous steps", flush=True)
+    reference = run_cluster("tf", UNCAPPED_MIB, args)
+    if any(r["status"] != "ok" for r in reference):
+        print("the uncapped plain run failed:", reference)
+        return 1
+    peak_mib = max(r["peak_bytes"] for r in reference) / MIB
+    cap = max(int(peak_mib / 2), 1)
+    print(f"plain step peak {peak_mib:.1f} MiB per worker -> cap {cap} MiB", flush=True)
+    plain = run_cluster("tf", cap, args)
+    ours = run_cluster("tfmem", cap, args)
+
+    rows = [("TensorFlow, uncapped", reference), (f"TensorFlow, cap {cap} MiB", plain),
+            (f"tfmem, cap {cap} MiB", ours)]
+    print()
+    print("| system | worker | status | samples/s | losses = uncapped | what limited it |")
+    print("|---|---|---|---|---|---|")
+    for label, reports in rows:
+        for report, ref in zip(reports, reference):
+            match = "reference" if reports is reference else (
+                "yes" if losses_match(report, ref) else "no")
+            print(f"| {label} | {report['task']} | {report['status']} | "
+                  f"{throughput(report, args.batch):.0f} | {match} | "
+                  f"{limit_of(report, reports is reference)} |")
+    ok = (all(r["status"] == "oom" for r in plain)
+          and all(losses_match(r, ref) for r, ref in zip(ours, reference)))
+    ratio = (sum(throughput(r, args.batch) for r in ours)
+             / max(sum(throughput(r, args.batch) for r in reference), 1e-9))
+    print(f"\nRESULT {'ok' if ok else 'FAILED'}: plain workers "
+          f"{'ran out of memory' if all(r['status'] == 'oom' for r in plain) else 'did not all fail'}"
+          f" at {cap} MiB; tfmem {'trained with the uncapped losses' if ok else 'did not match'}"
+          f" at {ratio:.2f}x the uncapped throughput ({time.monotonic() - started:.0f} s)")
+    return 0 if ok else 1
+
+
+# --------------------------------------------------------------------------
+# where should a kept tensor wait? (residence measurement)
+
+
+def residence_main(args):
+    """Time producing a tensor on the device, keeping it, and reading it in a second
+    Session call: session handle (local session), staging on the worker, and fetching
+    to the client and feeding it back (both on a distributed session)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.protobuf import config_pb2  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    # An in-process server: this process ends with the script (servers cannot be stopped).
+    server = tf.distribute.Server.create_local_server()
+
+    def build(kind, n):
+        graph = tf.Graph()
+        with graph.as_default():
+            x = tf1.placeholder(tf.float32, [])  # the tensor is made on the device
+            y = tf.fill([n], x) * 2.0
+            if kind == "handle":
+                ticket = tf.raw_ops.GetSessionHandle(value=y)
+                holder = tf1.placeholder(tf.string, [])
+                out = tf.reduce_sum(tf.raw_ops.GetSessionTensor(handle=holder, dtype=tf.float32))
+                with tf.control_dependencies([out.op]):
+                    free = [tf.raw_ops.DeleteSessionTensor(handle=holder).name]
+            elif kind == "staging":
+                key = tf.constant(1, tf.int64)
+                stage = tf.raw_ops.MapStage(key=key, indices=[0], values=[y], dtypes=[tf.float32],
+                                            shared_name="bench")
+                with tf.control_dependencies([stage]):
+                    ticket = tf.identity(key)
+                holder = tf1.placeholder(tf.int64, [])
+                out = tf.reduce_sum(tf.raw_ops.MapUnstage(
+                    key=holder, indices=[0], dtypes=[tf.float32], shared_name="bench")[0])
+                free = []
+            else:  # fetch to the client, feed back
+                ticket = y
+                holder = tf1.placeholder(tf.float32, [n])
+                out = tf.reduce_sum(tf.raw_ops.DeepCopy(x=holder))
+                free = []
+        return graph, (config_pb2.CallableOptions(feed=[x.name], fetch=[ticket.name]),
+                       config_pb2.CallableOptions(feed=[holder.name], fetch=[out.name],
+                                                  target=free))
+
+    print("| tensor | session handle (local) | staging on the worker | fetch to client + feed |")
+    print("|---|---|---|---|")
+    for mib in args.sizes:
+        n = mib * MIB // 4
+        seed = np.float32(1.0)
+        cells = []
+        for kind, target in (("handle", ""), ("staging", server.target),
+                             ("client", server.target)):
+            graph, (produce_opts, consume_opts) = build(kind, n)
+            with tf1.Session(target, graph=graph) as sess:
+                produce = sess._make_callable_from_options(produce_opts)  # pylint: disable=protected-access
+                consume = sess._make_callable_from_options(consume_opts)  # pylint: disable=protected-access
+                times = []
+                for i in range(args.repeats + 2):
+                    start = time.perf_counter()
+                    ticket = produce(seed)[0]
+                    consume(np.array(ticket) if kind == "client" else ticket)
+                    if i >= 2:
+                        times.append(time.perf_counter() - start)
+                cells.append(sorted(times)[len(times) // 2] * 1e3)
+        print(f"| {mib} MiB | " + " | ".join(f"{c:.1f} ms" for c in cells) + " |", flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--role", choices=["driver", "worker"], default="driver")
+    parser.add_argument("--residence", action="store_true",
+                        help="measure where a kept tensor should wait, then exit")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--time-limit", type=float, default=600,
+                        help="seconds each cluster may live")
+    parser.add_argument("--step-timeout", type=float, default=300)
+    parser.add_argument("--task", type=int, default=0)
+    parser.add_argument("--cluster")
+    parser.add_argument("--system", choices=["tf", "tfmem"], default="tf")
+    parser.add_argument("--cap", type=int, default=UNCAPPED_MIB)
+    parser.add_argument("--lifetime", type=float, default=600)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    if args.residence:
+        return residence_main(args)
+    if args.role == "worker":
+        return worker_main(args)
+    return driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
