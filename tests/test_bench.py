@@ -52,8 +52,12 @@ def test_bench_smoke_reports_ratio_fields():
                     "overhead_ms_per_partition", "overhead_excl_transfers_ms_per_partition"):
             assert config[key] is not None, key
         assert len(config["plain_times_ms"]) == len(config["tfmem_times_ms"]) == 2
+    assert fits["plain_first_step_s"] > 0 and fits["tfmem_config"] == "tfmem"
+    compile_parts = by_size[20]["compile"]
+    assert compile_parts["graph_ops_after"] > compile_parts["graph_ops_before"]
+    assert by_size[20]["first_step_s"] >= compile_parts["callables_s"] > 0
     for name in ("fits_ps20_ratio", "auto_ratio", "overhead_ms_per_partition",
-                 "cached_plan_s"):
+                 "cached_plan_s", "first_step_ps20_ratio"):
         assert f"TARGET {name}=" in text, name
     assert plan["partitions"] >= 2 and plan["cached_same_plan"]
     assert any(line.startswith("TARGET plan_") for line in lines)
@@ -84,6 +88,24 @@ def test_capped_summary_from_traces():
     assert "TARGET capped_plain=OOM (info)" in lines
     assert any(line.startswith("TARGET prefetch_wait_share=0.05 (goal < 0.1) ok")
                for line in lines)
+
+
+def test_first_step_table_on_two_graph_sizes():
+    """Rows per config and size; the copies of each plan land in the graph the row names."""
+    bench = _bench()
+    first = bench.bench_first_step(graph_ops=(400, 1500), partition_sizes=(50,),
+                                   configs=("tfmem", "default"), layers=2, batch=4)
+    rows = first["rows"]
+    assert [(r["config"], r["graph_ops"]) for r in rows] == [
+        ("tfmem", 400), ("tfmem", 1500), ("default", 400), ("default", 1500)]
+    for row in rows:
+        assert row["session_graph_ops"] >= 0.95 * row["graph_ops"]  # the filler is ~sized
+        assert row["partitions"] >= 2 and row["added_ops"] > 0
+        assert row["first_step_s"] >= row["callables_s"] > 0
+    lines = []
+    bench.report(dict(env=bench.environment("test"), first_step=first), out=lines.append)
+    assert any(line.startswith("TARGET compile_ratio_1k_0k=") for line in lines), lines
+    assert any(line.startswith("TARGET compile_ratio_default_config_1k_0k=") for line in lines)
 
 
 def test_bench_refusals_times_both_refusals():

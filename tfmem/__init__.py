@@ -20,6 +20,8 @@ _EXPORTS = {
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
     "MemoryReport": "tfmem.session",
     "parse_bytes": "tfmem.budget",
+    "Session": "tfmem.session_factory", "session_config": "tfmem.session_factory",
+    "CompileStats": "tfmem.compile_stats",
     "RemoteTaskError": "tfmem.remote",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
     "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",

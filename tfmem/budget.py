@@ -143,7 +143,7 @@ def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
 
 def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
         policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
-        scratch=None, session=None, correction=None):
+        scratch=None, session=None, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
@@ -152,6 +152,9 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     `scratch`: {op name: kernel scratch bytes}; measured with `scratch.calibrate`
     (under `session`'s threads) when None.  `correction`: a `Correction` learned
     from measured steps (its kernel scratch, and its factor predictions are scaled by).
+    `prefer`: plans of the same request already compiled (for other feed shapes); the
+    one with the fewest partitions that fits these shapes is returned, so its copies
+    serve them and the session graph does not grow.
     """
     view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
@@ -164,6 +167,11 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
     limit = (budget_bytes * (1 - margin) - others) / factor
+    for plan in sorted(prefer, key=lambda p: len(p.partitions)):
+        if plan.view == view:  # its placement is the caller's to check
+            trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack)
+            if trace.peak_device <= limit:
+                return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 

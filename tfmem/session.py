@@ -16,6 +16,7 @@ import gc
 import logging
 import numbers
 import threading
+import time
 
 import psutil
 from tensorflow.core.protobuf import config_pb2
@@ -24,6 +25,7 @@ from tensorflow.python.client import session as tf_session
 from tfmem import accelerator, budget
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
+from tfmem.compile_stats import CompileStats
 from tfmem.errors import HostMemoryError
 from tfmem.execute import Executor
 from tfmem.place import place
@@ -122,6 +124,7 @@ class _Compiled:
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
         self.feed_shapes = None  # the fed shapes of its first step
+        self.plan_time = 0.0  # seconds spent planning it
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -193,6 +196,7 @@ class TFMemSession(SessionInterfaceMethods):
                                  remote_info=remote_info)
         self._trace = trace
         self.last_step = None  # StepStats of the last run
+        self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
         self._step_listeners = []  # called as f(tfs, entry, stats) after every step
         self._interactive = None
@@ -244,7 +248,8 @@ class TFMemSession(SessionInterfaceMethods):
         self._place_state()
         plan, trace = self._plan_request(request, correction)
         placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
-        plan = dataclasses.replace(plan, placement=placement)
+        if plan.placement != placement:  # else keep the plan: it may be a compiled one
+            plan = dataclasses.replace(plan, placement=placement)
         if self._atomic_updates:
             return updates.gather(plan, trace)
         return plan, trace
@@ -260,7 +265,18 @@ class TFMemSession(SessionInterfaceMethods):
             return budget.fit(self.graph, request.fetch_tensors, request.targets,
                               request.feeds, request.feed_shapes(), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
-                              session=self._session, correction=correction)
+                              session=self._session, correction=correction,
+                              prefer=self._compiled_plans(request))
+
+    def _compiled_plans(self, request):
+        """Plans of this request already copied into the graph (budget mode: other shapes).
+
+        A copy reads its shapes from what is fed, so it serves any shape whose
+        predicted peak fits: reusing it keeps the graph from growing per shape.
+        """
+        plans = {id(e.plan): e.plan for key, e in self._compiled.items()
+                 if e.executor is not None and key[:-1] == request.signature}
+        return tuple(plans.values())
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
@@ -294,8 +310,10 @@ class TFMemSession(SessionInterfaceMethods):
             else:
                 entry.trace = trace  # the same plan, predicted with what was learned
         if entry is None:
+            started = time.perf_counter()
             plan, trace = self._make_plan(request)
             entry = self._compiled[key] = _Compiled(plan, version, trace)
+            entry.plan_time = time.perf_counter() - started
         return entry
 
     def simulate(self, fetches, feed_dict=None):
@@ -320,10 +338,12 @@ class TFMemSession(SessionInterfaceMethods):
         if entry.executor is None:
             with self._planning:
                 if entry.executor is None:
+                    started = time.perf_counter()
                     if entry.trace is None:
                         entry.trace = self._predict(entry.plan, request)
+                    simulated = time.perf_counter() - started
                     self._check_host_memory(entry.trace)
-                    entry.executor = self._compile(entry.plan, entry.trace)
+                    entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
                     entry.feed_shapes = request.feed_shapes()
         self._last_entry = entry
@@ -398,18 +418,44 @@ class TFMemSession(SessionInterfaceMethods):
             predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
             partition_peaks=self.last_step.partition_peak_bytes)
 
+    def _executor_for(self, entry, simulate_time):
+        """The executor of the entry's plan: shared with an entry of the same plan, or new."""
+        for other in self._compiled.values():
+            if other.executor is not None and (other.plan is entry.plan
+                                               or other.plan == entry.plan):
+                self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
+                return other.executor
+        before = self.graph.version
+        executor, rewrite_time, extend_time, callables_time = self._compile(entry.plan,
+                                                                            entry.trace)
+        self.last_compile = CompileStats(
+            entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
+            callables=len(entry.plan.partitions), graph_ops_before=before,
+            graph_ops_after=self.graph.version)
+        log.info("compiled: %s", self.last_compile)
+        return executor
+
     def _compile(self, plan, trace):
+        """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
         graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
         programs = rewrite(graph, plan, scope, residence)
+        rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
                  trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
-        return Executor(self._session, plan, programs, self._runtime, residence)
+        extend = getattr(self._session, "_extend_graph", None)
+        if extend is not None:  # the first callable would; timed apart from the callables
+            extend()  # pylint: disable=not-callable
+        extended = time.perf_counter()
+        executor = Executor(self._session, plan, programs, self._runtime, residence)
+        return (executor, rewritten - started, extended - rewritten,
+                time.perf_counter() - extended)
 
     @property
     def host_buffers(self):

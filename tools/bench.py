@@ -83,6 +83,8 @@ GOALS = {  # name -> (comparison, bound)
     "plan_100k_s": ("<=", 10.0),
     "cached_plan_s": ("<=", 0.01),
     "prefetch_wait_share": ("<", 0.10),
+    "first_step_ps50_ratio": ("<=", 2.0),
+    "compile_ratio_50k_2k": ("<=", 1.5),
     "budget_refusal_s": ("<=", 10.0),
     "host_guard_refusal_s": ("<=", 5.0),
 }
@@ -213,8 +215,14 @@ def _traced_steps(tfs, run, steps, path):
 # (a) a model that fits
 
 
-def _session(tf, graph):
-    return tf.compat.v1.Session(graph=graph)
+def _config(tf, name):
+    """The session config of a bench side: "tfmem" (tfmem.session_config) or "default"."""
+    config = tf.compat.v1.ConfigProto()
+    return tfmem.session_config(config) if name == "tfmem" else config
+
+
+def _session(tf, graph, config="default"):
+    return tf.compat.v1.Session(graph=graph, config=_config(tf, config))
 
 
 def _request_ops(tfs, fetches, feed):
@@ -224,8 +232,11 @@ def _request_ops(tfs, fetches, feed):
 
 def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
                warmup=2, budget="8GiB", breakdown_steps=2, width=16, image=32, swap="auto",
-               log=None):
-    """Plain vs tfmem on one graph in this process; a dict with one entry per partition size."""
+               tfmem_config="tfmem", log=None):
+    """Plain vs tfmem on one graph in this process; a dict with one entry per partition size.
+
+    The plain session has TensorFlow's default config; tfmem's has `tfmem_config`.
+    """
     log = log or (lambda text: None)
     tf = _tf()
     from tfmem import models  # pylint: disable=import-outside-toplevel
@@ -235,16 +246,19 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
     plain = _session(tf, model.graph)
-    wrapped = _session(tf, model.graph)
+    wrapped = _session(tf, model.graph, tfmem_config)
     timer = CallTimer(wrapped)
     plain.run(model.init)
     wrapped.run(model.init)
+    started = time.perf_counter()
+    plain.run(fetches, feed)  # plain's first step, on the user's graph alone
+    plain_first_s = time.perf_counter() - started
     depth = 6 * blocks[0] + 2 if len(set(blocks)) == 1 else None
     result = dict(model=f"ResNet-{depth}" if depth else f"ResNet blocks={blocks}",
                   blocks=list(blocks), batch=batch, width=width, image=image,
                   graph_ops=len(model.graph.get_operations()), build_s=build_s,
                   steps=steps, warmup=warmup, swap=swap, timer_cost_us=timer_cost() * 1e6,
-                  configs=[])
+                  tfmem_config=tfmem_config, plain_first_step_s=plain_first_s, configs=[])
     log(f"(a) {result['model']}, batch {batch}: graph of {result['graph_ops']} ops built in "
         f"{build_s:.1f} s")
     trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
@@ -255,6 +269,7 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
         t0 = time.perf_counter()
         tfs.run(fetches, feed)  # plans, rewrites, compiles
         first_s = time.perf_counter() - t0
+        compiled = tfs.last_compile
         plain.run(fetches, feed)  # the plain session extends itself to the grown graph
         for _ in range(warmup):
             plain.run(fetches, feed)
@@ -304,6 +319,12 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
         excl = ((_median(outside) + _median(loop_excl)) / parts) if loop_excl else None
         config = dict(
             partition_size=size, partitions=parts, first_step_s=first_s,
+            first_step_ratio=first_s / plain_first_s,
+            compile=dict(plan_s=compiled.plan_time, simulate_s=compiled.simulate_time,
+                         rewrite_s=compiled.rewrite_time, extend_s=compiled.extend_time,
+                         callables_s=compiled.callables_time,
+                         graph_ops_before=compiled.graph_ops_before,
+                         graph_ops_after=compiled.graph_ops_after),
             request_ops=_request_ops(tfs, fetches, feed),
             plain_ms=plain_med * 1e3, tfmem_ms=tfmem_med * 1e3, ratio=tfmem_med / plain_med,
             paired_ratio=_median([t / p for t, p in zip(tfmem_times, plain_times)]),
@@ -344,6 +365,15 @@ def chain_graph(n_ops=100_000, width=8):
     (graph, x placeholder, loss tensor).
     """
     tf = _tf()
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(chain_graph_def(n_ops, width), name="")
+    return graph, graph.get_tensor_by_name("x:0"), graph.get_tensor_by_name("loss:0")
+
+
+def chain_graph_def(n_ops, width=8):
+    """The GraphDef of `chain_graph` (about n_ops nodes)."""
+    tf = _tf()
     import numpy as np  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     layers = max(1, (n_ops - 6) // 7)
@@ -383,10 +413,7 @@ def chain_graph(n_ops=100_000, width=8):
         grad = f"b{i}/mm"
     node("loss", "Sum", [grad, "axes"], T=dtype,
          Tidx=tf1.AttrValue(type=tf.int32.as_datatype_enum))
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-    return graph, graph.get_tensor_by_name("x:0"), graph.get_tensor_by_name("loss:0")
+    return graph_def
 
 
 def bench_plan(n_ops=100_000, partition_size=200, log=None):
@@ -414,6 +441,86 @@ def bench_plan(n_ops=100_000, partition_size=200, log=None):
     log(f"(a) planning: {result['request_ops']} ops: first plan {first_s:.1f} s, "
         f"cached {cached_s * 1e3:.2f} ms")
     return result
+
+
+# --------------------------------------------------------------------------
+# (c) the first step against the size of the session graph
+
+
+def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 200),
+                     configs=("tfmem", "default"), default_sizes=None, layers=16, batch=32,
+                     log=None):
+    """tfmem's first step of one fixed request, in session graphs of growing size.
+
+    The request is an MLP training step (`models.mlp(layers, width=64)`); the
+    session graph is filled up to `graph_ops` with a chain graph the request
+    does not touch.  Per config ("tfmem": `tfmem.session_config()`, "default":
+    TensorFlow's) and size: plain's first step of the request on a fresh
+    session, then one TFMemSession per partition size on one wrapped session
+    (each plan's copies add to that graph: the row says its size at compile
+    time), split by `TFMemSession.last_compile`.  `default_sizes`: the
+    partition sizes run with the default config (None: all).
+    """
+    log = log or (lambda text: None)
+    tf = _tf()
+    tf1 = tf.compat.v1
+    from tfmem import models  # pylint: disable=import-outside-toplevel
+    rows = []
+    for config in configs:
+        sizes = partition_sizes if config == "tfmem" or default_sizes is None else default_sizes
+        for target in graph_ops:
+            model = models.mlp(layers=layers, width=64, features=64)
+            filler = target - model.graph.version
+            if filler > 0:
+                with model.graph.as_default():
+                    tf.graph_util.import_graph_def(chain_graph_def(filler), name="filler")
+            feed = model.feed(batch)
+            fetches = [model.train, model.loss]
+            plain = _session(tf, model.graph, config)
+            plain.run(model.init)
+            started = time.perf_counter()
+            plain.run(fetches, feed)
+            plain_first_s = time.perf_counter() - started
+            plain.close()
+            wrapped = _session(tf, model.graph, config)
+            wrapped.run(model.init)
+            for size in sizes:
+                tfs = tfmem.TFMemSession(wrapped, partition_size=size)
+                started = time.perf_counter()
+                tfs.run(fetches, feed)
+                first_s = time.perf_counter() - started
+                c = tfs.last_compile
+                row = dict(config=config, graph_ops=target, session_graph_ops=c.graph_ops_before,
+                           added_ops=c.graph_ops_after - c.graph_ops_before,
+                           request_ops=tfs.plan(fetches, feed).num_ops, partition_size=size,
+                           partitions=c.callables, plan_s=c.plan_time,
+                           simulate_s=c.simulate_time, rewrite_s=c.rewrite_time,
+                           extend_s=c.extend_time,
+                           callables_s=c.callables_time,
+                           ms_per_callable=c.callables_time / max(c.callables, 1) * 1e3,
+                           first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
+                           plain_first_step_s=plain_first_s)
+                rows.append(row)
+                log(f"(c) {config} config, {c.graph_ops_before} ops in the session graph, "
+                    f"partition_size={size}: {c.callables} partitions, callables "
+                    f"{row['ms_per_callable']:.0f} ms each, first step {first_s:.1f} s "
+                    f"(plain {plain_first_s:.2f} s)")
+            wrapped.close()
+    return dict(layers=layers, batch=batch, rows=rows)
+
+
+def first_step_targets(first):
+    """{name: value}: per-callable cost at the largest graph over the smallest, at ps 50."""
+    values = {}
+    for config in ("tfmem", "default"):
+        rows = {r["graph_ops"]: r for r in first["rows"]
+                if r["config"] == config and r["partition_size"] == 50}
+        if len(rows) > 1:
+            low, high = rows[min(rows)], rows[max(rows)]
+            name = "compile_ratio" if config == "tfmem" else "compile_ratio_default_config"
+            values[f"{name}_{high['graph_ops'] // 1000}k_{low['graph_ops'] // 1000}k"] = \
+                high["ms_per_callable"] / low["ms_per_callable"]
+    return values
 
 
 # --------------------------------------------------------------------------
@@ -649,11 +756,16 @@ def targets(results):
         for config in fits["configs"]:
             if config["partition_size"] == "auto":
                 values["auto_partitions"] = config["partitions"]
+            else:
+                values[f"first_step_ps{config['partition_size']}_ratio"] = \
+                    config["first_step_ratio"]
     plan = results.get("plan")
     if plan:
         values["plan_100k_s" if plan["request_ops"] >= 90_000 else
                f"plan_{plan['request_ops'] // 1000}k_s"] = plan["plan_s"]
         values["cached_plan_s"] = plan["cached_s"]
+    if results.get("first_step"):
+        values.update(first_step_targets(results["first_step"]))
     capped = results.get("capped")
     if capped:
         plain = capped.get("plain_capped") or {}
@@ -727,6 +839,16 @@ def report(results, out=print):
                     f"({c['upload_ms']:.1f} ms on the prefetch thread), handles peak "
                     f"{c['peak_device_handles']}")
         out(f"  timer cost {fits['timer_cost_us']:.2f} us per Session call (counted as overhead)")
+        out(f"  first step (tfmem session config {fits['tfmem_config']!r}; plain: TensorFlow's "
+            f"default config, {fits['plain_first_step_s']:.1f} s):")
+        for c in fits["configs"]:
+            k = c["compile"]
+            out(f"    partition_size={c['partition_size']}: {c['first_step_s']:.1f} s "
+                f"({c['first_step_ratio']:.2f}x plain's): planning {k['plan_s']:.1f} s, "
+                f"prediction {k['simulate_s']:.1f} s, rewrite {k['rewrite_s']:.1f} s, "
+                f"extend {k['extend_s']:.1f} s, "
+                f"callables {k['callables_s']:.1f} s, graph {k['graph_ops_before']} -> "
+                f"{k['graph_ops_after']} ops")
     plan = results.get("plan")
     if plan:
         out(f"\n(a) planning: chain graph of {plan['graph_ops']} ops ({plan['request_ops']} in "
@@ -734,6 +856,9 @@ def report(results, out=print):
             f"{plan['partition_size']}: first tfs.plan {plan['plan_s']:.2f} s -> "
             f"{plan['partitions']} partitions, {plan['transfers']} transfers; second call "
             f"{plan['cached_s'] * 1e3:.2f} ms (same plan object: {plan['cached_same_plan']})")
+    first = results.get("first_step")
+    if first:
+        report_first_step(first, out)
     capped = results.get("capped")
     if capped:
         out(f"\n(b) capped: {capped['model']}, batch {capped['batch']}, one process per run, "
@@ -778,6 +903,26 @@ def report(results, out=print):
         out(_target_line(name, value))
 
 
+def report_first_step(first, out=print):
+    """The table of (c): where tfmem's first step goes, per session-graph size."""
+    out(f"\n(c) first step vs session graph: MLP training step ({first['layers']} layers, "
+        f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
+    out(f"{'config':>7} {'graph':>6} {'ps':>4} {'parts':>5} {'plan':>5} {'pred.':>5} "
+        f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'ms/call':>7} {'run':>5} {'first':>6} {'plain':>6} "
+        f"{'+ops':>5}")
+    for r in first["rows"]:
+        out(f"{r['config']:>7} {r['session_graph_ops']:>6} {r['partition_size']:>4} "
+            f"{r['partitions']:>5} {r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
+            f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} {r['ms_per_callable']:>7.1f} "
+            f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
+            f"{r['added_ops']:>5}")
+    out("  graph: ops in the session graph when the plan was compiled; ps: partition_size;")
+    out("  plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying "
+        "into the graph, TensorFlow taking in the grown graph, making the Session callables;")
+    out("  run: the first run of the partitions; first: tfs.run's first call in all; plain: "
+        "plain Session.run's first call, same config; +ops: ops the plan's copies added")
+
+
 def environment(mode):
     tf = _tf()
     try:
@@ -802,12 +947,17 @@ def run_all(args, log=None):
                                      steps=settings["steps"], warmup=settings["warmup"],
                                      breakdown_steps=settings["breakdown_steps"],
                                      budget=args.budget, swap=args.swap,
+                                     tfmem_config=args.tfmem_config,
                                      partition_sizes=tuple(
                                          p if p == "auto" else int(p)
                                          for p in args.partition_sizes),
                                      log=log)
     if not args.skip_plan:
         results["plan"] = bench_plan(args.plan_ops, log=log)
+    if not args.skip_first_step:
+        results["first_step"] = bench_first_step(
+            graph_ops=tuple(args.first_step_graphs),
+            default_sizes=(50,) if args.quick else None, log=log)
     if not args.skip_capped:
         results["capped"] = bench_capped(
             layers=args.capped_layers, width=256, batch=args.capped_batch,
@@ -845,6 +995,12 @@ def build_parser():
     parser.add_argument("--skip-fits", action="store_true")
     parser.add_argument("--skip-plan", action="store_true")
     parser.add_argument("--skip-capped", action="store_true")
+    parser.add_argument("--skip-first-step", action="store_true")
+    parser.add_argument("--first-step-graphs", type=int, nargs="+", default=[2000, 10_000, 50_000],
+                        help="session graph sizes (ops) of (c) (default 2000 10000 50000)")
+    parser.add_argument("--tfmem-config", choices=("tfmem", "default"), default="tfmem",
+                        help="config of tfmem's session in (a): tfmem.session_config() "
+                             "(default) or TensorFlow's default; plain always uses the default")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile tfmem steps at partition_size 50 and 200")
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON")

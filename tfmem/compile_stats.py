@@ -1,0 +1,32 @@
+"""What making a request runnable cost: planning, copying into the graph, callables.
+
+The first step of a request pays for these once (see README, "First step and
+graph size"); `TFMemSession.last_compile` holds the figures of the last
+request that was planned or compiled, so tools can show where the time went.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileStats:
+    """Seconds spent on one plan, and how the session graph grew (ops)."""
+    plan_time: float = 0.0  # analysis, partitioning, planning (and the budget search)
+    simulate_time: float = 0.0  # the memory prediction checked before compiling
+    rewrite_time: float = 0.0  # copying the partitions into the session graph
+    extend_time: float = 0.0  # TensorFlow taking the grown graph into the session (once)
+    callables_time: float = 0.0  # Session callables: TensorFlow builds each from the graph
+    callables: int = 0  # partitions given a callable
+    graph_ops_before: int = 0
+    graph_ops_after: int = 0
+    reused: bool = False  # True: the copies and callables of an earlier plan serve this one
+
+    def __str__(self):
+        if self.reused:
+            return (f"reused the copies of an earlier plan (planning {self.plan_time:.2f} s, "
+                    f"prediction {self.simulate_time:.2f} s)")
+        return (f"planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
+                f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
+                f"{self.callables} callables "
+                f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
+                f"{self.graph_ops_after} ops")
