@@ -56,11 +56,12 @@ DEFAULTS = dict(layers=24, batch=1024, width=256, seed=0, steps=5,
 SYSTEMS = ("tf", "tfmem")
 
 
-def build_model(tf, layers, batch, width, seed):
-    """The proof MLP in a new graph; returns (graph, x, loss, train_op, init)."""
+def build_model(tf, layers, batch, width, seed, device=None):
+    """The proof MLP in a new graph, its ops on `device` if given (tools/gpu_check.py
+    pins it to the GPU); returns (graph, x, loss, train_op, init)."""
     tf1 = tf.compat.v1
     graph = tf.Graph()
-    with graph.as_default():
+    with graph.as_default(), tf.device(device):
         x = tf1.placeholder(tf.float32, [batch, width], name="x")
         h = x
         for i in range(layers):

@@ -57,21 +57,9 @@ def no_gpu_message():
 
 
 def build(tf, device, layers, batch, width, seed):
-    """The proof MLP (as tfmem.proof.build_model) with its ops on `device`."""
-    tf1 = tf.compat.v1
-    graph = tf.Graph()
-    with graph.as_default(), tf.device(device):
-        x = tf1.placeholder(tf.float32, [batch, width], name="x")
-        h = x
-        for i in range(layers):
-            w = tf1.get_variable(f"w{i}", [width, width], use_resource=True,
-                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
-            h = tf.nn.relu(tf.matmul(h, w))
-            h = tf.sin(h) * 0.5 + h
-        loss = tf.reduce_mean(tf.square(h), name="loss")
-        train_op = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
-        init = tf1.global_variables_initializer()
-    return graph, x, loss, train_op, init
+    """The proof MLP (tfmem.proof.build_model) with its ops on `device`."""
+    from tfmem import proof  # pylint: disable=import-outside-toplevel
+    return proof.build_model(tf, layers, batch, width, seed, device=device)
 
 
 def page_locked(pool):

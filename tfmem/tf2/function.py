@@ -39,7 +39,7 @@ from tfmem import accelerator, budget
 from tfmem.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
 from tfmem.plan import make_plan
-from tfmem.session import HOST_MARGIN, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.swap import SwapPolicy
@@ -127,16 +127,7 @@ def _budget_bytes(settings, devices):
     """The device-memory budget in bytes (budget mode), else None."""
     if settings.partition_size != "auto":
         return None
-    if settings.budget is not None:
-        return budget.parse_bytes(settings.budget)
-    cap = accelerator.emulated_memory_mib()
-    if cap is not None:
-        return cap << 20
-    limit = accelerator.accelerator_memory(devices)
-    if limit:
-        return limit
-    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
-                     "on a machine without an accelerator or an emulated cap")
+    return _budget_of(devices, settings.budget)
 
 
 def _make_runtime(settings):
