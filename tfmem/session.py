@@ -471,6 +471,12 @@ class TFMemSession(SessionInterfaceMethods):
             interactive.__exit__(None, None, None)
 
     def close(self):
-        """Close the wrapped session (as Session.close) and free tfmem's host buffers."""
-        self._release()
-        self._session.close()
+        """Close the wrapped session (as Session.close) and free tfmem's host buffers.
+
+        The session closes first: a callable of an open session releases itself by an
+        RPC when it is collected, which blocks for minutes against a dead distributed
+        master; a closed session's callables skip it."""
+        try:
+            self._session.close()
+        finally:
+            self._release()
