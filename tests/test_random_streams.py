@@ -173,7 +173,9 @@ def test_unseeded_ops_never_repeat_across_plans_and_plain_calls():
     calls = [("tfmem", "eval", 8), ("tfmem", "train", 16), ("plain", "eval", 8),
              ("tfmem", "eval", 16), ("tfmem", "eval", 8), ("plain", "eval", 8)]
     got, _, plans = _run_sequence(calls, "none", {"device_memory_budget": "1GiB"})
-    assert len({id(p) for p in plans}) == 3
+    # Two plans, train and eval: budget mode serves eval at batch 16 from the plan it
+    # compiled for batch 8 (plans are reused across fed shapes, see First step and graph size).
+    assert len({id(p) for p in plans}) == 2
     for plan in plans:  # one kernel, hence one stream, per op: the user's
         assert _random_ops(plan) and _random_ops(plan) <= plan.view.originals
     samples = {}

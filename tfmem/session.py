@@ -462,13 +462,18 @@ class TFMemSession(SessionInterfaceMethods):
         """The HostBufferPool swapped tensors wait in."""
         return self._runtime.pool
 
-    def _release(self):
-        self._compiled.clear()
-        self._runtime.prefetcher.close()
-        self._runtime.pool.clear()
+    def _leave_default(self):
+        """Leave the default-session context an InteractiveSession's wrapper entered (it
+        was entered after the session's own, so it is left before the session closes)."""
         if self._interactive is not None:
             interactive, self._interactive = self._interactive, None
             interactive.__exit__(None, None, None)
+
+    def _release(self):
+        self._leave_default()
+        self._compiled.clear()
+        self._runtime.prefetcher.close()
+        self._runtime.pool.clear()
 
     def close(self):
         """Close the wrapped session (as Session.close) and free tfmem's host buffers.
@@ -476,6 +481,7 @@ class TFMemSession(SessionInterfaceMethods):
         The session closes first: a callable of an open session releases itself by an
         RPC when it is collected, which blocks for minutes against a dead distributed
         master; a closed session's callables skip it."""
+        self._leave_default()
         try:
             self._session.close()
         finally:
