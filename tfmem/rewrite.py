@@ -57,6 +57,17 @@ class Program:
 HANDLE, HOST, RESULT = "handle", "host", "result"
 
 
+def keep_colocation_within(node, members):
+    """Keep only the colocation constraints (`_class` "loc:@op") naming ops in `members`:
+    a constraint on an op outside the copy cannot be met where the copy is imported."""
+    if "_class" in node.attr:
+        inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
+        if inside:
+            node.attr["_class"].list.s[:] = inside
+        else:
+            del node.attr["_class"]
+
+
 @contextlib.contextmanager
 def clean_context(graph):
     """Add ops at top level, free of the caller's control, device and colocation scopes
@@ -92,12 +103,7 @@ def _partition_graph_def(graph, view, ops, originals):
         consumed.update(control)
         del node.input[:]
         node.input.extend(data + ["^" + src for src in control])
-        if "_class" in node.attr:
-            inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
-            if inside:
-                node.attr["_class"].list.s[:] = inside
-            else:
-                del node.attr["_class"]
+        keep_colocation_within(node, members)
     done = graph_def.node.add(name=_DONE if _DONE not in members else _DONE + "_", op="NoOp")
     done.input.extend("^" + name for name in ops if name not in consumed)
     return graph_def, done.name

@@ -25,6 +25,8 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
+from tfmem.rewrite import keep_colocation_within
+
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 
 
@@ -52,12 +54,7 @@ def partition_graph_def(graph, view, partition, library):
         control = [src for src in edges if src in members]
         del node.input[:]
         node.input.extend(data + ["^" + src for src in control])
-        if "_class" in node.attr:
-            inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
-            if inside:
-                node.attr["_class"].list.s[:] = inside
-            else:
-                del node.attr["_class"]
+        keep_colocation_within(node, members)
     return graph_def
 
 
