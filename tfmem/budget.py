@@ -13,7 +13,8 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    which op alone is too large.
 
 Predictions include each kernel's scratch memory, measured once per kernel
-configuration (`scratch.calibrate`), must fit `budget * (1 - margin)`, and are
+configuration (`scratch.calibrate`), must fit `budget * (1 - margin)` (15 % by
+default), and are
 made with device copies held to the end of each partition that frees them,
 plus an allowance for the allocator's chunks (`chunk_slack`).
 
@@ -38,7 +39,11 @@ from tfmem.simulate import TensorSizes, simulate, state_bytes
 from tfmem.swap import SwapPolicy
 from tfmem.units import units
 
-DEFAULT_MARGIN = 0.10
+# What the model does not see: the executor's order of concurrent ops and the
+# allocator's chunk reuse after the first step.  The 12-layer MLP in one partition
+# measured 35-36 MiB in steady state against a 32.0 MiB prediction (+12.5 %), so a
+# 10 % margin let a step run over its budget (CI, 2026-11-22); 15 % covers +17.6 %.
+DEFAULT_MARGIN = 0.15
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
           "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12,
           "tb": 10**12, "tib": 1 << 40}
