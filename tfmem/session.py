@@ -38,6 +38,7 @@ from tfmem.scratch import calibrate
 from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
+from tfmem.streams import StreamLedger
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
 from tfmem import remote, residence as residences, updates
@@ -195,6 +196,7 @@ class TFMemSession(SessionInterfaceMethods):
                                  residences.for_session(sess, device), measure_device=measurable,
                                  remote_info=remote_info)
         self._trace = trace
+        self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
@@ -440,6 +442,7 @@ class TFMemSession(SessionInterfaceMethods):
         graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
         programs = rewrite(graph, plan, scope, residence)
