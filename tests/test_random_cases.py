@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem import optypes
 from conftest import new_session
 
 tf1 = tf.compat.v1
@@ -47,7 +48,7 @@ def v1_control_flow():
 
 
 def _random_ops(graph):
-    return {op.name for op in graph.get_operations() if op.type in tfmem.optypes.RANDOM_STREAM}
+    return {op.name for op in graph.get_operations() if op.type in optypes.RANDOM_STREAM}
 
 
 # ---------------------------------------------------------------- own control input
