@@ -261,3 +261,21 @@ def test_dropout_in_a_training_step_at_sizes_that_cut_next_to_it():
             tfs.close()
             reference.close()
     assert cuts == {"first", "last"}, cuts
+
+
+def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
+    """Budget mode keys plans by fed shapes; a new shape reuses the copies, so the one
+    stream of a random op with a control input of its own continues, as in plain TensorFlow."""
+    g, x, _, out, _, count, init = _control_input_model("graph+op")
+    plain = new_session(g)
+    tfs = tfmem.TFMemSession(new_session(g), device_memory_budget="1GiB")
+    try:
+        plain.run(init)
+        tfs.run(init)
+        for step in range(4):
+            feed = _feed(x, step, batch=3 + 4 * step)
+            _same(plain.run([out, count], feed), tfs.run([out, count], feed), f"step {step}")
+            assert step == 0 or tfs.last_compile.reused
+    finally:
+        plain.close()
+        tfs.close()
