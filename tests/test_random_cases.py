@@ -199,8 +199,7 @@ def test_random_op_in_a_v1_while_loop(v1_control_flow, source, partition_size, s
             tfs.run([other], _signed_feed(x, 4))
         assert f"'{in_loop}'" in str(err.value)
         assert "enable_control_flow_v2" in str(err.value)
-        if source == "python":
-            assert "inside a v1 while loop" in str(err.value)
+        assert "inside a v1 while loop" in str(err.value)
         feed = _signed_feed(x, 5)
         _same(plain.run([out, other], feed), tfs.run([out, other], feed), "after the refusal")
     finally:

@@ -79,8 +79,8 @@ def _seeded(op):
     return any(op.get_attr(a) for a in ("seed", "seed2") if a in attrs)
 
 
-def _why_copied(op):
-    if in_v1_loop(op):
+def _why_copied(op, view):
+    if in_v1_loop(op) or op.name in loop_bodies(view.nodes):
         return "it is inside a v1 while loop"
     if op.control_inputs:
         return (f"it has control inputs of its own ({', '.join(c.name for c in op.control_inputs)}),"
@@ -109,7 +109,7 @@ class StreamLedger:
             if earlier is not None and "copy" in (how, earlier[1]):
                 raise UnsupportedGraphError(
                     f"Random op '{name}' ({op.type}) would draw from a second stream: "
-                    f"tfmem runs it as a copy ({_why_copied(op)}), and a copy's stream "
+                    f"tfmem runs it as a copy ({_why_copied(op, plan.view)}), and a copy's stream "
                     f"starts again from the seed, so this request (another plan than "
                     f"{earlier[0]}, which already drew from it) would not give plain "
                     "TensorFlow's numbers. To change: put the control dependency on an op "
