@@ -28,6 +28,8 @@ from tensorflow.python.ops import control_flow_util
 from tfmem import optypes
 from tfmem.errors import UnsupportedGraphError
 
+_MAY_DRAW = optypes.RANDOM_STREAM | optypes.STATEFUL_CALLS
+
 
 def in_v1_loop(op):
     """True for an op inside a v1 while loop (a graph built in Python with control flow v1).
@@ -80,12 +82,18 @@ def _seeded(op):
 
 
 def _why_copied(op, view):
+    """(why the op runs as a copy, what the user can change) for the refusal."""
     if in_v1_loop(op) or op.name in loop_bodies(view.nodes):
-        return "it is inside a v1 while loop"
+        return ("it is inside a v1 while loop, whose per-iteration inputs cannot be "
+                "connected to your op", "build the loop with control flow v2 "
+                "(tf.compat.v1.enable_control_flow_v2() before building the graph)")
     if op.control_inputs:
-        return (f"it has control inputs of its own ({', '.join(c.name for c in op.control_inputs)}),"
-                " which running it again would run again")
-    return "it cannot run as your own op in a partition"
+        names = ", ".join(c.name for c in op.control_inputs)
+        return (f"it has control inputs of its own ({names}), which running your op in a "
+                "partition would run a second time", "put the control dependency on an op "
+                "that reads the random op's output (e.g. tf.identity) instead of on the "
+                "random op itself")
+    return "tfmem cannot run your op in a partition", "simplify the ops around it"
 
 
 class StreamLedger:
@@ -99,7 +107,7 @@ class StreamLedger:
         added to the graph if one would be a second stream of a seeded op."""
         claims = {}
         for name, node in plan.view.nodes.items():
-            if node.type not in optypes.RANDOM_STREAM | optypes.STATEFUL_CALLS:
+            if node.type not in _MAY_DRAW:
                 continue
             op = graph.get_operation_by_name(name)
             if not optypes.draws_random_stream(op) or not _seeded(op):
@@ -107,16 +115,14 @@ class StreamLedger:
             how = "original" if name in plan.view.originals else "copy"
             earlier = self._drawn.get(name)
             if earlier is not None and "copy" in (how, earlier[1]):
+                why, change = _why_copied(op, plan.view)
                 raise UnsupportedGraphError(
-                    f"Random op '{name}' ({op.type}) would draw from a second stream: "
-                    f"tfmem runs it as a copy ({_why_copied(op, plan.view)}), and a copy's stream "
-                    f"starts again from the seed, so this request (another plan than "
-                    f"{earlier[0]}, which already drew from it) would not give plain "
-                    "TensorFlow's numbers. To change: put the control dependency on an op "
-                    "that reads the random op's output (e.g. tf.identity) instead of on the "
-                    "random op, build loops with control flow v2 "
-                    "(tf.compat.v1.enable_control_flow_v2()), or run this op through one "
-                    "request (the same fetches and feeds) of this TFMemSession only.")
+                    f"Random op '{name}' ({op.type}) would draw from a second stream: tfmem "
+                    f"runs it as a copy ({why}), and a copy's stream starts again from the "
+                    f"seed, so this request (another plan than {earlier[0]}, which already "
+                    f"drew from it) would not give plain TensorFlow's numbers. To change: "
+                    f"{change}; or draw from this op through one request (the same fetches "
+                    "and feeds) of this TFMemSession only.")
             claims[name] = (scope, how)
         for name, claim in claims.items():
             self._drawn.setdefault(name, claim)
