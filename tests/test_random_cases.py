@@ -134,8 +134,10 @@ def _v1_model(loop_draws):
             return i + 1, acc + step
 
         _, acc = tf1.while_loop(lambda i, acc: i < 2, body, [tf.constant(0), tf.tanh(x)])
-        chosen = tf1.cond(tf.reduce_sum(x) > 0, lambda: tf.nn.dropout(acc, rate=0.5, seed=4),
-                          lambda: tf.random.shuffle(acc, seed=5))
+        chosen = tf1.cond(  # a branch's constant shape is computed (a pivot's control edge)
+            tf.reduce_sum(x) > 0,
+            lambda: tf.nn.dropout(acc, rate=0.5, seed=4) + tf.random.uniform([3], seed=8),
+            lambda: tf.random.shuffle(acc, seed=5))
         after = chosen + tf.random.normal(tf.shape(chosen), seed=6)
         out = tf.reduce_sum(after, name="out")
         other = tf.reduce_sum(acc * 2.0, name="other")
