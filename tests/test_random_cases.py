@@ -280,3 +280,38 @@ def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
     finally:
         plain.close()
         tfs.close()
+
+
+@pytest.mark.parametrize("source", ["python", "graph_def"])
+def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source):
+    """Loop bodies are found through nested frames: an inner loop's Exit does not leave the
+    outer loop.  The op there stays a copy (and matches for one request); after the outer
+    loop, the random op runs as the user's."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(1)
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+
+        def outer(i, acc):
+            _, inner = tf1.while_loop(lambda j, a: j < 2, lambda j, a: (j + 1, a * 0.9), [0, acc])
+            return i + 1, inner + tf.random.uniform(tf.shape(inner), seed=2, name="mid")
+
+        _, acc = tf1.while_loop(lambda i, a: i < 2, outer, [0, x])
+        out = tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"),
+                            name="out")
+    if source == "graph_def":
+        copy = tf.Graph()
+        with copy.as_default():
+            tf1.import_graph_def(g.as_graph_def(), name="")
+        g, x, out = copy, copy.get_tensor_by_name("x:0"), copy.get_tensor_by_name("out:0")
+    plain, tfs = new_session(g), _tfmem(new_session(g), 4, "all")
+    try:
+        plan = tfs.plan(out, {x: np.ones((2, 3), np.float32)})
+        assert "after/RandomStandardNormal" in plan.view.originals
+        assert "while/mid/RandomUniform" not in plan.view.originals
+        for step in range(3):
+            feed = {x: np.full((2 + step, 3), step + 1.0, np.float32)}
+            _same([plain.run(out, feed)], [tfs.run(out, feed)], f"step {step}")
+    finally:
+        plain.close()
+        tfs.close()
