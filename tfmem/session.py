@@ -33,14 +33,13 @@ from tfmem.placement_pass import Record, place_state_on_host
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
-from tfmem.rewrite import rewrite
 from tfmem.scratch import calibrate
 from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
-from tfmem import remote, residence as residences, updates
+from tfmem import plan_import, remote, residence as residences, updates
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +441,7 @@ class TFMemSession(SessionInterfaceMethods):
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
-        programs = rewrite(graph, plan, scope, residence)
+        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
