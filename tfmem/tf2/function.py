@@ -40,6 +40,7 @@ from tfmem.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
 from tfmem.plan import make_plan
 from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.tf2.memory_report import function_memory_report
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.swap import SwapPolicy
@@ -171,6 +172,7 @@ class PartitionedFunction:
         self._runtime = None
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
+        self._last_traced = None  # the _Traced the last step ran
         self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
 
@@ -310,6 +312,15 @@ class PartitionedFunction:
         return simulate(traced.plan, resolve_shapes(
             traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
 
+    def memory_report(self):
+        """A FunctionMemoryReport of the last step: measured and predicted device and host
+        bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started."""
+        if self.last_step is None:
+            raise RuntimeError("memory_report() describes the last step; call the function first")
+        traced = self._last_traced
+        return function_memory_report(self.last_step, traced.trace, traced.executor.last_resident,
+                                      self._runtime.budget_bytes)
+
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
             # Building a graph, or a tape outside is recording: tf.function's own call, one
@@ -322,6 +333,7 @@ class PartitionedFunction:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
         results, self.last_step = traced.executor.run(feeds, timeline)
+        self._last_traced = traced
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
         log.debug("step: %s", self.last_step)
