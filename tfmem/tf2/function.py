@@ -38,6 +38,7 @@ from tensorflow.python.eager.polymorphic_function import function_type_utils
 from tfmem import accelerator, budget
 from tfmem.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
+from tfmem.optypes import draws_random_stream
 from tfmem.plan import make_plan
 from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
 from tfmem.tf2.memory_report import function_memory_report
@@ -267,18 +268,36 @@ class PartitionedFunction:
                 # The TF2 path neither measures its steps nor learns from them yet
                 # (issue 10's budget mode is the Session path's): it keeps the margin
                 # it was tested with.
+                # Plans of this trace for other shapes come first: one that fits these
+                # shapes serves them with the same compiled partitions, so each random op
+                # keeps its one stream, as in tf.function (and nothing is compiled again).
+                earlier = [t for t in self._traced.values() if t.concrete is concrete]
                 plan, trace = budget.fit(graph, fetches, targets, graph.inputs, shapes,
                                          runtime.budget_bytes, runtime.policy,
                                          resident_bytes=memory["current"] if memory else 0,
-                                         margin=TF2_MARGIN)
+                                         margin=TF2_MARGIN, prefer=[t.plan for t in earlier])
         _check_sources(plan.view)
         if trace is None:
             # Partition inputs live until the call returns: no early frees (as budget mode).
             trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
+        if runtime.budget_bytes is not None and earlier and all(
+                t.plan is not plan for t in earlier) and any(
+                    draws_random_stream(op) for op in graph.get_operations()):
+            log.warning(
+                "%s: the fed shapes %s need a new plan to fit the budget; its random ops "
+                "start their streams again from their seeds (tf.function would continue "
+                "them). Give partition_size=N instead of a budget to keep one stream per op.",
+                graph.name, sorted(shapes.values()))
         return traced
 
     def _compile(self, traced):
+        for other in self._traced.values():
+            if other.plan is traced.plan and other.executor is not None:
+                # Another shape of the same trace runs this plan (budget mode): its compiled
+                # partitions serve both, so each random op keeps one stream.
+                traced.executor = other.executor
+                return
         runtime = self._runtime
         available = psutil.virtual_memory().available
         needed = traced.trace.peak_host - runtime.pool.capacity_bytes
