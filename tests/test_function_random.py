@@ -58,3 +58,30 @@ def test_random_ops_draw_tf_functions_numbers_across_shapes_and_plans(options, o
     np.testing.assert_array_equal(w.numpy(), plain_w.numpy())
     if "partition_size" in options:
         assert wrapped.last_step.partitions > 1
+
+
+def test_a_new_plan_for_a_shape_warns_that_random_streams_restart(caplog):
+    """Budget mode: a shape no earlier plan of the trace fits gets a plan of its own, whose
+    random ops start again; tfmem says so rather than differing silently."""
+    weights = [tf.Variable(tf.eye(256) * 0.5) for _ in range(6)]
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights:
+                h = tf.nn.relu(h @ w)
+                h = tf.where(tf.random.uniform(tf.shape(h), seed=1) > 0.5, h, 0.0)
+            loss = tf.reduce_sum(h)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(1e-6 * g)
+        return loss
+
+    wrapped = tfmem.function(step, device_memory_budget="64MiB", reduce_retracing=True)
+    wrapped(tf.ones((4, 256)))
+    wrapped(tf.ones((5, 256)))  # the generic trace: its plan fits, nothing said
+    assert not [r for r in caplog.records if "streams again" in r.getMessage()]
+    small = wrapped.last_step.partitions
+    with caplog.at_level("WARNING", logger="tfmem"):
+        wrapped(tf.ones((1 << 12, 256)))  # 4 MiB a tensor, kept for the gradients
+    assert wrapped.last_step.partitions > small
+    assert [r for r in caplog.records if "streams again" in r.getMessage()]

@@ -41,12 +41,12 @@ from tfmem.errors import HostMemoryError, UnsupportedGraphError
 from tfmem.optypes import draws_random_stream
 from tfmem.plan import make_plan
 from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
-from tfmem.tf2.memory_report import function_memory_report
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.swap import SwapPolicy
 from tfmem.tf2.compile import compile_partition
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
+from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.trace import Timeline, write_chrome_trace
 
@@ -265,9 +265,8 @@ class PartitionedFunction:
             else:
                 memory = (accelerator.device_memory(runtime.device)
                           if runtime.measure_device else None)
-                # The TF2 path neither measures its steps nor learns from them yet
-                # (issue 10's budget mode is the Session path's): it keeps the margin
-                # it was tested with.
+                # The TF2 path does not learn from its measured steps yet (issue 10's
+                # budget mode is the Session path's): it keeps the margin it was tested with.
                 # Plans of this trace for other shapes come first: one that fits these
                 # shapes serves them with the same compiled partitions, so each random op
                 # keeps its one stream, as in tf.function (and nothing is compiled again).
