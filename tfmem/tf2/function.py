@@ -291,12 +291,6 @@ class PartitionedFunction:
         return traced
 
     def _compile(self, traced):
-        for other in self._traced.values():
-            if other.plan is traced.plan and other.executor is not None:
-                # Another shape of the same trace runs this plan (budget mode): its compiled
-                # partitions serve both, so each random op keeps one stream.
-                traced.executor = other.executor
-                return
         runtime = self._runtime
         available = psutil.virtual_memory().available
         needed = traced.trace.peak_host - runtime.pool.capacity_bytes
@@ -307,6 +301,12 @@ class PartitionedFunction:
                 f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
                 "swap='none', or free host memory.")
         plan = traced.plan
+        for other in self._traced.values():
+            if other.plan is plan and other.executor is not None:
+                # Another shape of the same trace runs this plan (budget mode): its compiled
+                # partitions serve both, so each random op keeps one stream.
+                traced.executor = other.executor
+                return
         library = traced.graph.as_graph_def().library
         functions = [compile_partition(traced.graph, plan, p, library) for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
