@@ -2,14 +2,22 @@
 
 The servers are TensorFlow's own, each in a subprocess on 127.0.0.1 (see
 experiments/local_cluster.py), killed at teardown whatever happens, and each
-with a lifetime of its own.  The test process is the client: its sessions
-talk to the worker's master, variables live on the ps
-(replica_device_setter).  Expected values come from a plain session on the
-same cluster.
+with a lifetime of its own.  They listen on every interface (TensorFlow
+hard-codes 0.0.0.0), so each cluster test runs in a private network
+namespace with only loopback: a fresh client process enters it, starts the
+cluster there and runs one `check_*` function (its sessions talk to the
+worker's master, variables live on the ps through replica_device_setter);
+the test passes when that check does, and shows its output when it does
+not.  Where no such namespace can be made, the cluster tests skip, naming
+what is missing.  Expected values come from a plain session on the same
+cluster.
 """
 
+import os
+import socket
 import sys
 import contextlib
+import traceback
 import threading
 import time
 from pathlib import Path
@@ -23,33 +31,80 @@ from tfmem import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 
+import local_cluster  # noqa: E402  pylint: disable=wrong-import-position
 from local_cluster import LocalCluster  # noqa: E402  pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 WORKER = "/job:worker/task:0"
 STEP_DEADLINE_MS = 30_000
+CLUSTER_LIFETIME = 240  # seconds a server may live
+CHECK_TIMEOUT = 300  # seconds a check's process group may live, servers included
 
 
 def _local_cluster():
-    return LocalCluster({"ps": 1, "worker": 1}, lifetime=240,
+    return LocalCluster({"ps": 1, "worker": 1}, lifetime=CLUSTER_LIFETIME,
                         env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2",
                              "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One cluster for the tests that leave it intact (each uses its own variables)."""
-    with _local_cluster() as local:
-        local.start_servers()
-        yield local
+def private_network():
+    """Skips the cluster tests where no private network namespace can be made."""
+    problem = local_cluster.private_network_problem()
+    if problem:
+        pytest.skip("the test cluster needs a private network namespace (TensorFlow's servers "
+                    f"listen on every interface), and none can be made here: {problem}")
 
 
-@pytest.fixture
-def fresh_cluster():
-    """A cluster of its own, for a test that kills a task."""
-    with _local_cluster() as local:
-        local.start_servers()
-        yield local
+def _in_private_network(check):
+    """Run `check(cluster)` in a fresh client process inside a private network namespace,
+    with a cluster of its own; fail with its output unless it passes."""
+    here = str(Path(__file__).resolve().parent)
+    code = (f"import sys; sys.path[:0] = [{here!r}]; import test_distributed; "
+            f"test_distributed.run_check({check.__name__!r})")
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    status, output = local_cluster.run_private([sys.executable, "-c", code], CHECK_TIMEOUT, env)
+    if status != 0:
+        pytest.fail(f"{check.__name__} failed in its private network (exit code {status}):\n"
+                    f"{output[-8000:]}", pytrace=False)
+
+
+def run_check(name):
+    """The client process of `_in_private_network`: start the cluster, run the check."""
+    status = 1
+    try:
+        assert local_cluster.in_private_network(), socket.if_nameindex()
+        with _local_cluster() as cluster:
+            cluster.start_servers()
+            globals()[name](cluster)
+        status = 0
+    except BaseException:  # pylint: disable=broad-except
+        traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access  # no teardown of gRPC channels
+
+
+def test_the_cluster_refuses_to_start_outside_a_private_network():
+    if local_cluster.in_private_network():
+        pytest.skip("this test process already runs in a private network namespace")
+    cluster = _local_cluster()
+    with pytest.raises(local_cluster.NoPrivateNetwork, match="allow_all_interfaces"):
+        cluster.start_servers()
+    assert not cluster._procs  # pylint: disable=protected-access  # nothing was started
+
+
+def test_partitioned_steps_equal_a_plain_distributed_session(private_network):  # pylint: disable=unused-argument
+    _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session)
+
+
+def test_auto_partition_size_needs_a_budget_for_a_remote_worker(private_network):  # pylint: disable=unused-argument
+    _in_private_network(check_auto_partition_size_needs_a_budget_for_a_remote_worker)
+
+
+def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument
+    _in_private_network(check_a_worker_dying_mid_step_leaves_no_half_applied_update)
 
 
 def _session(target, graph):
@@ -85,7 +140,7 @@ def _batches(steps, batch=32, width=48):
     return [rng.randn(batch, width).astype(np.float32) for _ in range(steps)]
 
 
-def test_partitioned_steps_equal_a_plain_distributed_session(cluster):
+def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
     target = cluster.target("worker", 0)
     data = _batches(3)
     options = tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS)
@@ -142,7 +197,7 @@ def test_atomic_updates_on_a_local_session_equal_plain(sessions):
         np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
 
 
-def test_auto_partition_size_needs_a_budget_for_a_remote_worker(cluster):
+def check_auto_partition_size_needs_a_budget_for_a_remote_worker(cluster):
     graph, *_ = _mlp(cluster.spec, "auto")
     sess = _session(cluster.target("worker", 0), graph)
     with pytest.raises(tfmem.TFMemError, match="device_memory_budget"):
@@ -186,8 +241,7 @@ def _ps_values(cluster):
         return sess.run(values, options=tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS))
 
 
-def test_a_worker_dying_mid_step_leaves_no_half_applied_update(fresh_cluster):
-    cluster = fresh_cluster
+def check_a_worker_dying_mid_step_leaves_no_half_applied_update(cluster):
     graph, x, step, init = _gated_step(cluster.spec)
     sess = _session(cluster.target("worker", 0), graph)
     sess.run(init)
