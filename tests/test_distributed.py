@@ -73,6 +73,7 @@ def _in_private_network(check):
 def run_check(name):
     """The client process of `_in_private_network`: start the cluster, run the check."""
     status = 1
+    local_cluster.exit_when_orphaned_or_after(CHECK_TIMEOUT)  # pytest killed: end too
     try:
         assert local_cluster.in_private_network(), socket.if_nameindex()
         with _local_cluster() as cluster:
