@@ -56,35 +56,58 @@ def private_network():
                     f"listen on every interface), and none can be made here: {problem}")
 
 
-def _in_private_network(check):
-    """Run `check(cluster)` in a fresh client process inside a private network namespace,
-    with a cluster of its own; fail with its output unless it passes."""
+PASSED = "TFMEM-CHECK-PASSED"
+
+
+def _in_private_network(*checks):
+    """Run each `check(cluster)` in one fresh client process inside a private network
+    namespace, on a cluster of its own; return {check name: None if it passed, else
+    the process's output}."""
+    names = [check.__name__ for check in checks]
     here = str(Path(__file__).resolve().parent)
     code = (f"import sys; sys.path[:0] = [{here!r}]; import test_distributed; "
-            f"test_distributed.run_check({check.__name__!r})")
+            f"test_distributed.run_checks({names!r})")
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(sys.path))
     status, output = local_cluster.run_private([sys.executable, "-c", code], CHECK_TIMEOUT, env)
-    if status != 0:
-        pytest.fail(f"{check.__name__} failed in its private network (exit code {status}):\n"
-                    f"{output[-8000:]}", pytrace=False)
+    passed = {line.split()[1] for line in output.splitlines() if line.startswith(PASSED)}
+    failure = f"failed in its private network (exit code {status}):\n{output[-8000:]}"
+    return {name: None if name in passed else failure for name in names}
 
 
-def run_check(name):
-    """The client process of `_in_private_network`: start the cluster, run the check."""
-    status = 1
+def _passes(outcomes, check):
+    if outcomes[check.__name__] is not None:
+        pytest.fail(f"{check.__name__} {outcomes[check.__name__]}", pytrace=False)
+
+
+def run_checks(names):
+    """The client process of `_in_private_network`: start the cluster, run the checks."""
+    status = 0
     local_cluster.exit_when_orphaned_or_after(CHECK_TIMEOUT)  # pytest killed: end too
     try:
         assert local_cluster.in_private_network(), socket.if_nameindex()
         with _local_cluster() as cluster:
             cluster.start_servers()
-            globals()[name](cluster)
-        status = 0
+            for name in names:
+                try:
+                    globals()[name](cluster)
+                    print(PASSED, name, flush=True)
+                except Exception:  # pylint: disable=broad-except
+                    traceback.print_exc()
+                    status = 1
     except BaseException:  # pylint: disable=broad-except
         traceback.print_exc()
+        status = 1
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # pylint: disable=protected-access  # no teardown of gRPC channels
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(private_network):  # pylint: disable=unused-argument,redefined-outer-name
+    """The checks that leave their cluster intact share one (each has its own variables)."""
+    return _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session,
+                               check_auto_partition_size_needs_a_budget_for_a_remote_worker)
 
 
 def test_the_cluster_refuses_to_start_outside_a_private_network():
@@ -96,16 +119,18 @@ def test_the_cluster_refuses_to_start_outside_a_private_network():
     assert not cluster._procs  # pylint: disable=protected-access  # nothing was started
 
 
-def test_partitioned_steps_equal_a_plain_distributed_session(private_network):  # pylint: disable=unused-argument
-    _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session)
+def test_partitioned_steps_equal_a_plain_distributed_session(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_partitioned_steps_equal_a_plain_distributed_session)
 
 
-def test_auto_partition_size_needs_a_budget_for_a_remote_worker(private_network):  # pylint: disable=unused-argument
-    _in_private_network(check_auto_partition_size_needs_a_budget_for_a_remote_worker)
+def test_auto_partition_size_needs_a_budget_for_a_remote_worker(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_auto_partition_size_needs_a_budget_for_a_remote_worker)
 
 
-def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument
-    _in_private_network(check_a_worker_dying_mid_step_leaves_no_half_applied_update)
+def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument,redefined-outer-name
+    """On a cluster of its own: the check kills the worker."""
+    check = check_a_worker_dying_mid_step_leaves_no_half_applied_update
+    _passes(_in_private_network(check), check)
 
 
 def _session(target, graph):
