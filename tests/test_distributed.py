@@ -107,7 +107,8 @@ def run_checks(names):
 def shared_cluster(private_network):  # pylint: disable=unused-argument,redefined-outer-name
     """The checks that leave their cluster intact share one (each has its own variables)."""
     return _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session,
-                               check_auto_partition_size_needs_a_budget_for_a_remote_worker)
+                               check_auto_partition_size_needs_a_budget_for_a_remote_worker,
+                               check_concurrent_steps_of_one_plan_equal_plain)
 
 
 def test_the_cluster_refuses_to_start_outside_a_private_network():
@@ -201,6 +202,51 @@ def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
     assert tfs.last_step.device_peak_bytes is None
     tfs.close()
     plain.close()
+
+
+def check_concurrent_steps_of_one_plan_equal_plain(cluster):
+    """Three threads run one plan at once; each step's values are plain TensorFlow's.
+
+    On a distributed session the steps of one plan take turns (staging keys are
+    fixed per plan: see residence.PlanStaging); without that, two steps staged at
+    one key and read each other's tensors.
+    """
+    graph, x, loss, _, init, weights = _mlp(cluster.spec, "concurrent")
+    with graph.as_default(), graph.device(WORKER):
+        grads = tf.gradients(loss, weights)
+    sess = _session(cluster.target("worker", 0), graph)
+    sess.run(init)
+    data = _batches(6)
+    expected = [sess.run([loss, grads], {x: batch}) for batch in data]
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
+                             swap_distance=1)
+    tfs.run([loss, grads], {x: data[0]})  # the plan, built before the threads share it
+    assert tfs.last_step.peak_device_handles > 0 and tfs.last_step.swapped_in > 0
+    got, errors = [None] * len(data), []
+
+    def work(first):
+        try:
+            for i in range(first, len(data), 3):
+                got[i] = tfs.run([loss, grads], {x: data[i]})
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(first,)) for first in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-6)
+        for want_grad, have_grad in zip(want[1], have[1]):
+            np.testing.assert_allclose(have_grad, want_grad, rtol=1e-5, atol=1e-6)
+    tfs.close()
+
+
+def test_concurrent_steps_of_one_plan_equal_plain(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_concurrent_steps_of_one_plan_equal_plain)
 
 
 def test_atomic_updates_on_a_local_session_equal_plain(sessions):

@@ -157,7 +157,9 @@ class PlanStaging:
     # * keys are constants of the plan's graph, so two steps at once would stage
     #   different tensors at one key of one area, and MapStage at a key already there
     #   does not fail (checked on TF 2.21: the area still holds one tensor): a reader
-    #   would get the other step's tensor, with no error;
+    #   gets the other step's tensor, or waits for a key another step unstaged (with
+    #   this lock off, three threads running one plan all ended in DeadlineExceeded:
+    #   tests/test_distributed.py, check_concurrent_steps_of_one_plan_equal_plain);
     # * a failed step empties the plan's areas (MapClear), which would drop what a
     #   concurrent step staged, and its readers would wait in MapPeek to the deadline.
     # Lifting it takes per-step keys (a key base fed to every partition and upload
