@@ -77,10 +77,20 @@ def in_private_network():
 
 
 def _unshare(flags):
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
+    """None when unshare(2) succeeded, else why not."""
+    unshare = getattr(ctypes.CDLL(None, use_errno=True), "unshare", None)
+    if unshare is None:
+        return "this system has no unshare(2) (Linux only)"
+    if unshare(flags) != 0:
         return os.strerror(ctypes.get_errno())
     return None
+
+
+def _thread_count():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def _bring_loopback_up():
@@ -102,7 +112,7 @@ def enter_private_network():
     """
     if in_private_network():
         return
-    threads = len(os.listdir("/proc/self/task"))
+    threads = _thread_count()
     if threads > 1:
         raise NoPrivateNetwork(
             f"cannot enter a private network namespace from a process with {threads} threads: "
@@ -111,11 +121,15 @@ def enter_private_network():
     uid, gid = os.geteuid(), os.getegid()
     error = _unshare(_CLONE_NEWUSER | _CLONE_NEWNET)
     if error is None:
-        for path, text in (("/proc/self/setgroups", "deny"),
-                           ("/proc/self/uid_map", f"{uid} {uid} 1"),
-                           ("/proc/self/gid_map", f"{gid} {gid} 1")):
-            with open(path, "w", encoding="ascii") as file:
-                file.write(text)
+        try:
+            for path, text in (("/proc/self/setgroups", "deny"),
+                               ("/proc/self/uid_map", f"{uid} {uid} 1"),
+                               ("/proc/self/gid_map", f"{gid} {gid} 1")):
+                with open(path, "w", encoding="ascii") as file:
+                    file.write(text)
+        except OSError as err:
+            raise NoPrivateNetwork(f"made a user namespace but could not map uid {uid} and "
+                                   f"gid {gid} into it: {err}") from err
     else:
         # no user namespaces here (a container's seccomp profile, say): root can still
         # make a network namespace alone
@@ -125,7 +139,11 @@ def enter_private_network():
                 f"cannot make a private network namespace: unshare(CLONE_NEWUSER | "
                 f"CLONE_NEWNET) failed ({error}), unshare(CLONE_NEWNET) too ({fallback}). "
                 + _NAMESPACE_HELP)
-    _bring_loopback_up()
+    try:
+        _bring_loopback_up()
+    except OSError as err:
+        raise NoPrivateNetwork(f"could not bring up loopback in the new network namespace: "
+                               f"{err}") from err
     if not in_private_network():
         raise NoPrivateNetwork("entered a new network namespace, but it has interfaces "
                                f"other than loopback: {socket.if_nameindex()}")
