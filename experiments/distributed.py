@@ -49,7 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_cluster import (LocalCluster, NoPrivateNetwork, enter_private_network,  # noqa: E402  pylint: disable=wrong-import-position
-                           exit_when_orphaned_or_after)
+                           exit_when_orphaned_or_after, in_private_network)
 
 MIB = 1 << 20
 UNCAPPED_MIB = 16384  # a BFC allocator this large never limits, but keeps figures
@@ -190,6 +190,8 @@ def run_cluster(system, cap_mib, args):
                        "--task", str(task), "--cluster", json.dumps(cluster.spec),
                        "--system", system, "--cap", str(cap_mib),
                        "--lifetime", str(args.time_limit)] + model_args(args)
+            if args.allow_all_interfaces:
+                command.append("--allow-all-interfaces")
             procs.append(cluster.run_task("worker", task, command, worker_env,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True))
@@ -375,6 +377,10 @@ def main(argv=None):
                              "listen on every interface of this machine while they run")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    if args.role == "worker" and not (args.allow_all_interfaces or in_private_network()):
+        print("error: a worker starts its own server, which would listen on every "
+              "interface here: start workers from the driver", file=sys.stderr)
+        return 2
     if args.role == "driver":  # workers inherit the driver's namespace
         if args.allow_all_interfaces:
             print("warning: --allow-all-interfaces: the servers listen on every interface "
