@@ -187,6 +187,9 @@ import tensorflow as tf
 from tfmem import accelerator, budget, models
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
+# One thread per pool: the executor's order, and with it the step's peak, does not
+# depend on the machine's load (two inter-op threads moved plain's peak 34-42 MiB).
+PINNED = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 out = {"cap_mib": accelerator.emulated_memory_mib()}
 
 
@@ -197,7 +200,7 @@ def variables(sess, graph):
 
 def train(kind, **options):
     model = models.mlp(layers=12)
-    sess = tf1.Session(graph=model.graph)
+    sess = tf1.Session(graph=model.graph, config=PINNED)
     result = {"losses": [], "peaks": [], "resident": []}
     runner = sess
     if kind == "tfmem":
@@ -243,7 +246,7 @@ out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
 # The edge: budgets just above and just below the one-partition prediction / (1 - margin).
 model = models.mlp(layers=12)
 x, = model.inputs
-with tf1.Session(graph=model.graph) as probe:
+with tf1.Session(graph=model.graph, config=PINNED) as probe:
     _, whole = budget.fit(model.graph, [model.loss], [model.train], [x],
                           {x.name: (BATCH, 256)}, 1 << 40, session=probe)
 edge = whole.peak_device / (1 - budget.DEFAULT_MARGIN)
@@ -257,7 +260,7 @@ model = models.mlp(layers=12)
 with model.graph.as_default():
     other = tf1.get_variable("other", [RESIDENT_MIB << 18], initializer=tf1.zeros_initializer(),
                              use_resource=True)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=PINNED)
 sess.run(other.initializer)
 tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{RESIDENT_BUDGET}MiB")
 resident = out["resident"] = {"losses": [], "peaks": []}
@@ -274,7 +277,7 @@ tfs.close()
 
 # A budget nothing fits: refused before the step runs.
 model = models.mlp(layers=12)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=PINNED)
 tfs = tfmem.TFMemSession(sess, device_memory_budget="4MiB")
 try:  # the variables alone (6 MiB) do not fit
     tfs.run(model.init)
@@ -307,7 +310,7 @@ with graph.as_default():
     e = tf.add(d, a, name="e")
     f = tf.add(e, b, name="f")
     total = tf.reduce_sum(f, name="total")
-sess = tf1.Session(graph=graph)
+sess = tf1.Session(graph=graph, config=PINNED)
 tfs = tfmem.TFMemSession(sess, partition_size=1, swap="all")
 trace = tfs.simulate(total)
 guard = out["host"] = {"peak_host": trace.peak_host, "bytes_to_host": trace.bytes_to_host,
