@@ -338,8 +338,10 @@ class TFMemSession(SessionInterfaceMethods):
                 correction = entry.correction
                 entry = self._compiled[key] = _Compiled(plan, version, trace)
                 entry.correction = correction
-            else:
-                entry.trace = trace  # the same plan, predicted with what was learned
+            else:  # the same plan, predicted with what was learned (gather drops a stale trace)
+                entry.trace = trace if trace is not None else budget.predict(
+                    self.graph, entry.plan, request.feed_shapes(), self._session,
+                    entry.correction.scratch)
         if entry is None:
             started = time.perf_counter()
             plan, trace = self._make_plan(request)
