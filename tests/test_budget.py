@@ -187,6 +187,9 @@ import tensorflow as tf
 from tfmem import accelerator, budget, models
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
+# Pinned thread pools: with the machine's inter-op pool, ops run side by side as the
+# scheduler pleases and the peak moved between runs (the edge budget's test).
+CONFIG = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 out = {"cap_mib": accelerator.emulated_memory_mib()}
 
 
@@ -197,11 +200,11 @@ def variables(sess, graph):
 
 def train(kind, **options):
     model = models.mlp(layers=12)
-    sess = tf1.Session(graph=model.graph)
+    sess = tf1.Session(graph=model.graph, config=CONFIG)
     result = {"losses": [], "peaks": []}
     runner = sess
     if kind == "tfmem":
-        runner = tfmem.TFMemSession(sess, **options)
+        runner = tfmem.TFMemSession(sess, measure="every", **options)  # reads every step
         try:
             runner.memory_report()
         except RuntimeError as err:
@@ -256,7 +259,7 @@ model = models.mlp(layers=12)
 with model.graph.as_default():
     other = tf1.get_variable("other", [RESIDENT_MIB << 18], initializer=tf1.zeros_initializer(),
                              use_resource=True)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=CONFIG)
 sess.run(other.initializer)
 tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{RESIDENT_BUDGET}MiB")
 resident = out["resident"] = {"losses": [], "peaks": []}
@@ -273,7 +276,7 @@ tfs.close()
 
 # A budget nothing fits: refused before the step runs.
 model = models.mlp(layers=12)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=CONFIG)
 tfs = tfmem.TFMemSession(sess, device_memory_budget="4MiB")
 try:  # the variables alone (6 MiB) do not fit
     tfs.run(model.init)

@@ -101,7 +101,7 @@ sampled = out["sampled"] = {}
 for mode in sampling.MODES:
     tfs = tfmem.TFMemSession(sess, partition_size=10, measure=mode)
     flags, reports = [], []
-    for _ in range(sampling.WARMUP_STEPS + sampling.SAMPLE_EVERY + 2):
+    for _ in range(sampling.WARMUP_STEPS + sampling.SAMPLE_EVERY + 8):
         tfs.run(fetches, feed)
         flags.append(tfs.last_step.measured)
         assert (tfs.last_step.device_peak_bytes is None) != tfs.last_step.measured

@@ -86,7 +86,7 @@ for key, (builder, kwargs, batch) in configs.items():
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                           inter_op_parallelism_threads=1)
         sess = tf.compat.v1.Session(graph=model.graph, config=config)
-        tfs = tfmem.TFMemSession(sess, partition_size=size)
+        tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
         # Not sess.run(init): a plain run caches the initializer's folded constants
         # in the session for good, and they would count in every step's peak.
         tfmem.TFMemSession(sess, partition_size=100000).run(model.init)

@@ -10,7 +10,7 @@ warm-up again; a re-plan starts a new schedule (session.py).
 
 MODES = ("sample", "every", "off")
 SAMPLE_EVERY = 50  # steps between two measured ones once the figures are stable
-WARMUP_STEPS = 10  # at least this many first steps of a plan are measured
+WARMUP_STEPS = 3  # at least this many first steps of a plan are measured
 STABLE_STEPS = 3  # ... and until this many measured steps in a row agree
 # Agree: step peaks within 2 % or 1 MiB of each other.  Single partitions' peaks move by
 # an allocator chunk (256 KiB) from step to step (prefetch timing), and the step peak of

@@ -64,7 +64,8 @@ def child(layers, width, batch, steps, warmup):
                 measured[name] += sessions[name].last_step.measured
     medians = {name: statistics.median(t) for name, t in times.items()}
     return dict(model=f"MLP {layers}x{width}, batch {batch}", plain_peak_mib=plain_peak / MIB,
-                budget_mib=budget / MIB, partitions=sessions["sample"].last_step.partitions,
+                budget_mib=budget / MIB,
+                partitions={mode: tfs.last_step.partitions for mode, tfs in sessions.items()},
                 steps=steps, warmup=warmup, median_ms={k: v * 1e3 for k, v in medians.items()},
                 ratio={mode: medians[mode] / medians["plain"] for mode in MODES},
                 measured_timed_steps=measured, loadavg=os.getloadavg()[0])
@@ -87,13 +88,14 @@ def run(layers=24, width=256, batch=2048, steps=20, warmup=15, timeout=1800):
 def report(result, out=print):
     out(f"measurement cost: {result['model']}, budget {result['budget_mib']:.0f} MiB "
         f"(half the plain peak {result['plain_peak_mib']:.0f} MiB), "
-        f"{result['partitions']} partitions; median of {result['steps']} steps after "
+        f"median of {result['steps']} steps after "
         f"{result['warmup']} warm-up, load {result['loadavg']:.1f}")
     out(f"  plain TensorFlow        {result['median_ms']['plain']:8.1f} ms")
     for mode in MODES:
         out(f"  tfmem measure={mode!r:<8} {result['median_ms'][mode]:8.1f} ms  "
             f"{result['ratio'][mode]:5.2f}x plain  "
-            f"({result['measured_timed_steps'][mode]} of the timed steps measured)")
+            f"({result['partitions'][mode]} partitions; "
+            f"{result['measured_timed_steps'][mode]} of the timed steps measured)")
 
 
 def main(argv=None):
