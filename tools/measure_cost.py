@@ -10,7 +10,8 @@ three TFMemSessions on the same session run under a budget of half that peak
 After warm-up steps (more than sampling's warm-up, so "sample" is in its
 steady phase), the timed steps go round-robin (plain, every, sample, off,
 order rotated each round) so load on the shared machine hits all alike; the
-medians and their ratios to plain are printed and returned.
+medians of wall time and of process CPU time (which others' load moves
+less) and their ratios to plain are printed and returned.
 """
 
 import argparse
@@ -53,21 +54,26 @@ def child(layers, width, batch, steps, warmup):
         for run in runners.values():
             run()
     times = {name: [] for name in runners}
+    cpu = {name: [] for name in runners}  # process CPU seconds: less moved by others' load
     measured = {mode: 0 for mode in MODES}
     names = list(runners)
     for i in range(steps):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             runners[name]()
             times[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
             if name in sessions:
                 measured[name] += sessions[name].last_step.measured
     medians = {name: statistics.median(t) for name, t in times.items()}
+    cpu_medians = {name: statistics.median(t) for name, t in cpu.items()}
     return dict(model=f"MLP {layers}x{width}, batch {batch}", plain_peak_mib=plain_peak / MIB,
                 budget_mib=budget / MIB,
                 partitions={mode: tfs.last_step.partitions for mode, tfs in sessions.items()},
                 steps=steps, warmup=warmup, median_ms={k: v * 1e3 for k, v in medians.items()},
                 ratio={mode: medians[mode] / medians["plain"] for mode in MODES},
+                cpu_median_ms={k: v * 1e3 for k, v in cpu_medians.items()},
+                cpu_ratio={mode: cpu_medians[mode] / cpu_medians["plain"] for mode in MODES},
                 measured_timed_steps=measured, loadavg=os.getloadavg()[0])
 
 
@@ -85,15 +91,17 @@ def run(layers=24, width=256, batch=2048, steps=20, warmup=15, timeout=1800):
     return json.loads(lines[-1])
 
 
-def report(result, out=print):
-    out(f"measurement cost: {result['model']}, budget {result['budget_mib']:.0f} MiB "
+def report(result, out=print, prefix=""):
+    out(f"{prefix}measurement cost: {result['model']}, budget {result['budget_mib']:.0f} MiB "
         f"(half the plain peak {result['plain_peak_mib']:.0f} MiB), "
         f"median of {result['steps']} steps after "
         f"{result['warmup']} warm-up, load {result['loadavg']:.1f}")
-    out(f"  plain TensorFlow        {result['median_ms']['plain']:8.1f} ms")
+    out(f"  plain TensorFlow        wall {result['median_ms']['plain']:8.1f} ms, CPU "
+        f"{result['cpu_median_ms']['plain']:8.1f} ms")
     for mode in MODES:
-        out(f"  tfmem measure={mode!r:<8} {result['median_ms'][mode]:8.1f} ms  "
-            f"{result['ratio'][mode]:5.2f}x plain  "
+        out(f"  tfmem measure={mode!r:<8} wall {result['median_ms'][mode]:8.1f} ms "
+            f"({result['ratio'][mode]:4.2f}x plain), CPU {result['cpu_median_ms'][mode]:8.1f} "
+            f"ms ({result['cpu_ratio'][mode]:4.2f}x plain)  "
             f"({result['partitions'][mode]} partitions; "
             f"{result['measured_timed_steps'][mode]} of the timed steps measured)")
 
