@@ -12,6 +12,7 @@ wrapped session, so the plain session keeps working beside the wrapper.
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import numbers
@@ -33,14 +34,13 @@ from tfmem.placement_pass import Record, place_state_on_host
 from tfmem.plan import make_plan
 from tfmem.prefetch import Prefetcher
 from tfmem.request import Request
-from tfmem.rewrite import rewrite
 from tfmem.scratch import calibrate
 from tfmem.session_interface import SessionInterfaceMethods
 from tfmem.shapes import resolve_shapes
 from tfmem.simulate import simulate
 from tfmem.trace import Timeline, write_chrome_trace
 from tfmem.swap import SwapPolicy
-from tfmem import remote, residence as residences, updates
+from tfmem import plan_import, remote, residence as residences, updates
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ class _Compiled:
     def __init__(self, plan, graph_version, trace=None):
         self.plan = plan
         self.graph_version = graph_version
-        self.trace = trace
+        self._trace = trace
+        self._predict_later = None  # makes the trace when first read (see defer_prediction)
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
@@ -131,6 +132,32 @@ class _Compiled:
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
         self.last_measured = None  # StepStats of its last measured step
+
+    @property
+    def trace(self):
+        """The predicted MemoryTrace (made now if its prediction was deferred), or None."""
+        if self._trace is None and self._predict_later is not None:
+            predict, self._predict_later = self._predict_later, None
+            self._trace = predict()
+        return self._trace
+
+    @trace.setter
+    def trace(self, value):
+        self._trace, self._predict_later = value, None
+
+    @property
+    def predicted(self):
+        return self._trace is not None or self._predict_later is not None
+
+    @property
+    def deferred(self):
+        """True while the prediction waits for its first reader."""
+        return self._trace is None and self._predict_later is not None
+
+    def defer_prediction(self, predict):
+        """Predict when the trace is first read: a plan that swaps nothing needs no host
+        buffers, so its first step has nothing to check against the prediction."""
+        self._predict_later = predict
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -251,7 +278,9 @@ class TFMemSession(SessionInterfaceMethods):
     def _predict(self, plan, request):
         """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
         (in budget mode, the prediction budget mode plans with)."""
-        feed_shapes = request.feed_shapes()
+        return self._predict_shapes(plan, request.feed_shapes())
+
+    def _predict_shapes(self, plan, feed_shapes):
         if self._budget is not None:
             return budget.predict(self.graph, plan, feed_shapes, self._session)
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
@@ -355,10 +384,14 @@ class TFMemSession(SessionInterfaceMethods):
             with self._planning:
                 if entry.executor is None:
                     started = time.perf_counter()
-                    if entry.trace is None:
+                    if not entry.predicted and not any(t.swapped for t in entry.plan.transfers):
+                        entry.defer_prediction(functools.partial(
+                            self._predict_shapes, entry.plan, request.feed_shapes()))
+                    elif entry.trace is None:
                         entry.trace = self._predict(entry.plan, request)
                     simulated = time.perf_counter() - started
-                    self._check_host_memory(entry.trace)
+                    if not entry.deferred:
+                        self._check_host_memory(entry.trace)
                     entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
                     entry.feed_shapes = request.feed_shapes()
@@ -452,8 +485,8 @@ class TFMemSession(SessionInterfaceMethods):
                 self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
                 return other.executor
         before = self.graph.version
-        executor, rewrite_time, extend_time, callables_time = self._compile(entry.plan,
-                                                                            entry.trace)
+        executor, rewrite_time, extend_time, callables_time = self._compile(
+            entry.plan, None if entry.deferred else entry.trace)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=len(entry.plan.partitions), graph_ops_before=before,
@@ -468,13 +501,14 @@ class TFMemSession(SessionInterfaceMethods):
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
-        programs = rewrite(graph, plan, scope, residence)
+        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB), predicted device peak %.1f MiB",
+                 "(%.1f MiB), predicted device peak %s",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
-                 trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
+                 trace.bytes_to_host / (1 << 20) if trace else 0.0,
+                 f"{trace.peak_device / (1 << 20):.1f} MiB" if trace else "(predicted when read)")
         extend = getattr(self._session, "_extend_graph", None)
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable

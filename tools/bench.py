@@ -1018,6 +1018,9 @@ def build_parser():
     parser.add_argument("--measure-cost", action="store_true",
                         help="also (e): tfmem under a budget with measure='every', 'sample' "
                              "and 'off' against plain TensorFlow (tools/measure_cost.py)")
+    parser.add_argument("--per-partition-rewrite", action="store_true",
+                        help="copy plans with one import per partition (the rewrite before "
+                             "plan_import), to compare")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile tfmem steps at partition_size 50 and 200")
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON")
@@ -1034,6 +1037,9 @@ def main(argv=None):
         out = child(args.child, args.cap, **json.loads(args.child_settings))
         print(json.dumps(out))
         return 0
+    if args.per_partition_rewrite:
+        from tfmem import plan_import  # pylint: disable=import-outside-toplevel
+        plan_import.ENABLED = False
     started = time.perf_counter()
     results = run_all(args)
     results["total_s"] = time.perf_counter() - started
