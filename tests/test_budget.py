@@ -204,7 +204,7 @@ def train(kind, **options):
     result = {"losses": [], "peaks": [], "resident": []}
     runner = sess
     if kind == "tfmem":
-        runner = tfmem.TFMemSession(sess, **options)
+        runner = tfmem.TFMemSession(sess, measure="every", **options)  # reads every step
         try:
             runner.memory_report()
         except RuntimeError as err:

@@ -23,7 +23,7 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem import accelerator, budget
+from tfmem import accelerator, budget, sampling
 from tfmem.analyse import analyse
 from tfmem.buffers import HostBufferPool
 from tfmem.compile_stats import CompileStats
@@ -100,6 +100,10 @@ class MemoryReport:
     # measured ones (None where it keeps no figures).
     predicted_partition_peaks: tuple = ()
     partition_peaks: tuple | None = None
+    # The last step, and the step whose measured figures (device_peak, partition_peaks)
+    # these are: the plan's last measured one (None: none measured; see sampling).
+    step: int = 0
+    measured_step: int | None = None
 
 
 @dataclasses.dataclass
@@ -127,6 +131,8 @@ class _Compiled:
         self.replan = False  # budget mode learned from a step: plan again before the next
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
+        self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
+        self.last_measured = None  # StepStats of its last measured step
 
     @property
     def trace(self):
@@ -187,14 +193,22 @@ class TFMemSession(SessionInterfaceMethods):
     atomic_updates: run every variable update of a step in its last partition,
         so a failed step applies all or none (see updates).  None: on for a
         session on TensorFlow's distributed runtime, off for a local one.
+    measure: which steps read TensorFlow's allocator figures (where it keeps
+        them), which costs allocation tracking on the step: "sample" the first
+        steps of each plan until their figures agree, then one in 50 (and every
+        step again after a re-plan or when a sample moved); "every" each step;
+        "off" none (budget mode then learns nothing).  See sampling.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None, accelerator_device=None, atomic_updates=None):
+                 device_memory_budget=None, accelerator_device=None, atomic_updates=None,
+                 measure="sample"):
         if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
+        self._measure = sampling.check_mode(measure)
+        self._steps = 0  # partitioned steps run, for StepStats.step
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
@@ -342,6 +356,8 @@ class TFMemSession(SessionInterfaceMethods):
                 entry.trace = trace if trace is not None else budget.predict(
                     self.graph, entry.plan, request.feed_shapes(), self._session,
                     entry.correction.scratch)
+                if entry.schedule is not None:
+                    entry.schedule.restart()  # measure every step until it settles again
         if entry is None:
             started = time.perf_counter()
             plan, trace = self._make_plan(request)
@@ -387,8 +403,16 @@ class TFMemSession(SessionInterfaceMethods):
         timeline = Timeline() if self._trace else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        if entry.schedule is None:
+            entry.schedule = sampling.MeasureSchedule(self._measure)
         values, stats = entry.executor.run(
-            request.feed_values_by_name(), options, step_metadata, timeline)
+            request.feed_values_by_name(), options, step_metadata, timeline,
+            measure=entry.schedule.wants())
+        self._steps += 1
+        stats = dataclasses.replace(stats, step=self._steps)
+        entry.schedule.record(stats.partition_peak_bytes)
+        if stats.measured:
+            entry.last_measured = stats
         self.last_step = stats
         if run_metadata is not None:
             run_metadata.CopyFrom(step_metadata)
@@ -444,8 +468,9 @@ class TFMemSession(SessionInterfaceMethods):
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
         trace = self._last_entry.trace
+        measured = self._last_entry.last_measured
         return MemoryReport(
-            device_peak=self.last_step.device_peak_bytes,
+            device_peak=measured.device_peak_bytes if measured else None,
             predicted_device_peak=trace.peak_device,
             device_budget=self._budget,
             host_buffers=self.last_step.host_buffer_bytes,
@@ -453,7 +478,8 @@ class TFMemSession(SessionInterfaceMethods):
             host_rss=self.last_step.host_rss_bytes,
             host_available=psutil.virtual_memory().available,
             predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
-            partition_peaks=self.last_step.partition_peak_bytes)
+            partition_peaks=measured.partition_peak_bytes if measured else None,
+            step=self.last_step.step, measured_step=measured.step if measured else None)
 
     def _executor_for(self, entry, simulate_time):
         """The executor of the entry's plan: shared with an entry of the same plan, or new."""
