@@ -233,6 +233,8 @@ def train(kind, **options):
         report = runner.memory_report()
         result["report"] = {k: [type(v).__name__, list(v) if isinstance(v, tuple) else v]
                             for k, v in vars(report).items()}
+        result["uploads"] = [p.to_device for p in
+                             runner.simulate([model.train, model.loss], feed).partitions]
         runner.close()
     else:
         sess.close()
@@ -440,8 +442,14 @@ def test_memory_report_under_the_cap(capped):
     assert max(measured) == report["device_peak"][1]
     assert max(predicted) == report["predicted_device_peak"][1]
     # Every partition's prediction (kernel scratch included) against its measured peak.
-    for index, (p, m) in enumerate(zip(predicted, measured)):
-        assert abs(p - m) <= 0.25 * m, (index, predicted, measured)
+    # The prediction holds what the prefetcher uploads during a partition on the device;
+    # an upload that lands after the partition's last op is not in its measured peak
+    # (partitions of one plan measured 15.3 or 19.3 MiB from step to step that way), so
+    # the prediction may read above by those bytes, never below.
+    uploads = run["uploads"]
+    assert len(uploads) == len(predicted)
+    for index, (p, m, up) in enumerate(zip(predicted, measured, uploads)):
+        assert -0.25 * m <= p - m <= 0.25 * m + up, (index, predicted, measured, uploads)
     assert report["host_available"][1] > 0
     assert report["host_buffers"][1] > 0  # it swapped
     assert report["predicted_host_peak"][1] > 0
