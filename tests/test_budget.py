@@ -23,16 +23,18 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import accelerator, budget, models
-from tfmem.analyse import analyse
-from tfmem.partition import partition
-from tfmem.place import place
-from tfmem.plan import build_plan
-from tfmem.scratch import calibrate
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import TensorSizes, simulate
-from tfmem.swap import SwapPolicy
-from tfmem.units import units
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
+from tfmem.plan.analyse import analyse
+from tfmem.plan.partition import partition
+from tfmem.plan.place import place
+from tfmem.plan.plan import build_plan
+from tfmem.memory.scratch import calibrate
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.plan.swap import SwapPolicy
+from tfmem.plan.units import units
 
 tf1 = tf.compat.v1
 
@@ -184,7 +186,9 @@ tfmem.emulate_accelerator(CAP)
 import numpy as np
 import psutil
 import tensorflow as tf
-from tfmem import accelerator, budget, models
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
 out = {"cap_mib": accelerator.emulated_memory_mib()}

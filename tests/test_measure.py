@@ -26,7 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(int(sys.argv[1]))
 import tensorflow as tf
-from tfmem import accelerator, models, scratch
+from tfmem.run import accelerator
+from tfmem.cli import models
+from tfmem.memory import scratch
 tf1 = tf.compat.v1
 budget_mib, cache_path = int(sys.argv[2]), sys.argv[3]
 config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)

@@ -134,7 +134,7 @@ def _run_sequence(calls, seeding, tfmem_kwargs):
 
 def _random_ops(plan):
     return {name for name in plan.view.nodes if plan.view.nodes[name].type in
-            tfmem.optypes.RANDOM_STREAM}
+            tfmem.plan.optypes.RANDOM_STREAM}
 
 
 def test_issue_scenario_dropout_train_eval_plain():
@@ -294,7 +294,7 @@ def test_random_ops_in_and_after_control_flow(control_flow, partition_size):
     try:
         plan = tfs.plan(requests[0], {x: np.ones((2, 3), np.float32)})
         drawing = {name for name, node in plan.view.nodes.items()
-                   if node.type in tfmem.optypes.RANDOM_STREAM | {"While", "If"}}
+                   if node.type in tfmem.plan.optypes.RANDOM_STREAM | {"While", "If"}}
         assert drawing and (drawing <= plan.view.originals if v2 else
                             not drawing & plan.view.originals), drawing
         for step in range(6):

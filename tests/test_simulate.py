@@ -18,13 +18,13 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import models
-from tfmem.budget import DEFAULT_MARGIN
-from tfmem.plan import make_plan
-from tfmem.proof import build_model
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.swap import SwapPolicy
+from tfmem.cli import models
+from tfmem.memory.budget import DEFAULT_MARGIN
+from tfmem.plan.plan import make_plan
+from tfmem.cli.proof import build_model
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.swap import SwapPolicy
 
 tf1 = tf.compat.v1
 
@@ -74,7 +74,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(8192)  # a BFC allocator far above every step: figures, no cap
 import tensorflow as tf
-from tfmem import accelerator, budget, models
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
 
 configs, sizes, steps = (json.loads(a) for a in sys.argv[1:4])
 results = []

@@ -1,6 +1,6 @@
 """Execute a plan eagerly: one ConcreteFunction call per partition.
 
-The loop mirrors `tfmem.execute.Executor._run_partitions` for eager tensors:
+The loop mirrors `tfmem.run.execute.Executor._run_partitions` for eager tensors:
 arguments are the fed values (the function's inputs and captured handles)
 and the transfers read (EagerTensors kept on the device, or uploaded again
 by the prefetcher); outputs go to the shared SwapManager (kept, or copied
@@ -14,10 +14,11 @@ import time
 import psutil
 import tensorflow as tf
 
-from tfmem import accelerator, oom
-from tfmem.execute import _deferred_interrupts  # pylint: disable=protected-access
-from tfmem.stats import StepStats
-from tfmem.swap_manager import Schedule, SwapManager
+from tfmem.run import accelerator
+from tfmem.memory import oom
+from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-access
+from tfmem.run.stats import StepStats
+from tfmem.run.swap_manager import Schedule, SwapManager
 
 
 class GraphDevices:

@@ -35,18 +35,19 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.eager.polymorphic_function import function_type_utils
 
-from tfmem import accelerator, budget
-from tfmem.buffers import HostBufferPool
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
-from tfmem.plan import make_plan
-from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.swap import SwapPolicy
+from tfmem.plan.plan import make_plan
+from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.swap import SwapPolicy
 from tfmem.tf2.compile import compile_partition
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
-from tfmem.trace import Timeline, write_chrome_trace
+from tfmem.run.trace import Timeline, write_chrome_trace
 
 TF2_MARGIN = 0.25  # budget margin of tfmem.function (see budget.fit below)
 

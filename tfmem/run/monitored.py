@@ -33,7 +33,7 @@ import threading
 
 from tensorflow.python.training import monitored_session as tf_monitored
 
-from tfmem.session import TFMemSession
+from tfmem.run.session import TFMemSession
 
 # The keyword arguments of TFMemSession besides the session itself.
 TFMEM_OPTIONS = ("partition_size", "swap", "swap_distance", "prefetch", "swap_min_bytes",

@@ -15,10 +15,10 @@ import logging
 import sys
 import threading
 
-from tfmem.plan import make_plan
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.swap import SwapPolicy
+from tfmem.plan.plan import make_plan
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.swap import SwapPolicy
 
 log = logging.getLogger(__name__)
 

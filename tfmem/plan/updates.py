@@ -28,9 +28,9 @@ table (one table below).  Dequeues are not updates: an input pipeline's
 dequeue feeds the whole step, which would then all be "after an update".
 """
 
-from tfmem.analyse import split_tensor_name
-from tfmem.plan import build_plan, validate
-from tfmem.units import units as units_of
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.plan import build_plan, validate
+from tfmem.plan.units import units as units_of
 
 UPDATE_TYPE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",
                         "Assign", "Scatter", "ResourceScatter", "QueueEnqueue",

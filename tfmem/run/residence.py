@@ -33,8 +33,8 @@ import uuid
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.remote import is_distributed, reachable, target_of
-from tfmem.rewrite import clean_context
+from tfmem.run.remote import is_distributed, reachable, target_of
+from tfmem.run.rewrite import clean_context
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Four runs of one activation-heavy MLP, each in a fresh process (the
 allocator and its cap are read when TensorFlow starts, see
-:mod:`tfmem.child_env`), all under TensorFlow's BFC allocator so that every
+:mod:`tfmem.cli.child_env`), all under TensorFlow's BFC allocator so that every
 run reports figures on every machine:
 
     (a) plain Session, no cap          -> peak P, reference losses
@@ -28,7 +28,7 @@ intra-op thread and two inter-op threads, so peaks do not depend on the
 machine's core count.
 
 ``train`` runs one system in the current process and returns a small dict;
-``python -m tfmem.proof --system tf|tfmem [--device-memory MiB] --json``
+``python -m tfmem.cli.proof --system tf|tfmem [--device-memory MiB] --json``
 prints that dict as one JSON line; ``run_proof`` starts the four processes
 and checks the result.
 """
@@ -42,7 +42,8 @@ import sys
 import time
 
 import tfmem
-from tfmem import accelerator, child_env
+from tfmem.run import accelerator
+from tfmem.cli import child_env
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -109,7 +110,7 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
     graph, x, loss, train_op, init = build_model(tf, layers, batch, width, seed)
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
@@ -162,14 +163,14 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
 
 
 def _run_subprocess(system, device_memory=None, onednn=False, timeout=600, **settings):
-    """`train` in a fresh `python -m tfmem.proof` process; its dict, or one with `failed`.
+    """`train` in a fresh `python -m tfmem.cli.proof` process; its dict, or one with `failed`.
 
     device_memory: the cap in MiB, or None for the same BFC allocator without a
     cap.  onednn: the child's kernel path (TF_ENABLE_ONEDNN_OPTS, always set).
     A child that ends without a result is `failed`; one a signal ended is
     also `crashed` (TensorFlow crashed: not an out-of-memory error).
     """
-    cmd = [sys.executable, "-m", "tfmem.proof", "--system", system, "--json"]
+    cmd = [sys.executable, "-m", "tfmem.cli.proof", "--system", system, "--json"]
     if device_memory is not None:
         cmd += ["--device-memory", str(device_memory)]
     for key, value in settings.items():
@@ -356,7 +357,7 @@ def _positive_int(text):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="python -m tfmem.proof",
+        prog="python -m tfmem.cli.proof",
         description="Train the memory-proof MLP with one system in this process "
                     "(--system), or run the whole four-process proof (no --system).")
     parser.add_argument("--system", choices=SYSTEMS,
@@ -381,7 +382,7 @@ def build_parser():
 
 
 def main(argv=None):
-    """`python -m tfmem.proof`; returns the exit code."""
+    """`python -m tfmem.cli.proof`; returns the exit code."""
     args = build_parser().parse_args(argv)
     model = dict(steps=args.steps, layers=args.layers, batch=args.batch,
                  width=args.width, seed=args.seed)

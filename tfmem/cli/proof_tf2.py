@@ -1,7 +1,7 @@
 """Memory proof, TensorFlow 2 edition: Keras `model.fit` under a cap plain TF cannot meet.
 
 Three runs of one activation-heavy Keras MLP, each in a fresh process (the
-memory cap is read when TensorFlow starts, see :mod:`tfmem.accelerator`):
+memory cap is read when TensorFlow starts, see :mod:`tfmem.run.accelerator`):
 
     (a) plain fit, BFC allocator, no real cap      -> step peak P, reference losses
     (b) plain fit,   cap = P/2 MiB                 -> must raise ResourceExhaustedError
@@ -10,7 +10,7 @@ memory cap is read when TensorFlow starts, see :mod:`tfmem.accelerator`):
 tfmem runs in budget mode (partition_size="auto": the emulated cap is the
 budget, the simulator picks the partition size).
 
-The model is the Session proof's (:mod:`tfmem.proof`) as Keras layers: per
+The model is the Session proof's (:mod:`tfmem.cli.proof`) as Keras layers: per
 layer ``h = relu(h @ w); h = sin(h) * 0.5 + h``, a mean-square loss against
 zeros, plain SGD; batches come from a seeded `tf.data` pipeline that makes
 each batch on demand, so the data set itself does not sit in device memory.
@@ -18,7 +18,7 @@ Every process runs with oneDNN off (``TF_ENABLE_ONEDNN_OPTS=0``: oneDNN has
 crashed at a cap instead of raising) and one intra-op thread.  The peak is
 TensorFlow's allocator peak per train step (reset at each batch's start).
 
-``python -m tfmem.proof_tf2 --system tf|tfmem [--device-memory MiB] --json``
+``python -m tfmem.cli.proof_tf2 --system tf|tfmem [--device-memory MiB] --json``
 runs one system in this process; without ``--system`` it runs the whole proof.
 ``tfmem demo --tf2`` runs it too.
 """
@@ -32,7 +32,7 @@ import sys
 import time
 
 import tfmem
-from tfmem.proof import losses_match
+from tfmem.cli.proof import losses_match
 
 RTOL = 1e-4
 MIB = 1 << 20
@@ -93,7 +93,7 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -141,8 +141,8 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
 
 
 def _run_subprocess(system, device_memory, timeout=600, **settings):
-    """`train` in a fresh `python -m tfmem.proof_tf2` process: its dict, or one with `failed`."""
-    cmd = [sys.executable, "-m", "tfmem.proof_tf2", "--system", system, "--json",
+    """`train` in a fresh `python -m tfmem.cli.proof_tf2` process: its dict, or one with `failed`."""
+    cmd = [sys.executable, "-m", "tfmem.cli.proof_tf2", "--system", system, "--json",
            "--device-memory", str(device_memory)]
     for key, value in settings.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -247,7 +247,7 @@ def demo_part(out=print):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="python -m tfmem.proof_tf2",
+        prog="python -m tfmem.cli.proof_tf2",
         description="Fit the TF2 memory-proof model with one system in this process "
                     "(--system), or run the whole three-process proof (no --system).")
     parser.add_argument("--system", choices=SYSTEMS)

@@ -36,8 +36,8 @@ import dataclasses
 
 import tensorflow as tf
 
-from tfmem import graph_growth
-from tfmem.analyse import split_tensor_name
+from tfmem.run import graph_growth
+from tfmem.plan.analyse import split_tensor_name
 
 _DONE = "tfmem_partition_done"
 

@@ -12,11 +12,13 @@ the batch when nothing does.
 
 import dataclasses
 
-from tfmem import accelerator, budget, errors
-from tfmem.analyse import split_tensor_name
-from tfmem.scratch import calibrate
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import TensorSizes, simulate
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem import errors
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.memory.scratch import calibrate
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import TensorSizes, simulate
 
 LARGEST = 3  # tensors named in the message
 MAX_HALVINGS = 6  # how often the budget is halved while no smaller plan is found

@@ -34,8 +34,8 @@ import logging
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-from tfmem.colocation import colocation_groups
-from tfmem.place import HOST_DEVICE, VARIABLES, host_device_of, is_state, on_host
+from tfmem.run.colocation import colocation_groups
+from tfmem.plan.place import HOST_DEVICE, VARIABLES, host_device_of, is_state, on_host
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ reported in `unknown_tensors`.
 import dataclasses
 import heapq
 
-from tfmem.analyse import split_tensor_name
-from tfmem.optypes import SHAPE_ONLY, reads_state
-from tfmem.swap_manager import Schedule
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.optypes import SHAPE_ONLY, reads_state
+from tfmem.run.swap_manager import Schedule
 
 # Ops whose output is (a view of) an input or of state counted elsewhere.
 ALIASING = frozenset({

@@ -18,10 +18,12 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem import accelerator, oom, remote, run_path, updates
-from tfmem.rewrite import HANDLE, HOST
-from tfmem.stats import StepStats
-from tfmem.swap_manager import Schedule, SwapManager
+from tfmem.run import accelerator, remote, run_path
+from tfmem.memory import oom
+from tfmem.plan import updates
+from tfmem.run.rewrite import HANDLE, HOST
+from tfmem.run.stats import StepStats
+from tfmem.run.swap_manager import Schedule, SwapManager
 
 
 def _callable_options(program, run_options, measure):

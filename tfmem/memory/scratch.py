@@ -36,9 +36,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem import optypes
-from tfmem.accelerator import emulated_memory_mib
-from tfmem.shapes import import_request
+from tfmem.plan import optypes
+from tfmem.run.accelerator import emulated_memory_mib
+from tfmem.memory.shapes import import_request
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ def Session(target="", graph=None, config=None, **options):  # pylint: disable=i
     Closing the TFMemSession closes the session it created.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
     sess = tf.compat.v1.Session(target, graph=graph, config=session_config(config))
     try:
         return TFMemSession(sess, **options)

@@ -28,8 +28,8 @@ v2 control flow (While, If) is a single op and needs none of this.
 
 import networkx as nx
 
-from tfmem import optypes
-from tfmem.analyse import split_tensor_name
+from tfmem.plan import optypes
+from tfmem.plan.analyse import split_tensor_name
 
 
 class _UnionFind:

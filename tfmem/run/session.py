@@ -22,25 +22,27 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem import accelerator, budget
-from tfmem.analyse import analyse
-from tfmem.buffers import HostBufferPool
-from tfmem.compile_stats import CompileStats
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.plan.analyse import analyse
+from tfmem.run.buffers import HostBufferPool
+from tfmem.run.compile_stats import CompileStats
 from tfmem.errors import HostMemoryError
-from tfmem.execute import Executor
-from tfmem.place import place
-from tfmem.placement_pass import Record, place_state_on_host
-from tfmem.plan import make_plan
-from tfmem.prefetch import Prefetcher
-from tfmem.request import Request
-from tfmem.rewrite import rewrite
-from tfmem.scratch import calibrate
-from tfmem.session_interface import SessionInterfaceMethods
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.trace import Timeline, write_chrome_trace
-from tfmem.swap import SwapPolicy
-from tfmem import remote, residence as residences, updates
+from tfmem.run.execute import Executor
+from tfmem.plan.place import place
+from tfmem.run.placement_pass import Record, place_state_on_host
+from tfmem.plan.plan import make_plan
+from tfmem.run.prefetch import Prefetcher
+from tfmem.run.request import Request
+from tfmem.run.rewrite import rewrite
+from tfmem.memory.scratch import calibrate
+from tfmem.run.session_interface import SessionInterfaceMethods
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.run.trace import Timeline, write_chrome_trace
+from tfmem.plan.swap import SwapPolicy
+from tfmem.run import remote, residence as residences
+from tfmem.plan import updates
 
 log = logging.getLogger(__name__)
 

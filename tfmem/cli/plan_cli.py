@@ -32,7 +32,7 @@ import os
 import re
 import sys
 
-from tfmem.trace import TRACKS
+from tfmem.run.trace import TRACKS
 
 MIB = float(1 << 20)
 MS_PER_OP = 1e-3  # nominal duration of one op in the planned trace, in seconds
@@ -109,7 +109,7 @@ def _nonnegative_int(text):
 
 def parse_size(text, flag, minimum=1):
     """Bytes of a size such as '2GiB' (budget.parse_bytes), at least `minimum`; else UsageError."""
-    from tfmem.budget import parse_bytes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.budget import parse_bytes  # pylint: disable=import-outside-toplevel
     try:
         value = parse_bytes(text)
     except ValueError as exc:
@@ -152,7 +152,7 @@ def add_arguments(parser):
     size.add_argument("--partition-size", type=_positive_int, metavar="N",
                       help=f"the most ops per partition (default: {DEFAULT_PARTITION_SIZE})")
     size.add_argument("--budget", metavar="SIZE",
-                      help="device memory to fit: tfmem.budget searches the largest "
+                      help="device memory to fit: tfmem.memory.budget searches the largest "
                            "partition size whose predicted peak fits, with a safety margin "
                            "(e.g. 2GiB, 512MiB, 1.5GB, or bytes)")
     parser.add_argument("--swap", choices=("auto", "all", "none"), default="auto",
@@ -343,7 +343,7 @@ def resolve_feeds(graph, specs):
 def _check_feeds(fetch_tensors, target_ops, fed_tensors):
     """The request's GraphView; UsageError naming every placeholder it needs but is not fed."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.analyse import analyse  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
     fed, missing, first = list(fed_tensors), [], None
     while True:
         try:
@@ -395,7 +395,7 @@ def _check_output(path, flag):
 
 def tensor_bytes(plan, shapes):
     """{transfer tensor: predicted bytes (0 when unknown)}, sized as the simulator sizes them."""
-    from tfmem.simulate import TensorSizes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import TensorSizes  # pylint: disable=import-outside-toplevel
     size = TensorSizes(plan.view, shapes)
     return {transfer.tensor: size(transfer.tensor) for transfer in plan.transfers}
 
@@ -518,9 +518,9 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     Raises UsageError for unfed placeholders and feed shapes the graph rejects,
     and what make_plan / budget.fit raise (TFMemError) when no plan can be made.
     """
-    from tfmem.plan import make_plan  # pylint: disable=import-outside-toplevel
-    from tfmem.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
-    from tfmem.simulate import simulate  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.plan import make_plan  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
 
     fed_tensors = [graph.get_tensor_by_name(name) for name in feed_shapes]
     # A fetched tensor that is fed is answered from the feed (as Session.run does).
@@ -534,11 +534,11 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
         raise UsageError(f"the feed shapes ({given}) do not fit the graph: "
                          f"{_shape_failure(str(exc))}") from None
     if budget is not None:
-        from tfmem import budget as budgets  # pylint: disable=import-outside-toplevel
+        from tfmem.memory import budget as budgets  # pylint: disable=import-outside-toplevel
         plan, trace = budgets.fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes,
                                   budget, policy)
     else:
-        from tfmem.scratch import calibrate  # pylint: disable=import-outside-toplevel
+        from tfmem.memory.scratch import calibrate  # pylint: disable=import-outside-toplevel
         plan = make_plan(fetch_tensors, target_ops, fed_tensors,
                          partition_size or DEFAULT_PARTITION_SIZE, policy)
         trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, feed_shapes))
@@ -546,7 +546,8 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
 
 
 def _write_outputs(args, plan, trace, shapes, budget):
-    from tfmem import plot, serialize, trace as chrome  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import plot, serialize  # pylint: disable=import-outside-toplevel
+    from tfmem.run import trace as chrome  # pylint: disable=import-outside-toplevel
     written = []
     try:
         if args.json:
@@ -573,8 +574,8 @@ def _write_outputs(args, plan, trace, shapes, budget):
 
 
 def _run(args):
-    from tfmem import plot  # pylint: disable=import-outside-toplevel
-    from tfmem.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import plot  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
     for flag, path in (("--json", args.json), ("--plot", args.plot), ("--trace", args.trace)):
         if path:
             _check_output(path, flag)

@@ -14,13 +14,13 @@ checks the invariants every plan must hold, whoever built it.
 import dataclasses
 import functools
 
-from tfmem import optypes
-from tfmem.analyse import analyse, split_tensor_name
+from tfmem.plan import optypes
+from tfmem.plan.analyse import analyse, split_tensor_name
 from tfmem.errors import InvalidPlanError
-from tfmem.partition import partition
-from tfmem.place import Placement, place
-from tfmem.swap import SwapPolicy, spans, swappable, worth_swapping
-from tfmem.units import units
+from tfmem.plan.partition import partition
+from tfmem.plan.place import Placement, place
+from tfmem.plan.swap import SwapPolicy, spans, swappable, worth_swapping
+from tfmem.plan.units import units
 
 
 @dataclasses.dataclass(frozen=True)

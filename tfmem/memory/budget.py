@@ -28,16 +28,16 @@ The step that went over is never run again: it may have updated variables.
 import dataclasses
 import re
 
-from tfmem.analyse import analyse, split_tensor_name
+from tfmem.plan.analyse import analyse, split_tensor_name
 from tfmem.errors import BudgetError
-from tfmem.partition import partition
-from tfmem.place import place
-from tfmem.scratch import calibrate
-from tfmem.plan import build_plan, validate
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import TensorSizes, simulate, state_bytes
-from tfmem.swap import SwapPolicy
-from tfmem.units import units
+from tfmem.plan.partition import partition
+from tfmem.plan.place import place
+from tfmem.memory.scratch import calibrate
+from tfmem.plan.plan import build_plan, validate
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
+from tfmem.plan.swap import SwapPolicy
+from tfmem.plan.units import units
 
 # What the model does not see: the executor's order of concurrent ops and the
 # allocator's chunk reuse after the first step.  The 12-layer MLP in one partition

@@ -5,19 +5,19 @@ Commands:
          side and compare losses and step times, optionally under an
          emulated accelerator's memory (``--device-memory MiB``); then run
          the memory proof, plain TensorFlow against tfmem under half the
-         plain peak (see :mod:`tfmem.demo` and :mod:`tfmem.proof`).
+         plain peak (see :mod:`tfmem.cli.demo` and :mod:`tfmem.cli.proof`).
   plan   plan one request of a saved graph (.meta, .pb, .pbtxt) as
          TFMemSession would, predict its memory per partition without
          running it, and optionally write the plan as JSON, a memory plot and
-         a Chrome trace of the planned step (see :mod:`tfmem.plan_cli`).
+         a Chrome trace of the planned step (see :mod:`tfmem.cli.plan_cli`).
   run    run an unmodified training script with every Session,
          InteractiveSession and monitored session it creates going through
-         tfmem, and print what its steps cost at exit (see :mod:`tfmem.run_cli`).
+         tfmem, and print what its steps cost at exit (see :mod:`tfmem.cli.run_cli`).
 """
 
 import argparse
 
-from tfmem import demo, plan_cli, run_cli
+from tfmem.cli import demo, plan_cli, run_cli
 
 
 def _run_demo(args):

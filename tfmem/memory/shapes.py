@@ -10,7 +10,7 @@ shapes are read back.  Nothing runs, and the user's graph is not touched.
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
-from tfmem.analyse import split_tensor_name
+from tfmem.plan.analyse import split_tensor_name
 
 
 def import_request(graph, view, feed_shapes):

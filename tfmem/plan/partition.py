@@ -26,8 +26,8 @@ partition of its own.  Everything here is a pure function of the view:
 the same graph and request always give the same partitions.
 """
 
-from tfmem.analyse import split_tensor_name
-from tfmem.optypes import SHAPE_ONLY
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.optypes import SHAPE_ONLY
 
 
 def _unit_inputs(view, unit_of, unit):

@@ -50,7 +50,7 @@ import types
 
 import tensorflow as tf
 
-from tfmem import optypes
+from tfmem.plan import optypes
 from tfmem.errors import UnsupportedGraphError
 
 

@@ -7,10 +7,10 @@ The demo prints a per-step loss table, the number of partitions tfmem cut the
 training request into, the largest loss difference and the median time per
 step of both sessions.  With ``--device-memory MiB`` that part runs in a
 subprocess whose TensorFlow allocator is capped at MiB (an emulated
-accelerator, see :mod:`tfmem.accelerator`) and also prints each session's
+accelerator, see :mod:`tfmem.run.accelerator`) and also prints each session's
 peak; a plain session that runs out of memory is reported, not fatal.
 
-Then (unless ``--no-proof``) it runs the memory proof of :mod:`tfmem.proof`:
+Then (unless ``--no-proof``) it runs the memory proof of :mod:`tfmem.cli.proof`:
 a model whose plain training step needs about twice the memory tfmem needs,
 trained under a cap of half the plain peak.
 
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from tfmem import child_env, proof
+from tfmem.cli import child_env, proof
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -61,7 +61,7 @@ def add_arguments(parser):
                         help="skip the memory proof (plain vs tfmem under half the plain peak)")
     parser.add_argument("--tf2", action="store_true",
                         help="also run the TensorFlow 2 memory proof (Keras fit through "
-                             "tfmem.keras under half the plain peak; see tfmem.proof_tf2)")
+                             "tfmem.keras under half the plain peak; see tfmem.cli.proof_tf2)")
     # Set in the capped subprocess that --device-memory starts, and in the uncapped
     # plain reference it starts when the plain session runs out of memory there.
     parser.add_argument("--capped-child", action="store_true", help=argparse.SUPPRESS)
@@ -258,7 +258,7 @@ def _plain_reference_child(args):
 def _plain_reference(args):
     """Plain losses of every step from an uncapped fresh process, or a reason (str)."""
     import json  # pylint: disable=import-outside-toplevel
-    cmd = [sys.executable, "-m", "tfmem.demo", "--reference-child", "--no-proof",
+    cmd = [sys.executable, "-m", "tfmem.cli.demo", "--reference-child", "--no-proof",
            "--steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--seed", str(args.seed)]
     # The same kernel path as this process; the allocator without a cap.
@@ -274,7 +274,7 @@ def _plain_reference(args):
 
 def _side_by_side_capped(args):
     """Run the side-by-side part in a fresh process under the --device-memory cap."""
-    cmd = [sys.executable, "-m", "tfmem.demo", "--capped-child", "--no-proof",
+    cmd = [sys.executable, "-m", "tfmem.cli.demo", "--capped-child", "--no-proof",
            "--device-memory", str(args.device_memory), "--steps", str(args.steps),
            "--partition-size", str(args.partition_size),
            "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
@@ -294,7 +294,7 @@ def _side_by_side_capped(args):
 
 
 def _memory_proof(args):
-    """Run and print the memory proof of tfmem.proof; return the exit code."""
+    """Run and print the memory proof of tfmem.cli.proof; return the exit code."""
     d = proof.DEFAULTS
     print()
     print(f"memory proof: {d['layers']}-layer MLP, width {d['width']}, batch {d['batch']}, "
@@ -321,7 +321,7 @@ def run(args):
     if not args.no_proof:
         ok = _memory_proof(args) == 0 and ok
     if getattr(args, "tf2", False):
-        from tfmem import proof_tf2  # pylint: disable=import-outside-toplevel
+        from tfmem.cli import proof_tf2  # pylint: disable=import-outside-toplevel
         ok = proof_tf2.demo_part() == 0 and ok
     return 0 if ok else 1
 
