@@ -157,7 +157,7 @@ def placement_report(args, summaries, stem, out=print):
     """
     del stem, out  # one table, no files
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.plan.plan import make_plan  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
     from tfmem.plan.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
     trials = {(s["system"], t["size"]): t for s in summaries for t in s["all_trials"]}
     rows = []

@@ -29,7 +29,7 @@ from tfmem.cli import models
 from tfmem.plan.analyse import analyse
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
-from tfmem.plan.plan import build_plan
+from tfmem.plan.build import build_plan
 from tfmem.memory.scratch import calibrate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate

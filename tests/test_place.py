@@ -11,7 +11,7 @@ import tfmem
 from tfmem.plan.analyse import analyse
 from tfmem.plan.place import HOST_DEVICE, place
 from tfmem.run.placement_pass import Record
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 
 tf1 = tf.compat.v1
 BIG = (512, 1024)  # 2 MiB of float32, above the 1 MiB default threshold

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tfmem import cli
 from tfmem.cli import serialize
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 from tfmem.plan.swap import SwapPolicy
 from tfmem.run.trace import TRACKS
 

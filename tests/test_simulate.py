@@ -20,7 +20,7 @@ import tensorflow as tf
 import tfmem
 from tfmem.cli import models
 from tfmem.memory.budget import DEFAULT_MARGIN
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 from tfmem.cli.proof import build_model
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate

@@ -11,8 +11,8 @@ import importlib
 
 _EXPORTS = {
     "TFMemSession": "tfmem.run.session",
-    "Plan": "tfmem.plan.plan", "Partition": "tfmem.plan.plan", "Transfer": "tfmem.plan.plan",
-    "validate": "tfmem.plan.plan", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
+    "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
+    "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
     "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.run.accelerator",
     "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",

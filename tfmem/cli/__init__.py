@@ -1,8 +1,8 @@
 """The command line wing: ``tfmem <command>`` and what its commands show.
 
     commands.py     the argument parser: ``tfmem demo | plan | run``
-    plan_cli.py     ``tfmem plan``: plan a saved graph without running it
-    run_cli.py      ``tfmem run``: the command line of tfmem.autowrap
+    plan.py         ``tfmem plan``: plan a saved graph without running it
+    run.py          ``tfmem run``: the command line of tfmem.autowrap
     run_summary.py  what ``tfmem run`` prints at exit
     demo.py         the side-by-side demo
     proof.py, proof_tf2.py   the memory proofs (``python -m tfmem.cli.proof``)

@@ -9,15 +9,15 @@ Commands:
   plan   plan one request of a saved graph (.meta, .pb, .pbtxt) as
          TFMemSession would, predict its memory per partition without
          running it, and optionally write the plan as JSON, a memory plot and
-         a Chrome trace of the planned step (see :mod:`tfmem.cli.plan_cli`).
+         a Chrome trace of the planned step (see :mod:`tfmem.cli.plan`).
   run    run an unmodified training script with every Session,
          InteractiveSession and monitored session it creates going through
-         tfmem, and print what its steps cost at exit (see :mod:`tfmem.cli.run_cli`).
+         tfmem, and print what its steps cost at exit (see :mod:`tfmem.cli.run`).
 """
 
 import argparse
 
-from tfmem.cli import demo, plan_cli, run_cli
+from tfmem.cli import demo, plan as plan_command, run as run_command
 
 
 def _run_demo(args):
@@ -25,7 +25,7 @@ def _run_demo(args):
 
 
 def _run_plan(args):
-    return plan_cli.run(args)
+    return plan_command.run(args)
 
 
 def build_parser():
@@ -44,16 +44,16 @@ def build_parser():
     demo_parser.set_defaults(func=_run_demo)
     plan_parser = commands.add_parser(
         "plan", help="plan a saved graph's request and predict its memory, without running it",
-        description=plan_cli.DESCRIPTION, epilog=plan_cli.EPILOG,
+        description=plan_command.DESCRIPTION, epilog=plan_command.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    plan_cli.add_arguments(plan_parser)
+    plan_command.add_arguments(plan_parser)
     plan_parser.set_defaults(func=_run_plan)
     run_parser = commands.add_parser(
         "run", help="run a training script with every session it creates wrapped in tfmem",
-        description=run_cli.DESCRIPTION, epilog=run_cli.EPILOG,
+        description=run_command.DESCRIPTION, epilog=run_command.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    run_cli.add_arguments(run_parser)
-    run_parser.set_defaults(func=run_cli.run)
+    run_command.add_arguments(run_parser)
+    run_parser.set_defaults(func=run_command.run)
     return parser
 
 

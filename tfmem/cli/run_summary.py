@@ -15,7 +15,7 @@ import logging
 import sys
 import threading
 
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy

@@ -33,7 +33,7 @@ from tfmem.errors import BudgetError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
 from tfmem.memory.scratch import calibrate
-from tfmem.plan.plan import build_plan, validate
+from tfmem.plan.build import build_plan, validate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
 from tfmem.plan.swap import SwapPolicy

@@ -7,7 +7,7 @@
     swap.py       the swap policy and the transfer spans
     place.py      where state lives (the plan's Placement)
     updates.py    a step's state updates gathered into its last partition
-    plan.py       the Plan value, `build_plan`, `make_plan` and `validate`
+    build.py      the Plan value, `build_plan`, `make_plan` and `validate`
 
 Pure: it builds frozen values from a graph and runs no TensorFlow kernel.
 It imports nothing from the other wings (memory, run, cli).  The plan's
@@ -22,5 +22,5 @@ _PLAN_NAMES = ("Plan", "Partition", "Transfer", "build_plan", "make_plan", "vali
 
 def __getattr__(name):
     if name in _PLAN_NAMES:
-        return getattr(importlib.import_module("tfmem.plan.plan"), name)
+        return getattr(importlib.import_module("tfmem.plan.build"), name)
     raise AttributeError(f"module 'tfmem.plan' has no attribute {name!r}")

@@ -29,7 +29,7 @@ dequeue feeds the whole step, which would then all be "after an update".
 """
 
 from tfmem.plan.analyse import split_tensor_name
-from tfmem.plan.plan import build_plan, validate
+from tfmem.plan.build import build_plan, validate
 from tfmem.plan.units import units as units_of
 
 UPDATE_TYPE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",

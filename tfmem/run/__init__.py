@@ -10,7 +10,7 @@
     rewrite.py            each partition copied into the session's graph
     graph_growth.py       adding those copies to a finalized graph
     execute.py            the executor: one Session call per partition
-    run_path.py           a partition run through Session.run's C path
+    c_path.py             a partition run through Session.run's C path
     swap_manager.py       the transfers of one step, on the device or in host buffers
     residence.py          where a kept tensor waits (session handles, worker staging)
     prefetch.py           uploads back to the device on a background thread

@@ -18,7 +18,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.run import accelerator, remote, run_path
+from tfmem.run import accelerator, c_path, remote
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.run.rewrite import HANDLE, HOST
@@ -131,8 +131,8 @@ class Executor:
 
     def _callables_for(self, options, run_metadata=None):
         key = options.SerializeToString(deterministic=True) if options is not None else b""
-        if run_path.wants_run_path(self._session, run_metadata):
-            key = (key, "run path")  # see run_path: keeps the step's run metadata
+        if c_path.wants_run_path(self._session, run_metadata):
+            key = (key, "run path")  # see c_path: keeps the step's run metadata
         if key not in self._callables:
             def make(program):
                 callable_options = _callable_options(program, options, measure)
@@ -140,7 +140,7 @@ class Executor:
                 # stays a callable, whose run metadata a distributed session drops
                 if isinstance(key, bytes) or program.connections:
                     return self._session._make_callable_from_options(callable_options)  # pylint: disable=protected-access
-                return run_path.RunPathCallable(self._session, callable_options)
+                return c_path.RunPathCallable(self._session, callable_options)
 
             measure = self._runtime.measure_device
             self._callables[key] = [make(p) for p in self._programs]

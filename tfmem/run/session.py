@@ -31,7 +31,7 @@ from tfmem.errors import HostMemoryError
 from tfmem.run.execute import Executor
 from tfmem.plan.place import place
 from tfmem.run.placement_pass import Record, place_state_on_host
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 from tfmem.run.prefetch import Prefetcher
 from tfmem.run.request import Request
 from tfmem.run.rewrite import rewrite

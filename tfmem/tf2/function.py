@@ -39,7 +39,7 @@ from tfmem.run import accelerator
 from tfmem.memory import budget
 from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
-from tfmem.plan.plan import make_plan
+from tfmem.plan.build import make_plan
 from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate

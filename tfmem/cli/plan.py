@@ -518,7 +518,7 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     Raises UsageError for unfed placeholders and feed shapes the graph rejects,
     and what make_plan / budget.fit raise (TFMemError) when no plan can be made.
     """
-    from tfmem.plan.plan import make_plan  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
     from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
     from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
 
