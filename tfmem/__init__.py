@@ -13,7 +13,7 @@ _EXPORTS = {
     "TFMemSession": "tfmem.run.session",
     "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
     "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
-    "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.run.accelerator",
+    "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",
     "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",

@@ -20,8 +20,7 @@ measured in a fresh process started with an environment from `child_env`:
 import os
 import signal
 
-USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
-LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+from tfmem.memory.emulated import LIMIT_MB, USE_BFC
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 
 # A BFC allocator grows on demand, so a 64 GiB limit reserves nothing; it only

@@ -12,7 +12,6 @@ the batch when nothing does.
 
 import dataclasses
 
-from tfmem.run import accelerator
 from tfmem.memory import budget
 from tfmem import errors
 from tfmem.plan.analyse import split_tensor_name
@@ -48,14 +47,6 @@ def _allocation_failure(error):
 def is_out_of_memory(error):
     """Whether a ResourceExhaustedError is an allocation failure (not, say, a full queue)."""
     return _allocation_failure(error) is not None
-
-
-def device_capacity(session):
-    """Bytes of device memory: the emulated cap, the accelerator's memory, or None."""
-    cap = accelerator.emulated_memory_mib()
-    if cap is not None:
-        return cap << 20
-    return accelerator.accelerator_memory(session)
 
 
 def largest_tensors(plan, index, sizes, fed_bytes, count=LARGEST):
@@ -108,8 +99,10 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
     return None
 
 
-def device_memory_error(session, plan, feeds, index, error):
-    """The DeviceMemoryError for `error` (a ResourceExhaustedError) in partition `index`."""
+def device_memory_error(session, plan, feeds, index, error, capacity):
+    """The DeviceMemoryError for `error` (a ResourceExhaustedError) in partition `index`.
+
+    `capacity`: the device's bytes (`accelerator.device_capacity`), or None."""
     graph = session.graph
     shapes_fed = {name: getattr(value, "shape", ()) for name, value in feeds.items()}
     shapes = resolve_shapes(graph, plan.view, shapes_fed)
@@ -117,7 +110,6 @@ def device_memory_error(session, plan, feeds, index, error):
     fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
     largest = largest_tensors(plan, index, sizes, fed_bytes)
     trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, shapes_fed, session))
-    capacity = device_capacity(session)
     ops = len(plan.partitions[index].ops)
     reason = _allocation_failure(error)
     lines = [f"partition {index} of {len(plan.partitions)} ({ops} ops, partition_size="

@@ -37,8 +37,9 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.client import session as tf_session
 
 from tfmem.plan import optypes
-from tfmem.run.accelerator import emulated_memory_mib
+from tfmem.memory.emulated import emulated_memory_mib
 from tfmem.memory.shapes import import_request
+from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def _input_spec(tensor):
     shape = tensor.shape
     if shape.rank is None or not shape.is_fully_defined():
         return None
-    if tensor.dtype in (tf.string, tf.variant, tf.resource) or tensor.dtype._is_ref_dtype:  # pylint: disable=protected-access
+    if tensor.dtype in (tf.string, tf.variant, tf.resource) or tf_private.is_ref_dtype(tensor.dtype):
         return None
     value = None
     if tensor.dtype.is_integer and shape.num_elements() <= _VALUE_LIMIT:

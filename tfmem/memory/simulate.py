@@ -24,7 +24,7 @@ import heapq
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.optypes import SHAPE_ONLY, reads_state
-from tfmem.run.swap_manager import Schedule
+from tfmem.plan.schedule import Schedule
 
 # Ops whose output is (a view of) an input or of state counted elsewhere.
 ALIASING = frozenset({

@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from tfmem.plan import optypes
 from tfmem.errors import UnsupportedGraphError
+from tfmem import tf_private
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,7 @@ def split_tensor_name(name):
 def _shape_of(tensor):
     # The C shape, without building a TensorShape per tensor: planning a
     # 100k-op graph reads hundreds of thousands of shapes.
-    dims, unknown_rank = tensor._shape  # pylint: disable=protected-access
+    dims, unknown_rank = tf_private.static_shape(tensor)
     return None if unknown_rank else tuple(dims)
 
 

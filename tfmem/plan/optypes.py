@@ -28,6 +28,8 @@ import functools
 
 from tensorflow.python.framework import dtypes
 
+from tfmem import tf_private
+
 PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2"})
 
 # State sources tfmem knows by name; `is_state_source` also accepts any other
@@ -132,7 +134,7 @@ def _function_draws(graph, name, seen):
     if name in seen:
         return False
     seen.add(name)
-    function = graph._get_function(name)  # pylint: disable=protected-access
+    function = tf_private.graph_function(graph, name)
     if function is None:
         return False
     for node in function.definition.node_def:

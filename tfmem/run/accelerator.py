@@ -1,54 +1,12 @@
-"""The accelerator a session runs on, and an emulated one for CPU-only machines.
+"""The accelerator a session runs on, and how much memory it has.
 
-On a machine without a GPU, TensorFlow's CPU allocator can be given a hard
-cap (a BFC allocator limited to N MiB), so that a step needing more raises
-`ResourceExhaustedError` exactly as on a small GPU.  TensorFlow reads the
-setting when it creates its CPU allocator (at the first session or eager
-op), so `emulate_accelerator` must run before TensorFlow is imported:
-
-    import tfmem
-    tfmem.emulate_accelerator(512)      # before `import tensorflow`
-    import tensorflow as tf
-
-Everything TensorFlow allocates then counts as device memory, and
-`device_memory` reports TensorFlow's own current and peak figures.
+The device is a GPU or TPU when the session has one; on a CPU-only machine an
+emulated accelerator (`tfmem.memory.emulated`: TensorFlow's CPU allocator
+capped) stands in for it, and `device_memory` reports TensorFlow's own
+current and peak figures either way.
 """
 
-import os
-import sys
-
-_USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
-_LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
-
-
-def emulate_accelerator(memory_mib):
-    """Cap TensorFlow's CPU allocator at `memory_mib` MiB for this process.
-
-    Raises RuntimeError when TensorFlow is already imported (it may already
-    have created its allocator, and the cap would be silently ignored), and
-    ValueError for a size that is not a positive integer.
-    """
-    if isinstance(memory_mib, bool) or not isinstance(memory_mib, int) or memory_mib < 1:
-        raise ValueError(f"memory_mib must be a positive integer (MiB), got {memory_mib!r}")
-    if emulated_memory_mib() == memory_mib:
-        return
-    if "tensorflow" in sys.modules:
-        raise RuntimeError(
-            "emulate_accelerator must run before TensorFlow is imported: TensorFlow reads "
-            "the allocator cap when it creates its CPU allocator, and a cap set later is "
-            f"ignored. Call tfmem.emulate_accelerator({memory_mib}) first thing, or start "
-            f"the process with {_USE_BFC}=true {_LIMIT_MB}={memory_mib}.")
-    os.environ[_USE_BFC] = "true"
-    os.environ[_LIMIT_MB] = str(memory_mib)
-
-
-def emulated_memory_mib():
-    """The emulated cap in MiB configured for this process, or None."""
-    if os.environ.get(_USE_BFC, "").lower() not in ("1", "true"):
-        return None
-    value = os.environ.get(_LIMIT_MB)
-    return int(value) if value and value.isdigit() else None
-
+from tfmem.memory.emulated import emulate_accelerator, emulated_memory_mib  # noqa: F401  (read here)
 
 def accelerator_of(session, device=None):
     """The session's accelerator device name ('GPU:0'), or None when it has only CPUs.
@@ -92,6 +50,14 @@ def accelerator_memory(session):
         if device.device_type == kind and device.name.endswith(":" + index):
             return device.memory_limit_bytes
     return None
+
+
+def device_capacity(session):
+    """Bytes of device memory: the emulated cap, the accelerator's memory, or None."""
+    cap = emulated_memory_mib()
+    if cap is not None:
+        return cap << 20
+    return accelerator_memory(session)
 
 
 def memory_device(session):

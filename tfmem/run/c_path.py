@@ -11,6 +11,8 @@ targets and run options as the callable, through `TF_SessionRun`.
 from tensorflow.python.client import pywrap_tf_session as tf_c
 from tensorflow.python.util import compat
 
+from tfmem import tf_private
+
 
 def wants_run_path(session, run_metadata):
     """True when a callable would lose the step's run metadata."""
@@ -23,11 +25,11 @@ class RunPathCallable:
     def __init__(self, session, callable_options):
         graph = session.graph
         self._session = session
-        self._feeds = [graph.get_tensor_by_name(name)._as_tf_output()  # pylint: disable=protected-access
+        self._feeds = [tf_private.tf_output(graph.get_tensor_by_name(name))
                        for name in callable_options.feed]
-        self._fetches = [graph.get_tensor_by_name(name)._as_tf_output()  # pylint: disable=protected-access
+        self._fetches = [tf_private.tf_output(graph.get_tensor_by_name(name))
                          for name in callable_options.fetch]
-        self._targets = [graph.get_operation_by_name(name)._c_op  # pylint: disable=protected-access
+        self._targets = [tf_private.c_op(graph.get_operation_by_name(name))
                          for name in callable_options.target]
         self._options = (callable_options.run_options.SerializeToString()
                          if callable_options.HasField("run_options") else None)
@@ -36,9 +38,9 @@ class RunPathCallable:
         options = tf_c.TF_NewBufferFromString(compat.as_bytes(self._options)) if self._options else None
         metadata = tf_c.TF_NewBuffer() if run_metadata is not None else None
         try:
-            values = self._session._call_tf_sessionrun(  # pylint: disable=protected-access
-                options, dict(zip(self._feeds, feed_values)), self._fetches, self._targets,
-                metadata)
+            values = tf_private.session_run(
+                self._session, options, dict(zip(self._feeds, feed_values)), self._fetches,
+                self._targets, metadata)
             if metadata is not None:
                 run_metadata.ParseFromString(compat.as_bytes(tf_c.TF_GetBuffer(metadata)))
             return values

@@ -22,6 +22,8 @@ means moving its whole group, or TensorFlow refuses the placement.
 
 import tensorflow as tf
 
+from tfmem import tf_private
+
 
 class _UnionFind:
     def __init__(self):
@@ -73,7 +75,7 @@ def colocation_groups(graph):
             target = group.decode()[len("loc:@"):]
             if target != op.name and target in names:
                 groups.union(op.name, target)
-        input_types = op._input_types  # pylint: disable=protected-access; as declared by the op
+        input_types = tf_private.declared_input_types(op)
         for tensor, input_type in zip(op.inputs, input_types):
             if _colocates(input_type) and not _exempt(op):
                 groups.union(op.name, tensor.op.name)

@@ -23,7 +23,9 @@ from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.run.rewrite import HANDLE, HOST
 from tfmem.run.stats import StepStats
-from tfmem.run.swap_manager import Schedule, SwapManager
+from tfmem.plan.schedule import Schedule
+from tfmem.run.swap_manager import SwapManager
+from tfmem import tf_private
 
 
 def _callable_options(program, run_options, measure):
@@ -139,7 +141,7 @@ class Executor:
                 # TF_SessionRun cannot connect tensors (see rewrite): such a partition
                 # stays a callable, whose run metadata a distributed session drops
                 if isinstance(key, bytes) or program.connections:
-                    return self._session._make_callable_from_options(callable_options)  # pylint: disable=protected-access
+                    return tf_private.make_callable(self._session, callable_options)
                 return c_path.RunPathCallable(self._session, callable_options)
 
             measure = self._runtime.measure_device
@@ -156,8 +158,8 @@ class Executor:
                 if not oom.is_out_of_memory(err):
                     raise  # another exhausted resource (a queue, a quota): as TensorFlow said
                 swaps.abort()  # free the step's device memory before diagnosing
-                raise oom.device_memory_error(self._session, self._plan, feeds, index,
-                                              err) from err
+                raise oom.device_memory_error(self._session, self._plan, feeds, index, err,
+                                              accelerator.device_capacity(self._session)) from err
             except tf.errors.OpError as err:
                 lost = remote.lost_task_error(self._runtime.remote_info, err, index,
                                               len(self._programs),

@@ -24,6 +24,8 @@ finalized again, under one process-wide lock.  Why this is safe:
 import contextlib
 import threading
 
+from tfmem import tf_private
+
 _LOCK = threading.RLock()
 
 
@@ -33,7 +35,7 @@ def additions_allowed(graph):
     with _LOCK:
         was_finalized = graph.finalized
         if was_finalized:
-            graph._unsafe_unfinalize()  # pylint: disable=protected-access
+            tf_private.unfinalize(graph)
         try:
             yield graph
         finally:

@@ -36,6 +36,7 @@ from tensorflow.python.framework import kernels
 
 from tfmem.run.colocation import colocation_groups
 from tfmem.plan.place import HOST_DEVICE, VARIABLES, host_device_of, is_state, on_host
+from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _probe(session, seeds):
             # Float: Grappler pins small int32 ops to the host on a GPU, whatever the group.
             with graph.device(None), graph.colocate_with(seed, ignore_existing=True):
                 probe = tf.constant(float(index), tf.float32, name=PROBE_SCOPE)
-            probe.op._set_device("")  # pylint: disable=protected-access; ours: follow the group
+            tf_private.set_device(probe.op, "")  # ours: follow the group
             probes[probe.op.name] = seed.name
     metadata = tf.compat.v1.RunMetadata()
     options = tf.compat.v1.RunOptions(output_partition_graphs=True)
@@ -133,13 +134,13 @@ def _move(groups, session):
     def undo(ops):
         for op in ops:
             if op in old:
-                op._set_device(old[op])  # pylint: disable=protected-access
+                tf_private.set_device(op, old[op])
 
     for ops, _ in groups:
         for op in ops:
             if not on_host(op.device):
                 old[op] = op.device
-                op._set_device(host_device_of(op.device))  # pylint: disable=protected-access
+                tf_private.set_device(op, host_device_of(op.device))
     try:
         placed = {name: (device, ALREADY_PLACED.format(device=device)) for name, device in
                   _probe(session, [seeds[0] for _, seeds in groups]).items()}

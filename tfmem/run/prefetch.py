@@ -9,6 +9,8 @@ transfer with compute (TensorFlow sessions accept concurrent calls).
 
 import concurrent.futures
 
+from tfmem import tf_private
+
 
 class Prefetcher:
     """Runs upload callables on one thread; returns Futures of their tickets."""
@@ -27,8 +29,7 @@ class Prefetcher:
         """
         key = options.SerializeToString(deterministic=True)
         if key not in self._batches:
-            self._batches[key] = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                options)
+            self._batches[key] = tf_private.make_callable(self._session, options)
         return self._batches[key]
 
     def upload(self, batch, arrays):

@@ -10,13 +10,14 @@ TensorFlow 1.0 and the tests pin its behaviour against a plain session.
 """
 
 import numpy as np
-from tensorflow.python.client import session as tf_session
 from tensorflow.python.framework import tensor as tf_tensor
+
+from tfmem import tf_private
 
 
 def _expand_feed(key, value):
     """Split a feed into (tensor key, value) pairs, as Session.run does."""
-    for key_type, _, feed_fn, _ in tf_session._REGISTERED_EXPANSIONS:  # pylint: disable=protected-access
+    for key_type, _, feed_fn, _ in tf_private.feed_expansions():
         if isinstance(key, key_type):
             return feed_fn(key, value)
     raise TypeError(f'{key} in argument `feed_dict` has invalid type '
@@ -48,7 +49,7 @@ def _feed_value(tensor, value):
     # Session.run's own check, with its converter: an int that does not survive
     # the conversion (too large, or fed to a string tensor) is a TypeError; one
     # too large for numpy at all raises numpy's OverflowError, as there.
-    if isinstance(value, int) and tf_session._convert_to_numpy_obj(np_dtype, value) != value:  # pylint: disable=protected-access
+    if isinstance(value, int) and tf_private.convert_to_numpy_obj(np_dtype, value) != value:
         raise TypeError(
             f"Type of feed value {value} with type {type(value)} is not compatible "
             f"with Tensor type {np_dtype}. Try explicitly setting the type of the "
@@ -76,7 +77,7 @@ class Request:
                     raise TypeError(f"Cannot interpret feed_dict key as Tensor: {e.args[0]}") from e
                 self.feeds[tensor] = _feed_value(tensor, sub_value)
         feeds_by_ref = {t.ref(): v for t, v in self.feeds.items()}
-        self._handler = tf_session._FetchHandler(graph, fetches, feeds_by_ref)  # pylint: disable=protected-access
+        self._handler = tf_private.fetch_handler(graph, fetches, feeds_by_ref)
         self.fetch_tensors = tuple(self._handler.fetches())
         self.targets = tuple(self._handler.targets())
 

@@ -35,6 +35,7 @@ from tensorflow.core.protobuf import config_pb2
 
 from tfmem.run.remote import is_distributed, reachable, target_of
 from tfmem.run.rewrite import clean_context
+from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,8 @@ class SessionHandles:
             with clean_context(graph), graph.name_scope("tfmem/release/"):
                 holder = tf.compat.v1.placeholder(tf.string, [], name="handle")
                 op = tf.raw_ops.DeleteSessionTensor(handle=holder)
-            self._delete = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                config_pb2.CallableOptions(feed=[holder.name], target=[op.name]))
+            self._delete = tf_private.make_callable(
+                self._session, config_pb2.CallableOptions(feed=[holder.name], target=[op.name]))
         for handle in tickets:
             try:
                 self._delete(handle)
@@ -229,9 +230,9 @@ class PlanStaging:
             return
         with self._lock:
             if self._clear_call is None:
-                self._clear_call = self._session._make_callable_from_options(  # pylint: disable=protected-access
-                    _with_deadline(config_pb2.CallableOptions(target=self._clears),
-                                   RELEASE_DEADLINE_MS))
+                self._clear_call = tf_private.make_callable(
+                    self._session, _with_deadline(config_pb2.CallableOptions(target=self._clears),
+                                                  RELEASE_DEADLINE_MS))
         try:
             self._clear_call()
         except tf.errors.OpError as err:

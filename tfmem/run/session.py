@@ -43,6 +43,7 @@ from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
 from tfmem.run import remote, residence as residences
 from tfmem.plan import updates
+from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,7 @@ def _budget_of(session, budget_value):
     """The device-memory budget in bytes: given, or the emulated cap / the GPU's memory."""
     if budget_value is not None:
         return budget.parse_bytes(budget_value)
-    cap = accelerator.emulated_memory_mib()
-    if cap is not None:
-        return cap << 20
-    limit = accelerator.accelerator_memory(session)
+    limit = accelerator.device_capacity(session)
     if limit:
         return limit
     raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
@@ -166,7 +164,7 @@ class TFMemSession(SessionInterfaceMethods):
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
                  device_memory_budget=None, accelerator_device=None, atomic_updates=None):
-        if not hasattr(sess, "graph") or not hasattr(sess, "_make_callable_from_options"):
+        if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
@@ -213,7 +211,7 @@ class TFMemSession(SessionInterfaceMethods):
     def _place_state(self):
         """Run the placement pass over ops it has not seen, before the session places them."""
         if self._accelerator is not None and self.graph.version and \
-                not getattr(self._session, "_closed", False):
+                not tf_private.is_closed(self._session):
             place_state_on_host(self._session, self._policy.min_bytes, self._placed)
 
     @property
@@ -230,7 +228,7 @@ class TFMemSession(SessionInterfaceMethods):
         return self._partition_size
 
     def _check_open(self):
-        if getattr(self._session, "_closed", False):
+        if tf_private.is_closed(self._session):
             raise RuntimeError("Attempted to use a closed Session.")
         if self.graph.version == 0:
             raise RuntimeError("The Session graph is empty. Add operations to the "

@@ -19,6 +19,8 @@ import contextlib
 from tensorflow.python.client import session as tf_session
 from tensorflow.python.framework import stack as tf_stack
 
+from tfmem import tf_private
+
 
 class SessionInterfaceMethods(tf_session.SessionInterface):
     """The `SessionInterface` of a wrapper whose `run` is partitioned.
@@ -55,7 +57,7 @@ class SessionInterfaceMethods(tf_session.SessionInterface):
         `Session.make_callable` returns one."""
         if feed_list is None:
             # Session.make_callable checks the fetches now when nothing is fed.
-            tf_session._FetchHandler(self.graph, fetches, {})  # pylint: disable=protected-access
+            tf_private.fetch_handler(self.graph, fetches, {})
             if accept_options:
                 return lambda options=None, run_metadata=None: self.run(
                     fetches, options=options, run_metadata=run_metadata)

@@ -18,7 +18,8 @@ from tfmem.run import accelerator
 from tfmem.memory import oom
 from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-access
 from tfmem.run.stats import StepStats
-from tfmem.run.swap_manager import Schedule, SwapManager
+from tfmem.plan.schedule import Schedule
+from tfmem.run.swap_manager import SwapManager
 
 
 class GraphDevices:
@@ -105,8 +106,9 @@ class EagerExecutor:
                         swaps.abort()
                         shapes = {name: value for name, value in feeds.items()
                                   if value.dtype not in (tf.resource, tf.variant)}
-                        raise oom.device_memory_error(GraphDevices(self._graph), self._plan,
-                                                      shapes, function.index, err) from err
+                        devices = GraphDevices(self._graph)
+                        raise oom.device_memory_error(devices, self._plan, shapes, function.index,
+                                                      err, accelerator.device_capacity(devices)) from err
                     deliver_interrupt()
         except BaseException:
             swaps.abort()
