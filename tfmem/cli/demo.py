@@ -26,6 +26,7 @@ import sys
 import time
 
 from tfmem.cli import child_env, proof
+from tfmem.cli.arguments import positive_int
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -36,24 +37,17 @@ NUM_CLASSES = 10
 NUM_EXAMPLES = 1024
 
 
-def _positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def add_arguments(parser):
     """Add the demo's options to ``parser`` (shared with ``tfmem demo``)."""
-    parser.add_argument("--steps", type=_positive_int, default=20,
+    parser.add_argument("--steps", type=positive_int, default=20,
                         help="training steps per session (default: 20)")
-    parser.add_argument("--partition-size", type=_positive_int, default=50,
+    parser.add_argument("--partition-size", type=positive_int, default=50,
                         help="max ops per partition for TFMemSession (default: 50)")
-    parser.add_argument("--batch-size", type=_positive_int, default=64,
+    parser.add_argument("--batch-size", type=positive_int, default=64,
                         help="examples per step (default: 64)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for the synthetic data and the initial weights (default: 0)")
-    parser.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+    parser.add_argument("--device-memory", type=positive_int, metavar="MiB",
                         help="run the side-by-side part in a subprocess with TensorFlow's "
                              "allocator capped at MiB (an emulated accelerator) and print "
                              "both sessions' peaks")

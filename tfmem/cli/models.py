@@ -31,18 +31,23 @@ def _finish(graph, inputs, loss, learning_rate, feed):
     return Model(graph, inputs, loss, train, init, feed)
 
 
+def mlp_layers(h, layers, width, seed):
+    """`layers` times `h = relu(h @ w{i}); h = sin(h) * 0.5 + h` (resource variables,
+    Glorot-uniform with seed + i): the MLP of `mlp` and of the memory proof."""
+    for i in range(layers):
+        w = tf1.get_variable(f"w{i}", [h.shape[1], width], use_resource=True,
+                             initializer=tf1.glorot_uniform_initializer(seed=seed + i))
+        h = tf.nn.relu(tf.matmul(h, w))
+        h = tf.sin(h) * 0.5 + h
+    return h
+
+
 def mlp(layers=8, width=256, features=256, seed=0):
     """A deep MLP whose step memory is mostly activations."""
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [None, features], name="x")
-        h = x
-        for i in range(layers):
-            w = tf1.get_variable(f"w{i}", [h.shape[1], width],
-                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
-            h = tf.nn.relu(tf.matmul(h, w))
-            h = tf.sin(h) * 0.5 + h
-        loss = tf.reduce_mean(h ** 2)
+        loss = tf.reduce_mean(mlp_layers(x, layers, width, seed) ** 2)
 
     def feed(batch, data_seed=0):
         return {x: np.random.RandomState(data_seed).randn(batch, features).astype(np.float32)}

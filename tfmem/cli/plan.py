@@ -33,13 +33,14 @@ import re
 import sys
 
 from tfmem.run.trace import TRACKS
+from tfmem.cli.arguments import positive_int
+from tfmem.memory.sizes import mib
+from tfmem.plan import optypes
 
-MIB = float(1 << 20)
 MS_PER_OP = 1e-3  # nominal duration of one op in the planned trace, in seconds
 DEFAULT_PARTITION_SIZE = 200  # TFMemSession's default
 ACCEPTED = ("a MetaGraph (.meta, as written by tf.compat.v1.train.export_meta_graph or "
             "next to a checkpoint), a binary GraphDef (.pb) or a text GraphDef (.pbtxt)")
-_PLACEHOLDER_TYPES = ("Placeholder", "PlaceholderV2", "PlaceholderWithDefault")
 
 DESCRIPTION = """\
 Plan one request of a saved graph the way TFMemSession would run it, and
@@ -85,16 +86,6 @@ class UsageError(Exception):
 
 # --------------------------------------------------------------------------
 # arguments
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _nonnegative_int(text):
@@ -149,7 +140,7 @@ def add_arguments(parser):
                         metavar="NAME=D1,D2,...",
                         help="a fed placeholder and its concrete shape; repeat for each")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--partition-size", type=_positive_int, metavar="N",
+    size.add_argument("--partition-size", type=positive_int, metavar="N",
                       help=f"the most ops per partition (default: {DEFAULT_PARTITION_SIZE})")
     size.add_argument("--budget", metavar="SIZE",
                       help="device memory to fit: tfmem.memory.budget searches the largest "
@@ -300,7 +291,7 @@ def _shape_text(shape):
 
 def resolve_feeds(graph, specs):
     """{fed tensor name: concrete shape} from --feed-shape (name, dims or None) pairs."""
-    placeholders = [op.name for op in graph.get_operations() if op.type in _PLACEHOLDER_TYPES]
+    placeholders = [op.name for op in graph.get_operations() if op.type in optypes.FEEDABLE_PLACEHOLDERS]
     feeds = {}
     for name, dims in specs:
         if ":" in name:
@@ -455,10 +446,6 @@ def planned_events(plan, trace, nbytes):
     return events
 
 
-def _mib(nbytes):
-    return f"{nbytes / MIB:.2f}"
-
-
 def _human(nbytes):
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
@@ -484,20 +471,20 @@ def format_summary(plan, trace, model=None, budget=None):
     memory = {m.index: m for m in trace.partitions}
     for p in plan.partitions:
         m = memory[p.index]
-        row = (p.index, len(p.ops), len(p.inputs), len(p.outputs), _mib(m.to_host),
-               _mib(m.to_device), _mib(m.device_peak), _mib(m.scratch), _mib(m.host_after))
+        row = (p.index, len(p.ops), len(p.inputs), len(p.outputs), mib(m.to_host, 2, unit=False),
+               mib(m.to_device, 2, unit=False), mib(m.device_peak, 2, unit=False), mib(m.scratch, 2, unit=False), mib(m.host_after, 2, unit=False))
         lines.append("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
     lines += [
         "",
         f"partitions:            {len(plan.partitions)}",
         f"transfers:             {len(plan.transfers)} ({len(swapped)} swapped to host, "
         f"{len(plan.transfers) - len(swapped)} kept on the device)",
-        f"predicted device peak: {_mib(trace.peak_device)} MiB in partition "
-        f"{trace.peak_partition} (state {_mib(trace.state_bytes)} MiB)",
-        f"predicted host peak:   {_mib(trace.peak_host)} MiB",
-        f"to host:               {_mib(trace.bytes_to_host)} MiB ({trace.bytes_to_host} bytes) "
+        f"predicted device peak: {mib(trace.peak_device, 2, unit=False)} MiB in partition "
+        f"{trace.peak_partition} (state {mib(trace.state_bytes, 2, unit=False)} MiB)",
+        f"predicted host peak:   {mib(trace.peak_host, 2, unit=False)} MiB",
+        f"to host:               {mib(trace.bytes_to_host, 2, unit=False)} MiB ({trace.bytes_to_host} bytes) "
         f"in {len(swapped)} swap-outs",
-        f"to device:             {_mib(trace.bytes_to_device)} MiB ({trace.bytes_to_device} "
+        f"to device:             {mib(trace.bytes_to_device, 2, unit=False)} MiB ({trace.bytes_to_device} "
         f"bytes) in {uploads} uploads",
         str(plan.placement),
     ]

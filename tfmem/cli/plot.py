@@ -11,7 +11,7 @@ imported only when a plot is made.  The figure is built with matplotlib's
 object API (no pyplot), so plotting changes no global matplotlib state.
 """
 
-MIB = float(1 << 20)
+from tfmem.memory.sizes import MIB
 INSTALL_HINT = "pip install 'tfmem[plot]'"
 
 

@@ -44,10 +44,11 @@ import time
 import tfmem
 from tfmem.run import accelerator
 from tfmem.cli import child_env
+from tfmem.cli.arguments import positive_int
+from tfmem.memory.sizes import MIB, mib
 
 RTOL = 1e-4
 ATOL = 1e-6
-MIB = 1 << 20
 
 # A proof model that runs in a few seconds per process on 2 CPU cores, with a
 # plain peak more than twice tfmem's (README "Results" has the numbers).
@@ -60,16 +61,12 @@ SYSTEMS = ("tf", "tfmem")
 def build_model(tf, layers, batch, width, seed, device=None):
     """The proof MLP in a new graph, its ops on `device` if given (tools/gpu_check.py
     pins it to the GPU); returns (graph, x, loss, train_op, init)."""
+    from tfmem.cli.models import mlp_layers  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     graph = tf.Graph()
     with graph.as_default(), tf.device(device):
         x = tf1.placeholder(tf.float32, [batch, width], name="x")
-        h = x
-        for i in range(layers):
-            w = tf1.get_variable(f"w{i}", [width, width], use_resource=True,
-                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
-            h = tf.nn.relu(tf.matmul(h, w))
-            h = tf.sin(h) * 0.5 + h
+        h = mlp_layers(x, layers, width, seed)
         loss = tf.reduce_mean(tf.square(h), name="loss")
         train_op = tf1.train.GradientDescentOptimizer(0.01).minimize(loss)
         init = tf1.global_variables_initializer()
@@ -290,10 +287,6 @@ def run_proof(steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFAULTS
     return result
 
 
-def _mib(nbytes):
-    return "n/a" if nbytes is None else f"{nbytes / MIB:.1f} MiB"
-
-
 def _ms(seconds):
     return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
 
@@ -307,7 +300,7 @@ def _describe_run(run):
         what = (run["error"] or "").split(": ", 1)[-1].split(" on /job")[0]
         return (f"ResourceExhaustedError at step {len(run['losses'])}"
                 + (f" ({what})" if what else ""))
-    return (f"trained {len(run['losses'])} steps, peak {_mib(run['peak_bytes'])}, "
+    return (f"trained {len(run['losses'])} steps, peak {mib(run['peak_bytes'])}, "
             f"median step {_ms(run['step_time_median'])}")
 
 
@@ -321,7 +314,7 @@ def report(result, out=print):
         return
     out(f"kernel path: {path} (the capped plain run: oneDNN off); every run under "
         f"TensorFlow's BFC allocator")
-    out(f"plain Session, no cap:     peak {_mib(plain['peak_bytes'])}, "
+    out(f"plain Session, no cap:     peak {mib(plain['peak_bytes'])}, "
         f"median step {_ms(plain['step_time_median'])}")
     out(f"cap (half the plain peak): {cap} MiB")
     for label, key in (("plain Session under cap: ", "plain_capped"),
@@ -348,13 +341,6 @@ def report(result, out=print):
                             else "FAILED (" + "; ".join(result["reasons"]) + ")"))
 
 
-def _positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="python -m tfmem.cli.proof",
@@ -363,7 +349,7 @@ def build_parser():
     parser.add_argument("--system", choices=SYSTEMS,
                         help="train with a plain Session (tf) or a TFMemSession (tfmem) "
                              "in this process; without it, run the whole proof")
-    parser.add_argument("--device-memory", type=_positive_int, metavar="MiB",
+    parser.add_argument("--device-memory", type=positive_int, metavar="MiB",
                         help="emulate an accelerator of this many MiB (TensorFlow's CPU "
                              "allocator capped, see tfmem.emulate_accelerator)")
     parser.add_argument("--onednn", choices=("0", "1"),
@@ -371,7 +357,7 @@ def build_parser():
                              "the environment; the whole proof treats unset as 0)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     for key in ("steps", "layers", "batch", "width", "partition_size", "prefetch"):
-        kind = int if key == "prefetch" else _positive_int
+        kind = int if key == "prefetch" else positive_int
         parser.add_argument(f"--{key.replace('_', '-')}", type=kind, default=DEFAULTS[key],
                             help=f"(default: {DEFAULTS[key]})")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"],
@@ -413,7 +399,7 @@ def main(argv=None):
         print(json.dumps(result))
     else:
         print(f"{args.system}: losses {', '.join(f'{v:.6f}' for v in result['losses'])}")
-        print(f"peak {_mib(result['peak_bytes'])}, median step {_ms(result['step_time_median'])}"
+        print(f"peak {mib(result['peak_bytes'])}, median step {_ms(result['step_time_median'])}"
               + (f", {result['error']}" if result["oom"] else ""))
         if result["last_step"]:
             print(f"last step: {result['last_step']}")

@@ -33,9 +33,9 @@ import time
 
 import tfmem
 from tfmem.cli.proof import losses_match
+from tfmem.memory.sizes import MIB, mib
 
 RTOL = 1e-4
-MIB = 1 << 20
 BASELINE_LIMIT_MIB = 16384  # BFC allocator (so TF keeps figures) with room to spare
 
 DEFAULTS = dict(layers=24, batch=1024, width=256, seed=0, steps=5,
@@ -196,10 +196,6 @@ def run_proof(steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFAULTS
     return result
 
 
-def _mib(nbytes):
-    return "n/a" if nbytes is None else f"{nbytes / MIB:.1f} MiB"
-
-
 def _ms(seconds):
     return "n/a" if seconds is None else f"{seconds * 1e3:.0f} ms"
 
@@ -211,7 +207,7 @@ def report(result, out=print):
         out(f"plain fit without a cap failed: {plain.get('error') or plain.get('stderr_tail')}")
         out("memory proof (TF2): FAILED")
         return
-    out(f"plain fit, no cap:         step peak {_mib(plain['peak_bytes'])}, "
+    out(f"plain fit, no cap:         step peak {mib(plain['peak_bytes'])}, "
         f"median step {_ms(plain['step_time_median'])}")
     out(f"cap (half the plain peak): {result['cap_mib']} MiB")
     for label, run in (("plain fit under cap:      ", result["plain_capped"]),
@@ -222,7 +218,7 @@ def report(result, out=print):
             out(f"{label}{run['error']} (after {len(run['losses'])} steps)")
         else:
             out(f"{label}trained {len(run['losses'])} steps, step peak "
-                f"{_mib(run['peak_bytes'])}, median step {_ms(run['step_time_median'])}")
+                f"{mib(run['peak_bytes'])}, median step {_ms(run['step_time_median'])}")
     run = result["tfmem_capped"]
     if not run["failed"]:
         if run.get("last_step"):

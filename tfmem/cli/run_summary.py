@@ -19,10 +19,10 @@ from tfmem.plan.build import make_plan
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy
+from tfmem.memory.sizes import MIB
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
 
 
 @dataclasses.dataclass
@@ -130,7 +130,7 @@ class RunRecorder:
             print(f"tfmem: {describe(t)}", file=stream)
 
 
-def _mib(value):
+def _size_text(value):
     if value is None:
         return "n/a"
     return f"{value / MIB:.1f} MiB" if value >= MIB // 10 else f"{value / 1024:.1f} KiB"
@@ -139,13 +139,13 @@ def _mib(value):
 def describe(t):
     """One line about one session's totals."""
     measured = ("not measured (TensorFlow's CPU allocator keeps no figures)"
-                if t.device_peak_bytes is None else f"{_mib(t.device_peak_bytes)} measured")
+                if t.device_peak_bytes is None else f"{_size_text(t.device_peak_bytes)} measured")
     line = (f"session {t.index}: {t.steps} steps of {t.requests} request(s), "
             f"{t.partitions_run} partitions run (up to {t.most_partitions} per step), "
             f"{t.wall_time:.2f} s in steps; device peak {measured}, predicted "
-            f"{_mib(t.predicted_peak_bytes)}, plain TensorFlow predicted "
-            f"{_mib(t.predicted_plain_peak_bytes)}; swapped out {_mib(t.swapped_out_bytes)}, "
-            f"in {_mib(t.swapped_in_bytes)}; host RSS peak {_mib(t.host_rss_peak_bytes)}")
+            f"{_size_text(t.predicted_peak_bytes)}, plain TensorFlow predicted "
+            f"{_size_text(t.predicted_plain_peak_bytes)}; swapped out {_size_text(t.swapped_out_bytes)}, "
+            f"in {_size_text(t.swapped_in_bytes)}; host RSS peak {_size_text(t.host_rss_peak_bytes)}")
     if t.plain_runs:
         line += (f"; {t.plain_runs} step(s) run plainly, not partitioned: "
                  + "; ".join(t.plain_reasons))

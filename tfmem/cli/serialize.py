@@ -21,22 +21,13 @@ given (`shapes.resolve_shapes`), else from static shapes; null when unknown.
 
 import dataclasses
 
+from tfmem.plan.analyse import tensor_bytes
+
 FORMAT = "tfmem.plan/1"
 
 
 def _shape(shape):
     return None if shape is None else [None if d is None else int(d) for d in shape]
-
-
-def _nbytes(dtype, shape):
-    """Bytes of a fixed-size tensor of fully known shape, else None."""
-    if shape is None or None in shape or not dtype.is_numpy_compatible or dtype.size == 0 \
-            or dtype.name in ("string", "resource", "variant"):
-        return None
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count * dtype.size
 
 
 def _transfer(plan, transfer, shapes):
@@ -52,7 +43,7 @@ def _transfer(plan, transfer, shapes):
         "swapped": bool(transfer.swapped),
         "dtype": info.dtype.name,
         "shape": _shape(shape),
-        "bytes": _nbytes(info.dtype, shape),
+        "bytes": tensor_bytes(info.dtype, shape),
     }
 
 

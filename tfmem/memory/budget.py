@@ -36,6 +36,7 @@ from tfmem.memory.scratch import calibrate
 from tfmem.plan.build import build_plan, validate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
+from tfmem.memory.sizes import mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
 
@@ -65,10 +66,6 @@ def parse_bytes(value):
     if number < 0:
         raise ValueError(f"a memory size must be >= 0, got {value!r}")
     return int(number * _UNITS[unit])
-
-
-def _mib(nbytes):
-    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def _largest_op(view, size_of, scratch):
@@ -205,12 +202,12 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
                          shapes, early_frees=False, scratch=scratch, slack=slack)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         raise BudgetError(
-            f"nothing fits in a device-memory budget of {_mib(budget_bytes)} (predictions must "
-            f"stay under {_mib(limit * factor)}"
-            + (f", after {_mib(others)} the device holds for other requests" if others else "")
-            + f"): even one op per partition needs {_mib(trace.peak_device * factor)}"
-            f", of which {_mib(trace.state_bytes)} is variables and constants. The largest op, "
-            f"'{name}' ({kind}), alone reads, writes and needs as scratch {_mib(nbytes)}. Raise the budget, or "
+            f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
+            f"stay under {mib(limit * factor)}"
+            + (f", after {mib(others)} the device holds for other requests" if others else "")
+            + f"): even one op per partition needs {mib(trace.peak_device * factor)}"
+            f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
+            f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
     low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit
     while high - low > 1:

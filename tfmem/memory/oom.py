@@ -18,13 +18,10 @@ from tfmem.plan.analyse import split_tensor_name
 from tfmem.memory.scratch import calibrate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.memory.sizes import mib
 
 LARGEST = 3  # tensors named in the message
 MAX_HALVINGS = 6  # how often the budget is halved while no smaller plan is found
-
-
-def _mib(nbytes):
-    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def _budget_text(nbytes):
@@ -115,18 +112,18 @@ def device_memory_error(session, plan, feeds, index, error, capacity):
     lines = [f"partition {index} of {len(plan.partitions)} ({ops} ops, partition_size="
              f"{plan.partition_size}) ran out of device memory ({reason})."]
     if largest:
-        lines.append("Its largest tensors: " + ", ".join(f"'{t}' {_mib(n)}" for t, n in largest)
+        lines.append("Its largest tensors: " + ", ".join(f"'{t}' {mib(n)}" for t, n in largest)
                      + ".")
-    lines.append(f"The simulator predicts {_mib(trace.partitions[index].device_peak)} for this "
-                 f"partition and {_mib(trace.peak_device)} for the step"
-                 + (f", on a device of {_mib(capacity)}." if capacity else "."))
+    lines.append(f"The simulator predicts {mib(trace.partitions[index].device_peak)} for this "
+                 f"partition and {mib(trace.peak_device)} for the step"
+                 + (f", on a device of {mib(capacity)}." if capacity else "."))
     # Candidates are fitted with budget mode's bound: compare them with the same bound.
     bound = budget.predict(graph, plan, shapes_fed, session)
     found = suggest(graph, plan, shapes_fed, capacity, bound.partitions[index].device_peak)
     if found:
         size, target, peak, policy = found
         swap = f", swap={policy.mode!r}" if policy.mode != plan.policy.mode else ""
-        lines.append(f"Try partition_size={size}{swap} (predicted peak {_mib(peak)}), or "
+        lines.append(f"Try partition_size={size}{swap} (predicted peak {mib(peak)}), or "
                      f"device_memory_budget={_budget_text(target)}{swap} to let tfmem choose.")
         mode = policy.mode
     else:

@@ -49,7 +49,7 @@ _VALUE_LIMIT = 64  # integer inputs up to this many elements are passed by value
 _NO_SCRATCH = frozenset({
     "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
     "PreventGradient", "EnsureShape", "CheckNumerics", "ReadVariableOp", "Const",
-    "NoOp", "Placeholder", "PlaceholderV2", "PlaceholderWithDefault",
+    "NoOp",
     "Abs", "Add", "AddN", "AddV2", "BiasAdd", "Cos", "Elu", "EluGrad", "Exp", "Log",
     "Maximum", "Minimum", "Mul", "Neg", "Pow", "RealDiv", "Relu", "Relu6", "ReluGrad",
     "Relu6Grad", "Rsqrt", "Sigmoid", "SigmoidGrad", "Sin", "Sqrt", "Square",
@@ -58,7 +58,7 @@ _NO_SCRATCH = frozenset({
     "LessEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot", "Select",
     "SelectV2", "FloorDiv", "FloorMod", "DivNoNan", "Pack", "Range",
     "BroadcastGradientArgs", "DynamicStitch",
-}) | optypes.SHAPE_ONLY | optypes.CONTROL_FLOW
+}) | optypes.FEEDABLE_PLACEHOLDERS | optypes.SHAPE_ONLY | optypes.CONTROL_FLOW
 
 
 def environment():

@@ -22,7 +22,8 @@ reported in `unknown_tensors`.
 import dataclasses
 import heapq
 
-from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan import optypes
+from tfmem.plan.analyse import split_tensor_name, tensor_bytes
 from tfmem.plan.optypes import SHAPE_ONLY, reads_state
 from tfmem.plan.schedule import Schedule
 
@@ -109,19 +110,15 @@ class TensorSizes:
 
     def __call__(self, tensor):
         info = self._view.tensor(tensor)
-        shape = self._shapes.get(tensor, info.shape)
-        if not info.dtype.is_numpy_compatible or info.dtype.size == 0 or \
-                info.dtype.name in ("string", "resource", "variant"):
+        if not optypes.has_fixed_size(info.dtype):
             return 0
-        if shape is None or None in shape:
+        nbytes = tensor_bytes(info.dtype, self._shapes.get(tensor, info.shape))
+        if nbytes is None:  # a dimension still unknown
             bound = self._bound(tensor)
             if bound is None:
                 self.unknown.add(tensor)
             return bound or 0
-        count = 1
-        for dim in shape:
-            count *= dim
-        return count * info.dtype.size
+        return nbytes
 
 
     def _bound(self, tensor):

@@ -68,13 +68,20 @@ class TensorInfo:
     @property
     def nbytes(self):
         """Bytes of a fixed-size tensor of fully known shape, else None."""
-        if self.shape is None or None in self.shape or not self.dtype.is_numpy_compatible \
-                or self.dtype.size == 0 or self.dtype == tf.string:
-            return None
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * self.dtype.size
+        return tensor_bytes(self.dtype, self.shape)
+
+
+def tensor_bytes(dtype, shape):
+    """Bytes of a tensor of fixed-size `dtype` and fully known `shape`, else None.
+
+    The one byte count of tfmem: planning, the simulator and the plan's JSON use it.
+    """
+    if shape is None or None in shape or not optypes.has_fixed_size(dtype):
+        return None
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * dtype.size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +160,7 @@ def _node(op, stateful_types):
 
 def _variable_bytes(op):
     """Size of the variable a VarHandleOp / VariableV2 holds, or 0 when unknown."""
-    if op.type not in ("VarHandleOp", "VariableV2", "Variable"):
+    if op.type not in optypes.VARIABLES or op.type == "_VarHandlesOp":  # one shape attr
         return 0
     shape = tf.TensorShape(op.get_attr("shape"))
     if not shape.is_fully_defined():

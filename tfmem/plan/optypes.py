@@ -30,12 +30,22 @@ from tensorflow.python.framework import dtypes
 
 from tfmem import tf_private
 
-PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2"})
+PLACEHOLDERS = frozenset({"Placeholder", "PlaceholderV2"})  # must be fed
+# Everything a request may feed by placeholder; a PlaceholderWithDefault need not be.
+FEEDABLE_PLACEHOLDERS = PLACEHOLDERS | {"PlaceholderWithDefault"}
+def has_fixed_size(dtype):
+    """Whether every element of `dtype` takes `dtype.size` bytes: not strings,
+    resources or variants, whose tensors hold pointers to data counted elsewhere."""
+    return dtype.is_numpy_compatible and dtype.size != 0 and \
+        dtype.name not in ("string", "resource", "variant")
+
+
+# Ops that create one variable (or, _VarHandlesOp, several) and own its value.
+VARIABLES = frozenset({"VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable"})
 
 # State sources tfmem knows by name; `is_state_source` also accepts any other
 # input-free op that returns a resource or reference and is shared by name.
-STATE_SOURCES = frozenset({
-    "VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable",
+STATE_SOURCES = VARIABLES | frozenset({
     "HashTable", "HashTableV2", "MutableHashTable", "MutableHashTableV2",
     "MutableHashTableOfTensors", "MutableHashTableOfTensorsV2",
     "MutableDenseHashTable", "MutableDenseHashTableV2",

@@ -26,9 +26,10 @@ import dataclasses
 import functools
 import types
 
+from tfmem.plan.optypes import VARIABLES
+
 HOST_DEVICE = "/device:CPU:0"
 DEFAULT_MIN_BYTES = 1 << 20
-VARIABLES = frozenset({"VarHandleOp", "_VarHandlesOp", "VariableV2", "Variable"})
 _EMPTY = types.MappingProxyType({})
 
 

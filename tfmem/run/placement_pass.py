@@ -35,7 +35,8 @@ import tensorflow as tf
 from tensorflow.python.framework import kernels
 
 from tfmem.run.colocation import colocation_groups
-from tfmem.plan.place import HOST_DEVICE, VARIABLES, host_device_of, is_state, on_host
+from tfmem.plan.optypes import VARIABLES
+from tfmem.plan.place import HOST_DEVICE, host_device_of, is_state, on_host
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)
