@@ -42,19 +42,20 @@ def build_parser():
                     "memory trains under tfmem with the same losses.")
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(func=_run_demo)
-    plan_parser = commands.add_parser(
-        "plan", help="plan a saved graph's request and predict its memory, without running it",
-        description=plan_command.DESCRIPTION, epilog=plan_command.EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    plan_command.add_arguments(plan_parser)
-    plan_parser.set_defaults(func=_run_plan)
-    run_parser = commands.add_parser(
-        "run", help="run a training script with every session it creates wrapped in tfmem",
-        description=run_command.DESCRIPTION, epilog=run_command.EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    run_command.add_arguments(run_parser)
-    run_parser.set_defaults(func=run_command.run)
+    _add_command(commands, "plan", plan_command, _run_plan,
+                 "plan a saved graph's request and predict its memory, without running it")
+    _add_command(commands, "run", run_command, run_command.run,
+                 "run a training script with every session it creates wrapped in tfmem")
     return parser
+
+
+def _add_command(commands, name, module, func, summary):
+    """A subcommand whose module gives its DESCRIPTION, EPILOG and add_arguments."""
+    command = commands.add_parser(name, help=summary, description=module.DESCRIPTION,
+                                  epilog=module.EPILOG,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_arguments(command)
+    command.set_defaults(func=func)
 
 
 def main(argv=None):
