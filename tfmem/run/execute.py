@@ -25,6 +25,7 @@ from tfmem.run.rewrite import HANDLE, HOST
 from tfmem.run.stats import StepStats
 from tfmem.plan.schedule import Schedule
 from tfmem.run.swap_manager import SwapManager
+from tfmem.run.trace import NO_TIMELINE
 from tfmem import tf_private
 
 
@@ -201,9 +202,8 @@ class Executor:
         # swapped tensor's device copy is freed before the next partition.
         values = value = None
         swaps.finish(index)
-        if timeline:
-            timeline.span("partitions", f"partition {index}", started,
-                          {"ops": len(self._plan.partitions[index].ops)})
+        timeline.span("partitions", f"partition {index}", started,
+                      {"ops": len(self._plan.partitions[index].ops)})
         return peak
 
     def _process_peak(self):
@@ -229,6 +229,7 @@ class Executor:
 
         With a trace.Timeline, partitions, swap-outs, uploads and waits are recorded in it.
         """
+        timeline = timeline or NO_TIMELINE
         runtime = self._runtime
         callables = self._callables_for(options, run_metadata)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,

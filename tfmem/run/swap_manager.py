@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from tfmem.plan.schedule import Schedule  # noqa: F401  (the schedule a SwapManager follows)
+from tfmem.run.trace import NO_TIMELINE
 
 
 class SwapManager:
@@ -33,7 +34,7 @@ class SwapManager:
     def __init__(self, schedule, batches, pool, prefetcher, releaser, timeline=None):
         """`releaser` has `release(tickets)`: the plan's residence."""
         self._schedule = schedule
-        self._timeline = timeline
+        self._timeline = timeline or NO_TIMELINE
         self._batches = batches
         self._pool = pool
         self._prefetcher = prefetcher
@@ -67,8 +68,7 @@ class SwapManager:
         buffer = self._pool.acquire(value.shape, value.dtype)
         np.copyto(buffer, value)
         self._host[tensor] = buffer
-        if self._timeline:
-            self._timeline.span("swap-out", tensor, started, {"bytes": buffer.nbytes})
+        self._timeline.span("swap-out", tensor, started, {"bytes": buffer.nbytes})
         self.counts["swapped_out"] += 1
         self.counts["swapped_out_bytes"] += buffer.nbytes
 
@@ -78,8 +78,7 @@ class SwapManager:
         if keys:
             arrays = [self._host[tensor] for tensor, _ in keys]
             batch = self._batches[index]
-            if self._timeline:
-                batch = self._timed(batch, index, keys, sum(a.nbytes for a in arrays))
+            batch = self._timed(batch, index, keys, sum(a.nbytes for a in arrays))
             future = self._prefetcher.upload(batch, arrays)
             for position, key in enumerate(keys):
                 self._uploads[key] = (future, position)
@@ -102,8 +101,7 @@ class SwapManager:
             started = time.perf_counter()
             handle = future.result()[position]
             self.counts["prefetch_wait_time"] += time.perf_counter() - started
-            if self._timeline:
-                self._timeline.span("wait", tensor, started)
+            self._timeline.span("wait", tensor, started)
             buffer = self._host[tensor]
             self._handles[key] = (handle, buffer.nbytes)
             self.counts["swapped_in"] += 1

@@ -29,6 +29,19 @@ class Timeline:
             self.events.append((track, name, started - self.origin, now - self.origin, args or {}))
 
 
+class NoTimeline:
+    """The timeline of a step that is not traced: records nothing, so code that
+    times something calls `span` without first asking whether anyone listens."""
+
+    events = ()
+
+    def span(self, track, name, started, args=None):
+        """Record nothing."""
+
+
+NO_TIMELINE = NoTimeline()
+
+
 def chrome_trace(events):
     """The Chrome trace JSON object of timeline events."""
     tids = {track: i for i, track in enumerate(TRACKS)}

@@ -20,6 +20,7 @@ from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-
 from tfmem.run.stats import StepStats
 from tfmem.plan.schedule import Schedule
 from tfmem.run.swap_manager import SwapManager
+from tfmem.run.trace import NO_TIMELINE
 
 
 class GraphDevices:
@@ -83,12 +84,12 @@ class EagerExecutor:
         # Drop the outputs so a swapped tensor's device copy is freed now.
         values = value = None
         swaps.finish(index)
-        if timeline:
-            timeline.span("partitions", f"partition {index}", started,
-                          {"ops": len(self._plan.partitions[index].ops)})
+        timeline.span("partitions", f"partition {index}", started,
+                      {"ops": len(self._plan.partitions[index].ops)})
 
     def run(self, feeds, timeline=None):
         """Run one step on {fed tensor name: EagerTensor}; return ({fetch: value}, StepStats)."""
+        timeline = timeline or NO_TIMELINE
         runtime = self._runtime
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
