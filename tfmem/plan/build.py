@@ -193,21 +193,9 @@ def _span_problems(t):
     return problems
 
 
-def validate(plan):
-    """Check the plan's invariants; raise InvalidPlanError listing every breach.
-
-    Every copied op is in exactly one partition and state sources in none;
-    producers run before consumers; every tensor read in a later partition
-    is a transfer of a dtype that may cross runs; partitions respect
-    partition_size unless they hold a single unit; every fetch has a home.
-    Stateful ops therefore run once per step; state sources, which may be
-    read by several partitions, are idempotent by construction (`optypes`).
-    Originals (the user's own ops, see `analyse`) are ops of the request with
-    no control input from another op it runs: a partition running the user's
-    op would run such an input again.
-    """
+def _partition_problems(plan, home):
+    """Every copied op in exactly one partition, state sources in none, sizes kept."""
     view, problems = plan.view, []
-    home = {}
     for p in plan.partitions:
         for op in p.ops:
             if op in home:
@@ -221,7 +209,12 @@ def validate(plan):
     problems += [f"op '{op}' is in no partition" for op in view.nodes if op not in home]
     problems += [f"unknown op '{op}' in partition {home[op]}"
                  for op in home if op not in view.nodes]
+    return problems
 
+
+def _original_problems(view):
+    """Originals are ops of the request with no control input a partition would re-run."""
+    problems = []
     for name in sorted(view.originals):
         node = view.nodes.get(name)
         if node is None:
@@ -229,7 +222,12 @@ def validate(plan):
         elif node.control_inputs:
             problems.append(f"original '{name}' has control inputs {list(node.control_inputs)}; "
                             "running the user's op would run them again")
+    return problems
 
+
+def _edge_problems(plan, home):
+    """Producers run before consumers; a tensor read later crosses as a transfer."""
+    view, problems = plan.view, []
     transfers = {t.tensor: t for t in plan.transfers}
     for node in view.nodes.values():
         consumer = home.get(node.name)
@@ -249,6 +247,12 @@ def validate(plan):
             if producer is not None and consumer is not None and producer > consumer:
                 problems.append(f"control edge '{src}' -> '{node.name}' runs backwards "
                                 f"(partition {producer} -> {consumer})")
+    return problems
+
+
+def _transfer_problems(plan, home):
+    """Transfers cross runs (dtype), name their producer, are read later, span rightly."""
+    view, problems = plan.view, []
     for t in plan.transfers:
         info = view.tensor(t.tensor)
         if info.run_bound:
@@ -261,17 +265,48 @@ def validate(plan):
         problems += _span_problems(t)
         if t.swapped and not swappable(info.dtype):
             problems.append(f"transfer '{t.tensor}' of dtype {info.dtype.name} cannot be swapped")
+    return problems
 
+
+def _fetch_problems(plan):
+    """Every fetch is produced by exactly one partition."""
     fetched = [t for p in plan.partitions for t in p.fetches]
-    for tensor in view.fetches:
-        if fetched.count(tensor) != 1:
-            problems.append(f"fetch '{tensor}' is produced by {fetched.count(tensor)} partitions")
+    return [f"fetch '{tensor}' is produced by {fetched.count(tensor)} partitions"
+            for tensor in plan.view.fetches if fetched.count(tensor) != 1]
+
+
+def _source_problems(plan):
+    """State sources have no inputs to re-run; the placement copies only constants."""
+    view, problems = plan.view, []
     for name, node in view.sources.items():
         if node.inputs or node.control_inputs:
             problems.append(f"state source '{name}' has inputs and would re-run them")
     for name in plan.placement.copied:
         if name not in view.sources or view.sources[name].type != "Const":
             problems.append(f"placement copies '{name}', which is not a constant of the request")
+    return problems
+
+
+def validate(plan):
+    """Check the plan's invariants; raise InvalidPlanError listing every breach.
+
+    Every copied op is in exactly one partition and state sources in none;
+    producers run before consumers; every tensor read in a later partition
+    is a transfer of a dtype that may cross runs; partitions respect
+    partition_size unless they hold a single unit; every fetch has a home.
+    Stateful ops therefore run once per step; state sources, which may be
+    read by several partitions, are idempotent by construction (`optypes`).
+    Originals (the user's own ops, see `analyse`) are ops of the request with
+    no control input from another op it runs: a partition running the user's
+    op would run such an input again.  One checker per invariant, below.
+    """
+    home = {}  # op name -> its partition, filled by the first checker
+    problems = _partition_problems(plan, home)
+    problems += _original_problems(plan.view)
+    problems += _edge_problems(plan, home)
+    problems += _transfer_problems(plan, home)
+    problems += _fetch_problems(plan)
+    problems += _source_problems(plan)
     if problems:
         raise InvalidPlanError("invalid plan:\n  " + "\n  ".join(problems))
 
