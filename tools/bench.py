@@ -48,10 +48,10 @@ capped training (issue 6).
 Each goal is printed last as one machine-readable line:
 `TARGET name=value (goal ...) ok|MISSED`.
 
-Two private hooks are used, in this tool only: the session's
-`_make_callable_from_options` (to time the Session calls) and
-`TFMemSession._trace` (switched on for the traced breakdown steps only, so
-the timed steps carry no tracing cost).
+One private hook is used, in this tool only: the session's
+`_make_callable_from_options` (to time the Session calls).  The traced
+breakdown steps use the public `TFMemSession.tracing(path)`, so the timed
+steps carry no tracing cost.
 """
 
 import argparse
@@ -195,19 +195,15 @@ def trace_durations(trace):
 def _traced_steps(tfs, run, steps, path):
     """Run `steps` steps with a Chrome trace; per step the trace's durations and StepStats.
 
-    Switches the private TFMemSession._trace on for these steps only.
+    Traces these steps only (`TFMemSession.tracing`).
     """
-    if not hasattr(tfs, "_trace") or steps <= 0:
+    if not hasattr(tfs, "tracing") or steps <= 0:
         return []
-    previous = tfs._trace  # pylint: disable=protected-access
-    tfs._trace = path  # pylint: disable=protected-access
     out = []
-    try:
+    with tfs.tracing(path):
         for _ in range(steps):
             run()
             out.append((trace_durations(path), tfs.last_step))
-    finally:
-        tfs._trace = previous  # pylint: disable=protected-access
     return out
 
 

@@ -68,7 +68,7 @@ class RunRecorder:
             self._totals[id(tfs)] = SessionTotals(index=len(self._totals) + 1)
             self._entries[id(tfs)] = set()
             self._keep.append(tfs)
-        tfs._step_listeners.append(self.on_step)  # pylint: disable=protected-access
+        tfs.add_step_listener(self.on_step)
 
     def on_step(self, tfs, entry, stats):
         new_plan = False

@@ -194,7 +194,7 @@ class TFMemSession(SessionInterfaceMethods):
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
                                  residences.for_session(sess, device), measure_device=measurable,
                                  remote_info=remote_info)
-        self._trace = trace
+        self._trace_path = trace  # where each step's Chrome trace goes, or None
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
@@ -218,6 +218,22 @@ class TFMemSession(SessionInterfaceMethods):
     def session(self):
         """The wrapped session."""
         return self._session
+
+    @contextlib.contextmanager
+    def tracing(self, path):
+        """Write each step run inside this block as a Chrome trace to `path` (the last
+        step's stays), whatever `trace=` says; tools time some steps without tracing
+        and trace others."""
+        previous, self._trace_path = self._trace_path, path
+        try:
+            yield self
+        finally:
+            self._trace_path = previous
+
+    def add_step_listener(self, listener):
+        """Call `listener(tfs, entry, stats)` after every step, from the thread that ran it
+        (`stats` is that step's StepStats)."""
+        self._step_listeners.append(listener)
 
     @property
     def graph(self):
@@ -347,7 +363,7 @@ class TFMemSession(SessionInterfaceMethods):
                     entry.graph_version = self.graph.version
                     entry.feed_shapes = request.feed_shapes()
         self._last_entry = entry
-        timeline = Timeline() if self._trace else None
+        timeline = Timeline() if self._trace_path else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
         values, stats = entry.executor.run(
@@ -356,7 +372,7 @@ class TFMemSession(SessionInterfaceMethods):
         if run_metadata is not None:
             run_metadata.CopyFrom(step_metadata)
         if timeline:
-            write_chrome_trace(timeline.events, self._trace)
+            write_chrome_trace(timeline.events, self._trace_path)
         log.debug("step: %s", stats)
         if self._budget is not None:
             self._learn(request, entry)
