@@ -22,7 +22,6 @@ from tfmem.run import accelerator, c_path, remote
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.run.rewrite import HANDLE, HOST
-from tfmem.run.stats import StepStats
 from tfmem.plan.schedule import Schedule
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
@@ -250,12 +249,11 @@ class Executor:
                 raise
         wall = time.perf_counter() - started
         measured = None if None in peaks or not peaks else tuple(peaks)
-        stats = StepStats(
+        stats = swaps.counts.step_stats(
             partitions=len(self._programs),
             device_peak_bytes=max(measured) if measured else None,
             partition_peak_bytes=measured,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall,
-            **swaps.counts)
+            wall_time=wall)
         return results, stats

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from tfmem.memory.sizes import MIB
+
 
 @dataclasses.dataclass(frozen=True)
 class StepStats:
@@ -28,7 +30,7 @@ class StepStats:
     prefetch_wait_time: float = 0.0
 
     def __str__(self):
-        mib = 1 << 20
+        mib = MIB
         device = "n/a" if self.device_peak_bytes is None else f"{self.device_peak_bytes / mib:.1f} MiB"
         return (f"{self.partitions} partitions, {self.wall_time * 1e3:.1f} ms "
                 f"(prefetch wait {self.prefetch_wait_time * 1e3:.1f} ms); swapped out "
@@ -37,3 +39,24 @@ class StepStats:
                 f"{device}; handles peak {self.peak_device_handles} "
                 f"({self.peak_device_handle_bytes / mib:.1f} MiB); host buffers "
                 f"{self.host_buffer_bytes / mib:.1f} MiB; host RSS {self.host_rss_bytes / mib:.0f} MiB")
+
+
+@dataclasses.dataclass
+class TransferCounts:
+    """One step's transfer counters, kept by the swap manager while the step runs."""
+    swapped_out: int = 0
+    swapped_out_bytes: int = 0
+    swapped_in: int = 0
+    swapped_in_bytes: int = 0
+    peak_device_handles: int = 0
+    peak_device_handle_bytes: int = 0
+    prefetch_wait_time: float = 0.0
+
+    def on_device(self, handles, nbytes):
+        """Raise the handle peaks to `handles` live handles holding `nbytes`."""
+        self.peak_device_handles = max(self.peak_device_handles, handles)
+        self.peak_device_handle_bytes = max(self.peak_device_handle_bytes, nbytes)
+
+    def step_stats(self, **figures):
+        """The step's StepStats: these counters and the executor's other `figures`."""
+        return StepStats(**figures, **dataclasses.asdict(self))

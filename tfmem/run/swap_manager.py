@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from tfmem.plan.schedule import Schedule  # noqa: F401  (the schedule a SwapManager follows)
+from tfmem.run.stats import TransferCounts
 from tfmem.run.trace import NO_TIMELINE
 
 
@@ -44,17 +45,12 @@ class SwapManager:
         self._host = {}  # tensor -> host buffer
         self._uploads_left = dict(schedule.upload_count)
         self._live, self._live_bytes = 0, 0
-        self.counts = dict(swapped_out=0, swapped_out_bytes=0, swapped_in=0, swapped_in_bytes=0,
-                           peak_device_handles=0, peak_device_handle_bytes=0,
-                           prefetch_wait_time=0.0)
+        self.counts = TransferCounts()
 
     def _on_device(self, count, nbytes):
         self._live += count
         self._live_bytes += nbytes
-        counts = self.counts
-        counts["peak_device_handles"] = max(counts["peak_device_handles"], self._live)
-        counts["peak_device_handle_bytes"] = max(counts["peak_device_handle_bytes"],
-                                                 self._live_bytes)
+        self.counts.on_device(self._live, self._live_bytes)
 
     def keep(self, tensor, handle):
         """The producer's device copy, read by the first span."""
@@ -69,8 +65,8 @@ class SwapManager:
         np.copyto(buffer, value)
         self._host[tensor] = buffer
         self._timeline.span("swap-out", tensor, started, {"bytes": buffer.nbytes})
-        self.counts["swapped_out"] += 1
-        self.counts["swapped_out_bytes"] += buffer.nbytes
+        self.counts.swapped_out += 1
+        self.counts.swapped_out_bytes += buffer.nbytes
 
     def start_uploads(self, index):
         """Submit, as one batch, the uploads whose span starts at partition `index`."""
@@ -100,12 +96,12 @@ class SwapManager:
             future, position = self._uploads.pop(key)
             started = time.perf_counter()
             handle = future.result()[position]
-            self.counts["prefetch_wait_time"] += time.perf_counter() - started
+            self.counts.prefetch_wait_time += time.perf_counter() - started
             self._timeline.span("wait", tensor, started)
             buffer = self._host[tensor]
             self._handles[key] = (handle, buffer.nbytes)
-            self.counts["swapped_in"] += 1
-            self.counts["swapped_in_bytes"] += buffer.nbytes
+            self.counts.swapped_in += 1
+            self.counts.swapped_in_bytes += buffer.nbytes
             self._uploads_left[tensor] -= 1
             if self._uploads_left[tensor] == 0:
                 self._pool.release(self._host.pop(tensor))

@@ -17,7 +17,6 @@ import tensorflow as tf
 from tfmem.run import accelerator
 from tfmem.memory import oom
 from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-access
-from tfmem.run.stats import StepStats
 from tfmem.plan.schedule import Schedule
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
@@ -116,11 +115,10 @@ class EagerExecutor:
             raise
         wall = time.perf_counter() - started
         memory = accelerator.device_memory(runtime.device) if measured else None
-        stats = StepStats(
+        stats = swaps.counts.step_stats(
             partitions=len(self._functions),
             device_peak_bytes=memory["peak"] if memory else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall,
-            **swaps.counts)
+            wall_time=wall)
         return results, stats
