@@ -66,7 +66,7 @@ def test_with_the_pass_outcome_what_stayed_is_listed_and_large_constants_copied(
 def test_validate_refuses_a_host_copy_of_what_is_not_a_constant():
     g, x, loss, train, _ = _gpu_graph()
     with g.as_default():
-        plan = make_plan([loss], [], [x], 3, accelerator="GPU:0")
+        plan = make_plan(analyse([loss], [], [x]), 3, accelerator="GPU:0")
     bad = dataclasses.replace(plan, placement=dataclasses.replace(
         plan.placement, copied=types.MappingProxyType({"model/w": HOST_DEVICE})))
     with pytest.raises(tfmem.InvalidPlanError, match="copies 'model/w'"):

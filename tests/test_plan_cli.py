@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tfmem import cli
 from tfmem.cli import serialize
+from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.swap import SwapPolicy
 from tfmem.run.trace import TRACKS
@@ -93,9 +94,10 @@ def _plan_directly(path, fetches, targets, feeds, partition_size, policy=SwapPol
     graph = tf.Graph()
     with graph.as_default():
         tf1.train.import_meta_graph(path, clear_devices=True)
-    return make_plan([graph.get_tensor_by_name(t) for t in fetches],
-                     [graph.get_operation_by_name(o) for o in targets],
-                     [graph.get_tensor_by_name(t) for t in feeds], partition_size, policy)
+    view = analyse([graph.get_tensor_by_name(t) for t in fetches],
+                   [graph.get_operation_by_name(o) for o in targets],
+                   [graph.get_tensor_by_name(t) for t in feeds])
+    return make_plan(view, partition_size, policy)
 
 
 def test_summary_and_json_match_make_plan(models, capsys, tmp_path):

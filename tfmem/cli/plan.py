@@ -522,12 +522,10 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
                          f"{_shape_failure(str(exc))}") from None
     if budget is not None:
         from tfmem.memory import budget as budgets  # pylint: disable=import-outside-toplevel
-        plan, trace = budgets.fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes,
-                                  budget, policy)
+        plan, trace = budgets.fit(graph, view, feed_shapes, budget, policy)
     else:
         from tfmem.memory.scratch import calibrate  # pylint: disable=import-outside-toplevel
-        plan = make_plan(fetch_tensors, target_ops, fed_tensors,
-                         partition_size or DEFAULT_PARTITION_SIZE, policy)
+        plan = make_plan(view, partition_size or DEFAULT_PARTITION_SIZE, policy)
         trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, feed_shapes))
     return plan, trace, shapes
 

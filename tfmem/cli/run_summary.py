@@ -46,11 +46,7 @@ class SessionTotals:
 
 def _plain_peak(graph, plan, feed_shapes):
     """The simulator's peak for the request run whole, as plain TensorFlow runs it."""
-    view = plan.view
-    whole = make_plan([graph.get_tensor_by_name(t) for t in view.fetches],
-                      [graph.get_operation_by_name(n) for n in view.targets],
-                      [graph.get_tensor_by_name(t) for t in view.feeds],
-                      max(1, plan.num_ops), SwapPolicy(mode="none"))
+    whole = make_plan(plan.view, max(1, plan.num_ops), SwapPolicy(mode="none"))
     return simulate(whole, resolve_shapes(graph, whole.view, feed_shapes or {})).peak_device
 
 

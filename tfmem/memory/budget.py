@@ -28,7 +28,7 @@ The step that went over is never run again: it may have updated variables.
 import dataclasses
 import re
 
-from tfmem.plan.analyse import analyse, split_tensor_name
+from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
@@ -143,10 +143,12 @@ def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
                     slack=chunk_slack(plan.view, TensorSizes(plan.view, shapes)))
 
 
-def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes,
-        policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
+def fit(graph, view, feed_shapes, budget_bytes, policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
         scratch=None, session=None, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
+
+    `view`: the request as `analyse` returned it; `feed_shapes` {fed tensor name:
+    shape} resolve its unknown dimensions (shape inference runs on `graph`).
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
     Beyond the request's own variables and constants, which every prediction counts,
@@ -158,7 +160,6 @@ def fit(graph, fetch_tensors, target_ops, fed_tensors, feed_shapes, budget_bytes
     one with the fewest partitions that fits these shapes is returned, so its copies
     serve them and the session graph does not grow.
     """
-    view = analyse(fetch_tensors, target_ops, fed_tensors)
     groups = units(view)
     shapes = resolve_shapes(graph, view, feed_shapes)
     if scratch is None:

@@ -75,10 +75,6 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
     failed partition (the simulator under-predicted it), the budget is halved.  With swap="none", swap="auto" is tried too:
     without swapping, every activation stays on the device.
     """
-    view = plan.view
-    fetches = [graph.get_tensor_by_name(t) for t in view.fetches]
-    targets = [graph.get_operation_by_name(name) for name in view.targets]
-    fed = [graph.get_tensor_by_name(t) for t in view.feeds]
     policies = [plan.policy]
     if plan.policy.mode == "none":
         policies.append(dataclasses.replace(plan.policy, mode="auto"))
@@ -86,8 +82,7 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
         target = capacity or failed_peak
         for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
             try:
-                fitted, trace = budget.fit(graph, fetches, targets, fed, shapes_fed, target,
-                                           policy)
+                fitted, trace = budget.fit(graph, plan.view, shapes_fed, target, policy)
             except errors.BudgetError:
                 break
             if trace.peak_device < failed_peak:

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 
 from tfmem.plan import optypes
-from tfmem.plan.analyse import analyse, split_tensor_name
+from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import Placement, place
@@ -311,13 +311,12 @@ def validate(plan):
         raise InvalidPlanError("invalid plan:\n  " + "\n  ".join(problems))
 
 
-def make_plan(fetch_tensors, target_ops, fed_tensors, partition_size, policy=SwapPolicy(),
-              accelerator=None):
-    """Analyse, place, group, partition and plan one request; the result is validated.
+def make_plan(view, partition_size, policy=SwapPolicy(), accelerator=None):
+    """Place, group, partition and plan one analysed request (`analyse`'s GraphView);
+    the result is validated.
 
     `accelerator` is the session's accelerator when state should go to the host.
     """
-    view = analyse(fetch_tensors, target_ops, fed_tensors)
     plan = build_plan(view, partition(view, units(view), partition_size), partition_size,
                       policy, place(view, accelerator, policy.min_bytes))
     validate(plan)

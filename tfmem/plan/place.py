@@ -15,7 +15,7 @@ its outcome for one plan, as a `Placement`:
   placed them, a colocated op has no CPU kernel...);
 * `copied`: large constants that stayed; the plan reads host copies of them.
 
-Planned without a session (`make_plan(..., accelerator='GPU:0')`), `moved`
+Planned without a session (`make_plan(view, ..., accelerator='GPU:0')`), `moved`
 lists what the pass would move.  On a session without an accelerator, or
 with `place_state_on_host=False`, there is nothing to move, and the
 placement says so.  `state_on_host()` does the same at graph construction.

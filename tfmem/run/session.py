@@ -259,10 +259,12 @@ class TFMemSession(SessionInterfaceMethods):
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
                         scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
 
-    def _make_plan(self, request, correction=None):
-        """(plan, predicted trace or None) for the request, with the placement pass's outcome."""
+    def _make_plan(self, request, correction=None, view=None):
+        """(plan, predicted trace or None) for the request, with the placement pass's outcome.
+
+        `view`: the request already analysed (after the placement pass), if it was."""
         self._place_state()
-        plan, trace = self._plan_request(request, correction)
+        plan, trace = self._plan_request(request, view, correction)
         placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
         if plan.placement != placement:  # else keep the plan: it may be a compiled one
             plan = dataclasses.replace(plan, placement=placement)
@@ -270,16 +272,18 @@ class TFMemSession(SessionInterfaceMethods):
             return updates.gather(plan, trace)
         return plan, trace
 
-    def _plan_request(self, request, correction=None):
-        """(plan, predicted trace or None) for the request under this session's settings."""
+    def _plan_request(self, request, view, correction=None):
+        """(plan, predicted trace or None) for the request under this session's settings,
+        analysed here unless `view` is given."""
         with _gc_paused():
+            if view is None:
+                view = analyse(request.fetch_tensors, request.targets, request.feeds)
             if self._budget is None:
-                return make_plan(request.fetch_tensors, request.targets, request.feeds,
-                                 self._partition_size, self._policy, self._accelerator), None
+                return make_plan(view, self._partition_size, self._policy,
+                                 self._accelerator), None
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
-            return budget.fit(self.graph, request.fetch_tensors, request.targets,
-                              request.feeds, request.feed_shapes(), self._budget, self._policy,
+            return budget.fit(self.graph, view, request.feed_shapes(), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
                               session=self._session, correction=correction,
                               prefer=self._compiled_plans(request))
@@ -306,6 +310,8 @@ class TFMemSession(SessionInterfaceMethods):
         entry = self._compiled.get(key)
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
+            # Planned again (below) only when this differs, after the placement pass
+            # has seen the new ops: then it is analysed once more, by _make_plan.
             fresh = analyse(request.fetch_tensors, request.targets, request.feeds)
             if fresh != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
@@ -314,7 +320,7 @@ class TFMemSession(SessionInterfaceMethods):
                 entry.graph_version = version
         if entry is not None and entry.replan:
             entry.replan = False
-            plan, trace = self._make_plan(request, entry.correction)
+            plan, trace = self._make_plan(request, entry.correction, entry.plan.view)
             if (plan.partition_size, plan.policy) != (entry.plan.partition_size,
                                                       entry.plan.policy):
                 log.info("request planned again with the corrected model: %d partitions "

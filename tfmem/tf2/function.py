@@ -39,6 +39,7 @@ from tfmem.run import accelerator
 from tfmem.memory import budget
 from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
+from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
 from tfmem.memory.shapes import resolve_shapes
@@ -257,17 +258,16 @@ class PartitionedFunction:
         targets = list(graph.control_outputs)
         shapes = self._feed_shapes(graph, feeds)
         with _gc_paused():
+            view = analyse(fetches, targets, graph.inputs)
             if runtime.budget_bytes is None:
-                plan, trace = make_plan(fetches, targets, graph.inputs,
-                                        self._settings.partition_size, runtime.policy), None
+                plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
             else:
                 memory = (accelerator.device_memory(runtime.device)
                           if runtime.measure_device else None)
                 # The TF2 path neither measures its steps nor learns from them yet
                 # (issue 10's budget mode is the Session path's): it keeps the margin
                 # it was tested with.
-                plan, trace = budget.fit(graph, fetches, targets, graph.inputs, shapes,
-                                         runtime.budget_bytes, runtime.policy,
+                plan, trace = budget.fit(graph, view, shapes, runtime.budget_bytes, runtime.policy,
                                          resident_bytes=memory["current"] if memory else 0,
                                          margin=TF2_MARGIN)
         _check_sources(plan.view)
