@@ -63,21 +63,21 @@ def _depths(inputs):
     return depth
 
 
-def depth_first_order(view, units):
-    """Indices of `units` in post-order from the request's fetches and targets."""
-    unit_of = {name: i for i, unit in enumerate(units) for name in unit}
-    inputs = [_unit_inputs(view, unit_of, unit) for unit in units]
+def depth_first_order(view, groups):
+    """Indices of `groups` (the units) in post-order from the request's fetches and targets."""
+    unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
+    inputs = [_unit_inputs(view, unit_of, unit) for unit in groups]
     depth = _depths(inputs)
     inputs = [sorted(srcs, key=lambda src: depth[src]) for srcs in inputs]  # stable
     shape_readers = {}  # unit -> single-op Shape/Size/Rank units reading only it
-    for i, unit in enumerate(units):
+    for i, unit in enumerate(groups):
         node = view.nodes[unit[0]]
         if len(unit) == 1 and node.type in SHAPE_ONLY and len(inputs[i]) == 1:
             shape_readers.setdefault(inputs[i][0], []).append(i)
     roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
              if split_tensor_name(t)[0] in unit_of]
     roots += [unit_of[op] for op in view.targets if op in unit_of]
-    roots += range(len(units))  # every unit is reachable; this only guards that
+    roots += range(len(groups))  # every unit is reachable; this only guards that
     visited, order = set(), []
     for root in roots:
         if root in visited:
@@ -101,14 +101,14 @@ def depth_first_order(view, units):
     return order
 
 
-def slice_order(units, order, partition_size):
+def slice_order(groups, order, partition_size):
     """Consecutive runs of the ordered units, each of at most partition_size ops.
 
     Returns a list of partitions, each a tuple of units (tuples of op names).
     """
     partitions, current, size = [], [], 0
     for index in order:
-        unit = units[index]
+        unit = groups[index]
         if current and size + len(unit) > partition_size:
             partitions.append(tuple(current))
             current, size = [], 0
@@ -119,6 +119,6 @@ def slice_order(units, order, partition_size):
     return partitions
 
 
-def partition(view, units, partition_size):
-    """The view's units as an ordered list of partitions (tuples of units)."""
-    return slice_order(units, depth_first_order(view, units), partition_size)
+def partition(view, groups, partition_size):
+    """The view's units (`groups`) as an ordered list of partitions (tuples of units)."""
+    return slice_order(groups, depth_first_order(view, groups), partition_size)
