@@ -92,3 +92,18 @@ def tf_output(tensor):
 def c_op(op):
     """The C API's TF_Operation of a graph op."""
     return op._c_op  # pylint: disable=protected-access
+
+
+# tf.function and Keras ----------------------------------------------------------
+
+def canonical_inputs(tf_function, args, kwargs):
+    """What a `tf.function`'s own call does first: defaults filled in, numpy made tensors."""
+    from tensorflow.python.eager.polymorphic_function import function_type_utils  # pylint: disable=import-outside-toplevel
+    return function_type_utils.canonicalize_function_inputs(
+        args, kwargs, tf_function._function_type,  # pylint: disable=protected-access
+        tf_function._default_values, tf_function._is_pure)  # pylint: disable=protected-access
+
+
+def keras_autoconvert_optionals(model, step):
+    """Keras 3's wrapper of a train step that turns optional inputs into tensors."""
+    return model._autoconvert_optionals(step)  # pylint: disable=protected-access

@@ -33,7 +33,6 @@ import weakref
 import psutil
 import tensorflow as tf
 from tensorflow.python.eager import record
-from tensorflow.python.eager.polymorphic_function import function_type_utils
 
 from tfmem.run import accelerator
 from tfmem.memory import budget
@@ -45,6 +44,7 @@ from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _g
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy
+from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
@@ -213,10 +213,7 @@ class PartitionedFunction:
 
     def _feeds(self, args, kwargs):
         """(ConcreteFunction, {graph input name: value}) for one call."""
-        # What tf.function's own call does first: defaults filled in, numpy made tensors.
-        bound = function_type_utils.canonicalize_function_inputs(
-            args, kwargs, self._tf_function._function_type,  # pylint: disable=protected-access
-            self._tf_function._default_values, self._tf_function._is_pure)  # pylint: disable=protected-access
+        bound = tf_private.canonical_inputs(self._tf_function, args, kwargs)
         args, kwargs = bound.args, bound.kwargs
         concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         function_type = concrete.function_type
