@@ -41,16 +41,19 @@ class StepStats:
                 f"{self.host_buffer_bytes / mib:.1f} MiB; host RSS {self.host_rss_bytes / mib:.0f} MiB")
 
 
-@dataclasses.dataclass
+# StepStats' figures that the swap manager counts while a step runs.
+TRANSFER_COUNTERS = ("swapped_out", "swapped_out_bytes", "swapped_in", "swapped_in_bytes",
+                     "peak_device_handles", "peak_device_handle_bytes", "prefetch_wait_time")
+
+
 class TransferCounts:
-    """One step's transfer counters, kept by the swap manager while the step runs."""
-    swapped_out: int = 0
-    swapped_out_bytes: int = 0
-    swapped_in: int = 0
-    swapped_in_bytes: int = 0
-    peak_device_handles: int = 0
-    peak_device_handle_bytes: int = 0
-    prefetch_wait_time: float = 0.0
+    """One step's transfer counters: StepStats' fields of those names (TRANSFER_COUNTERS),
+    starting at their defaults, kept by the swap manager while the step runs."""
+
+    def __init__(self):
+        for field in dataclasses.fields(StepStats):
+            if field.name in TRANSFER_COUNTERS:
+                setattr(self, field.name, field.default)
 
     def on_device(self, handles, nbytes):
         """Raise the handle peaks to `handles` live handles holding `nbytes`."""
@@ -59,4 +62,4 @@ class TransferCounts:
 
     def step_stats(self, **figures):
         """The step's StepStats: these counters and the executor's other `figures`."""
-        return StepStats(**figures, **dataclasses.asdict(self))
+        return StepStats(**figures, **{name: getattr(self, name) for name in TRANSFER_COUNTERS})
