@@ -7,8 +7,16 @@ Every task is a separate process on this machine: the ps is a plain
 TensorFlow server, and each worker runs its own server and its own training
 loop against it (`tf.compat.v1.Session(server.target)`, the usual
 between-graph setup), with the variables on the ps through
-`replica_device_setter`.  Servers bind free ports of 127.0.0.1; every process
+`replica_device_setter`.  Servers use free ports of 127.0.0.1; every process
 has a lifetime and is killed when the script ends, whatever happens.
+
+TensorFlow's servers listen on every interface (GrpcServer hard-codes
+0.0.0.0), so the script first moves itself into a private network namespace
+whose only interface is loopback (local_cluster.enter_private_network: user
+and network namespaces, no root needed where unprivileged user namespaces are
+allowed), and every task it starts inherits it.  Where that is impossible it
+stops with the reason; `--allow-all-interfaces` runs the cluster on the
+machine's network instead, reachable from outside while it runs.
 
 Updates are synchronous through a barrier made of TensorFlow ops on the ps
 (SyncReplicasOptimizer lets a fast worker take a slow one's token, so its
@@ -40,7 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_cluster import LocalCluster, exit_when_orphaned_or_after  # noqa: E402  pylint: disable=wrong-import-position
+from local_cluster import (LocalCluster, NoPrivateNetwork, enter_private_network,  # noqa: E402  pylint: disable=wrong-import-position
+                           exit_when_orphaned_or_after, in_private_network)
 
 MIB = 1 << 20
 UNCAPPED_MIB = 16384  # a BFC allocator this large never limits, but keeps figures
@@ -170,7 +179,8 @@ def run_cluster(system, cap_mib, args):
     """Start a ps and two workers; return the workers' reports (None for a lost one)."""
     env = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
     with LocalCluster({"ps": 1, "worker": args.workers}, lifetime=args.time_limit,
-                      env=dict(os.environ, **env)) as cluster:
+                      env=dict(os.environ, **env),
+                      allow_all_interfaces=args.allow_all_interfaces) as cluster:
         cluster.start_server("ps", 0)
         worker_env = {"TF_CPU_ALLOCATOR_USE_BFC": "true",
                       "TF_CPU_BFC_MEM_LIMIT_IN_MB": str(cap_mib)}
@@ -180,6 +190,8 @@ def run_cluster(system, cap_mib, args):
                        "--task", str(task), "--cluster", json.dumps(cluster.spec),
                        "--system", system, "--cap", str(cap_mib),
                        "--lifetime", str(args.time_limit)] + model_args(args)
+            if args.allow_all_interfaces:
+                command.append("--allow-all-interfaces")
             procs.append(cluster.run_task("worker", task, command, worker_env,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                           text=True))
@@ -360,8 +372,27 @@ def main(argv=None):
     parser.add_argument("--system", choices=["tf", "tfmem"], default="tf")
     parser.add_argument("--cap", type=int, default=UNCAPPED_MIB)
     parser.add_argument("--lifetime", type=float, default=600)
+    parser.add_argument("--allow-all-interfaces", action="store_true",
+                        help="run without a private network namespace: the servers then "
+                             "listen on every interface of this machine while they run")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    if args.role == "worker" and not (args.allow_all_interfaces or in_private_network()):
+        print("error: a worker starts its own server, which would listen on every "
+              "interface here: start workers from the driver", file=sys.stderr)
+        return 2
+    if args.role == "driver":  # workers inherit the driver's namespace
+        if args.allow_all_interfaces:
+            print("warning: --allow-all-interfaces: the servers listen on every interface "
+                  "of this machine while the experiment runs", file=sys.stderr)
+        else:
+            try:
+                enter_private_network()  # before TensorFlow starts any thread
+            except NoPrivateNetwork as err:
+                print(f"error: {err}\nThe servers would listen on every interface of this "
+                      "machine. Pass --allow-all-interfaces to run there anyway.",
+                      file=sys.stderr)
+                return 2
     if args.residence:
         return residence_main(args)
     if args.role == "worker":

@@ -191,6 +191,9 @@ from tfmem.cli import models
 from tfmem.plan.analyse import analyse
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
+# One thread per pool: the executor's order, and with it the step's peak, does not
+# depend on the machine's load (two inter-op threads moved plain's peak 34-42 MiB).
+PINNED = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 out = {"cap_mib": accelerator.emulated_memory_mib()}
 
 
@@ -201,11 +204,11 @@ def variables(sess, graph):
 
 def train(kind, **options):
     model = models.mlp(layers=12)
-    sess = tf1.Session(graph=model.graph)
-    result = {"losses": [], "peaks": []}
+    sess = tf1.Session(graph=model.graph, config=PINNED)
+    result = {"losses": [], "peaks": [], "resident": []}
     runner = sess
     if kind == "tfmem":
-        runner = tfmem.TFMemSession(sess, **options)
+        runner = tfmem.TFMemSession(sess, measure="every", **options)  # reads every step
         try:
             runner.memory_report()
         except RuntimeError as err:
@@ -223,6 +226,7 @@ def train(kind, **options):
     feed = model.feed(BATCH)
     for _ in range(STEPS):
         accelerator.reset_peak("CPU:0")  # this process's own measurement, beside tfmem's
+        result["resident"].append(accelerator.device_memory("CPU:0")["current"])
         _, loss = runner.run([model.train, model.loss], feed)
         result["losses"].append(float(loss))
         result["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
@@ -233,6 +237,8 @@ def train(kind, **options):
         report = runner.memory_report()
         result["report"] = {k: [type(v).__name__, list(v) if isinstance(v, tuple) else v]
                             for k, v in vars(report).items()}
+        result["uploads"] = [p.to_device for p in
+                             runner.simulate([model.train, model.loss], feed).partitions]
         runner.close()
     else:
         sess.close()
@@ -246,7 +252,7 @@ out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
 # The edge: budgets just above and just below the one-partition prediction / (1 - margin).
 model = models.mlp(layers=12)
 x, = model.inputs
-with tf1.Session(graph=model.graph) as probe:
+with tf1.Session(graph=model.graph, config=PINNED) as probe:
     _, whole = budget.fit(model.graph, analyse([model.loss], [model.train], [x]),
                           {x.name: (BATCH, 256)}, 1 << 40, session=probe)
 edge = whole.peak_device / (1 - budget.DEFAULT_MARGIN)
@@ -260,7 +266,7 @@ model = models.mlp(layers=12)
 with model.graph.as_default():
     other = tf1.get_variable("other", [RESIDENT_MIB << 18], initializer=tf1.zeros_initializer(),
                              use_resource=True)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=PINNED)
 sess.run(other.initializer)
 tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{RESIDENT_BUDGET}MiB")
 resident = out["resident"] = {"losses": [], "peaks": []}
@@ -277,7 +283,7 @@ tfs.close()
 
 # A budget nothing fits: refused before the step runs.
 model = models.mlp(layers=12)
-sess = tf1.Session(graph=model.graph)
+sess = tf1.Session(graph=model.graph, config=PINNED)
 tfs = tfmem.TFMemSession(sess, device_memory_budget="4MiB")
 try:  # the variables alone (6 MiB) do not fit
     tfs.run(model.init)
@@ -310,7 +316,7 @@ with graph.as_default():
     e = tf.add(d, a, name="e")
     f = tf.add(e, b, name="f")
     total = tf.reduce_sum(f, name="total")
-sess = tf1.Session(graph=graph)
+sess = tf1.Session(graph=graph, config=PINNED)
 tfs = tfmem.TFMemSession(sess, partition_size=1, swap="all")
 trace = tfs.simulate(total)
 guard = out["host"] = {"peak_host": trace.peak_host, "bytes_to_host": trace.bytes_to_host,
@@ -342,7 +348,8 @@ def capped():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     for key in ("plain", "auto", "budget", "edge", "below_edge"):
         run = out[key]
-        print(f"\n{key:>6}: peaks {[round(p / MIB, 1) for p in run['peaks']]} MiB, "
+        print(f"\n{key:>6}: peaks {[round(p / MIB, 1) for p in run['peaks']]} MiB over "
+              f"{[round(r / MIB, 1) for r in run['resident']]} MiB resident, "
               f"partitions {run.get('step_partitions')}, losses {run['losses']}")
     return out
 
@@ -371,11 +378,15 @@ def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
     assert auto["step_partitions"] == [1, 1, 1]
     np.testing.assert_allclose(auto["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
     assert auto["report"]["device_budget"] == ["int", CAP_MIB * MIB]
-    # One partition is the plain step: the same peak, within BFC's chunk noise and the
-    # ~3 MiB of folded initializer constants plain's sess.run(init) keeps resident, and
-    # the prediction (kernel scratch included) within the simulator's tolerance of it.
-    for ours, plain in zip(auto["peaks"][1:], capped["plain"]["peaks"][1:]):
-        assert abs(ours - plain) <= 0.12 * plain, (auto["peaks"], capped["plain"]["peaks"])
+    # One partition is the plain step: it adds the same bytes to what the device holds
+    # before it, within BFC's chunk noise (the peaks themselves differ by the ~3 MiB of
+    # folded initializer constants plain's sess.run(init) keeps resident), and the
+    # prediction (kernel scratch included) is within the simulator's tolerance of it.
+    plain = capped["plain"]
+    ours = [p - r for p, r in zip(auto["peaks"][1:], auto["resident"][1:])]
+    theirs = [p - r for p, r in zip(plain["peaks"][1:], plain["resident"][1:])]
+    for step_ours, step_theirs in zip(ours, theirs):
+        assert abs(step_ours - step_theirs) <= 0.12 * step_theirs, (auto, plain)
     predicted = auto["report"]["predicted_device_peak"][1]
     measured = sorted(auto["peaks"])[1]
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, auto["peaks"])
@@ -435,8 +446,14 @@ def test_memory_report_under_the_cap(capped):
     assert max(measured) == report["device_peak"][1]
     assert max(predicted) == report["predicted_device_peak"][1]
     # Every partition's prediction (kernel scratch included) against its measured peak.
-    for index, (p, m) in enumerate(zip(predicted, measured)):
-        assert abs(p - m) <= 0.25 * m, (index, predicted, measured)
+    # The prediction holds what the prefetcher uploads during a partition on the device;
+    # an upload that lands after the partition's last op is not in its measured peak
+    # (partitions of one plan measured 15.3 or 19.3 MiB from step to step that way), so
+    # the prediction may read above by those bytes, never below.
+    uploads = run["uploads"]
+    assert len(uploads) == len(predicted)
+    for index, (p, m, up) in enumerate(zip(predicted, measured, uploads)):
+        assert -0.25 * m <= p - m <= 0.25 * m + up, (index, predicted, measured, uploads)
     assert report["host_available"][1] > 0
     assert report["host_buffers"][1] > 0  # it swapped
     assert report["predicted_host_peak"][1] > 0

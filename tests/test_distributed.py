@@ -2,14 +2,22 @@
 
 The servers are TensorFlow's own, each in a subprocess on 127.0.0.1 (see
 experiments/local_cluster.py), killed at teardown whatever happens, and each
-with a lifetime of its own.  The test process is the client: its sessions
-talk to the worker's master, variables live on the ps
-(replica_device_setter).  Expected values come from a plain session on the
-same cluster.
+with a lifetime of its own.  They listen on every interface (TensorFlow
+hard-codes 0.0.0.0), so each cluster test runs in a private network
+namespace with only loopback: a fresh client process enters it, starts the
+cluster there and runs one `check_*` function (its sessions talk to the
+worker's master, variables live on the ps through replica_device_setter);
+the test passes when that check does, and shows its output when it does
+not.  Where no such namespace can be made, the cluster tests skip, naming
+what is missing.  Expected values come from a plain session on the same
+cluster.
 """
 
+import os
+import socket
 import sys
 import contextlib
+import traceback
 import threading
 import time
 from pathlib import Path
@@ -23,33 +31,107 @@ from tfmem.plan import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 
+import local_cluster  # noqa: E402  pylint: disable=wrong-import-position
 from local_cluster import LocalCluster  # noqa: E402  pylint: disable=wrong-import-position
 
 tf1 = tf.compat.v1
 WORKER = "/job:worker/task:0"
 STEP_DEADLINE_MS = 30_000
+CLUSTER_LIFETIME = 240  # seconds a server may live
+CHECK_TIMEOUT = 300  # seconds a check's process group may live, servers included
 
 
 def _local_cluster():
-    return LocalCluster({"ps": 1, "worker": 1}, lifetime=240,
+    return LocalCluster({"ps": 1, "worker": 1}, lifetime=CLUSTER_LIFETIME,
                         env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2",
                              "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)})
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One cluster for the tests that leave it intact (each uses its own variables)."""
-    with _local_cluster() as local:
-        local.start_servers()
-        yield local
+def private_network():
+    """Skips the cluster tests where no private network namespace can be made."""
+    problem = local_cluster.private_network_problem()
+    if problem:
+        pytest.skip("the test cluster needs a private network namespace (TensorFlow's servers "
+                    f"listen on every interface), and none can be made here: {problem}")
 
 
-@pytest.fixture
-def fresh_cluster():
-    """A cluster of its own, for a test that kills a task."""
-    with _local_cluster() as local:
-        local.start_servers()
-        yield local
+PASSED = "TFMEM-CHECK-PASSED"
+
+
+def _in_private_network(*checks):
+    """Run each `check(cluster)` in one fresh client process inside a private network
+    namespace, on a cluster of its own; return {check name: None if it passed, else
+    the process's output}."""
+    names = [check.__name__ for check in checks]
+    here = str(Path(__file__).resolve().parent)
+    code = (f"import sys; sys.path[:0] = [{here!r}]; import test_distributed; "
+            f"test_distributed.run_checks({names!r})")
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    status, output = local_cluster.run_private([sys.executable, "-c", code], CHECK_TIMEOUT, env)
+    passed = {line.split()[1] for line in output.splitlines() if line.startswith(PASSED)}
+    failure = f"failed in its private network (exit code {status}):\n{output[-8000:]}"
+    return {name: None if name in passed else failure for name in names}
+
+
+def _passes(outcomes, check):
+    if outcomes[check.__name__] is not None:
+        pytest.fail(f"{check.__name__} {outcomes[check.__name__]}", pytrace=False)
+
+
+def run_checks(names):
+    """The client process of `_in_private_network`: start the cluster, run the checks."""
+    status = 0
+    local_cluster.exit_when_orphaned_or_after(CHECK_TIMEOUT)  # pytest killed: end too
+    try:
+        assert local_cluster.in_private_network(), socket.if_nameindex()
+        with _local_cluster() as cluster:
+            cluster.start_servers()
+            for name in names:
+                try:
+                    globals()[name](cluster)
+                    print(PASSED, name, flush=True)
+                except Exception:  # pylint: disable=broad-except
+                    traceback.print_exc()
+                    status = 1
+    except BaseException:  # pylint: disable=broad-except
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # pylint: disable=protected-access  # no teardown of gRPC channels
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(private_network):  # pylint: disable=unused-argument,redefined-outer-name
+    """The checks that leave their cluster intact share one (each has its own variables)."""
+    return _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session,
+                               check_auto_partition_size_needs_a_budget_for_a_remote_worker,
+                               check_concurrent_steps_of_one_plan_equal_plain)
+
+
+def test_the_cluster_refuses_to_start_outside_a_private_network():
+    if local_cluster.in_private_network():
+        pytest.skip("this test process already runs in a private network namespace")
+    cluster = _local_cluster()
+    with pytest.raises(local_cluster.NoPrivateNetwork, match="allow_all_interfaces"):
+        cluster.start_servers()
+    assert not cluster._procs  # pylint: disable=protected-access  # nothing was started
+
+
+def test_partitioned_steps_equal_a_plain_distributed_session(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_partitioned_steps_equal_a_plain_distributed_session)
+
+
+def test_auto_partition_size_needs_a_budget_for_a_remote_worker(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_auto_partition_size_needs_a_budget_for_a_remote_worker)
+
+
+def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument,redefined-outer-name
+    """On a cluster of its own: the check kills the worker."""
+    check = check_a_worker_dying_mid_step_leaves_no_half_applied_update
+    _passes(_in_private_network(check), check)
 
 
 def _session(target, graph):
@@ -85,7 +167,7 @@ def _batches(steps, batch=32, width=48):
     return [rng.randn(batch, width).astype(np.float32) for _ in range(steps)]
 
 
-def test_partitioned_steps_equal_a_plain_distributed_session(cluster):
+def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
     target = cluster.target("worker", 0)
     data = _batches(3)
     options = tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS)
@@ -122,6 +204,51 @@ def test_partitioned_steps_equal_a_plain_distributed_session(cluster):
     plain.close()
 
 
+def check_concurrent_steps_of_one_plan_equal_plain(cluster):
+    """Three threads run one plan at once; each step's values are plain TensorFlow's.
+
+    On a distributed session the steps of one plan take turns (staging keys are
+    fixed per plan: see residence.PlanStaging); without that, two steps staged at
+    one key and read each other's tensors.
+    """
+    graph, x, loss, _, init, weights = _mlp(cluster.spec, "concurrent")
+    with graph.as_default(), graph.device(WORKER):
+        grads = tf.gradients(loss, weights)
+    sess = _session(cluster.target("worker", 0), graph)
+    sess.run(init)
+    data = _batches(6)
+    expected = [sess.run([loss, grads], {x: batch}) for batch in data]
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
+                             swap_distance=1)
+    tfs.run([loss, grads], {x: data[0]})  # the plan, built before the threads share it
+    assert tfs.last_step.peak_device_handles > 0 and tfs.last_step.swapped_in > 0
+    got, errors = [None] * len(data), []
+
+    def work(first):
+        try:
+            for i in range(first, len(data), 3):
+                got[i] = tfs.run([loss, grads], {x: data[i]})
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(first,)) for first in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
+    for want, have in zip(expected, got):
+        np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-6)
+        for want_grad, have_grad in zip(want[1], have[1]):
+            np.testing.assert_allclose(have_grad, want_grad, rtol=1e-5, atol=1e-6)
+    tfs.close()
+
+
+def test_concurrent_steps_of_one_plan_equal_plain(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_concurrent_steps_of_one_plan_equal_plain)
+
+
 def test_atomic_updates_on_a_local_session_equal_plain(sessions):
     """The same gathering on a local session: one update partition, the plain results."""
     data = _batches(2)
@@ -142,7 +269,7 @@ def test_atomic_updates_on_a_local_session_equal_plain(sessions):
         np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
 
 
-def test_auto_partition_size_needs_a_budget_for_a_remote_worker(cluster):
+def check_auto_partition_size_needs_a_budget_for_a_remote_worker(cluster):
     graph, *_ = _mlp(cluster.spec, "auto")
     sess = _session(cluster.target("worker", 0), graph)
     with pytest.raises(tfmem.TFMemError, match="device_memory_budget"):
@@ -186,8 +313,7 @@ def _ps_values(cluster):
         return sess.run(values, options=tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS))
 
 
-def test_a_worker_dying_mid_step_leaves_no_half_applied_update(fresh_cluster):
-    cluster = fresh_cluster
+def check_a_worker_dying_mid_step_leaves_no_half_applied_update(cluster):
     graph, x, step, init = _gated_step(cluster.spec)
     sess = _session(cluster.target("worker", 0), graph)
     sess.run(init)

@@ -361,7 +361,6 @@ result["unchanged"] = all(np.array_equal(w.numpy(), b) for w, b in zip(weights, 
 fitted = tfmem.function(step, partition_size="auto")
 result["loss"] = float(fitted(x))
 result["partitions"] = fitted.last_step.partitions
-result["peak"] = fitted.last_step.device_peak_bytes
 print("TFMEM-RESULTS " + json.dumps(result))
 """
 
@@ -383,4 +382,6 @@ def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     assert result["partition"] == 0 and "partition 0 of 1" in result["error"]
     assert result["suggested"] and f"partition_size={result['suggested']}" in result["error"]
     assert result["unchanged"]  # the failed step updated no variable
-    assert result["partitions"] > 1 and 0 < result["peak"] <= 24 << 20
+    # No peak-within-cap check: a step that ran under the hard cap is within it by
+    # construction (issue 11); test_function_measure.py checks the measured figures.
+    assert result["partitions"] > 1

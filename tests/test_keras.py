@@ -55,6 +55,9 @@ def test_fit_matches_plain_fit(options):
         assert step.last_step.partitions > 1 and step.last_step.swapped_out > 0
     else:
         assert step.last_step.partitions == 1  # the step fits the budget whole
+    report = step.memory_report()  # the last (partial) batch's plan
+    assert len(report.predicted_partition_peaks) == step.last_step.partitions
+    assert report.host_buffers == step.host_buffers.capacity_bytes
     # evaluate and predict stay Keras's own functions, with the same results
     assert tfmem.keras.train_step_of(plain) is None
     assert model.evaluate(x, y, verbose=0) == plain.evaluate(x, y, verbose=0)

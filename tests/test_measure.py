@@ -90,6 +90,46 @@ for _ in range(3):
     learn["partitions"].append(tfs.last_step.partitions)
     learn["predicted"].append(tfs.memory_report().predicted_device_peak)
 learn["log"] = records
+
+# 3. Sampled measurement: the first steps of a plan, then one in SAMPLE_EVERY; a step
+# the user traces is measured anyway; a sampled step over the prediction still teaches.
+from tensorflow.core.protobuf import config_pb2
+from tfmem.run import sampling
+model = models.mlp(layers=4)
+sess = tf1.Session(graph=model.graph, config=config)
+tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+feed, fetches = model.feed(256), [model.train, model.loss]
+sampled = out["sampled"] = {}
+for mode in sampling.MODES:
+    tfs = tfmem.TFMemSession(sess, partition_size=10, measure=mode)
+    flags, reports = [], []
+    for _ in range(sampling.WARMUP_STEPS + sampling.SAMPLE_EVERY + 8):
+        tfs.run(fetches, feed)
+        flags.append(tfs.last_step.measured)
+        assert (tfs.last_step.device_peak_bytes is None) != tfs.last_step.measured
+        report = tfs.memory_report()
+        reports.append([report.step, report.measured_step, report.device_peak])
+    traced = tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE)
+    tfs.run(fetches, feed, options=traced, run_metadata=tf1.RunMetadata())
+    sampled[mode] = dict(flags=flags, reports=reports, traced=tfs.last_step.measured)
+# Budget mode, figures stable and sampled: shrink the plan's prediction as a model that
+# went stale would, and the next sampled step must re-plan (and measure every step again).
+tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB")
+steps, flags = 0, []
+while True:
+    tfs.run(fetches, feed)
+    steps += 1
+    entry = tfs._last_entry
+    if entry.schedule.stable and not entry.schedule.wants():
+        break
+import dataclasses
+entry.trace = dataclasses.replace(entry.trace, partitions=[
+    dataclasses.replace(p, device_peak=1) for p in entry.trace.partitions])
+records.clear()
+for _ in range(sampling.SAMPLE_EVERY + 3):
+    tfs.run(fetches, feed)
+    flags.append(tfs.last_step.measured)
+out["stale"] = dict(flags=flags, log=list(records), steps_to_stable=steps)
 print(json.dumps(out))
 """
 
@@ -134,3 +174,43 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     assert abs(learn["predicted"][2] - learn["peaks"][2]) <= 0.25 * learn["peaks"][2]
     # No step ran twice: the losses are plain TensorFlow's three steps.
     np.testing.assert_allclose(learn["losses"], measured["plain_losses"], rtol=1e-4, atol=1e-6)
+
+
+def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
+    from tfmem.run import sampling
+    sampled = measured["sampled"]
+    every, off, sample = sampled["every"], sampled["off"], sampled["sample"]
+    assert all(every["flags"]) and every["traced"]
+    assert not any(off["flags"]) and off["traced"]  # the user's traced step is measured
+    flags = sample["flags"]
+    warmup = flags.index(False)
+    assert warmup >= sampling.WARMUP_STEPS and all(flags[:warmup]), flags
+    # then exactly one measured step in SAMPLE_EVERY
+    assert [i for i, f in enumerate(flags[warmup:]) if f] == [sampling.SAMPLE_EVERY - 1], flags
+    assert sample["traced"]
+    for (step, measured_step, peak), was_measured in zip(sample["reports"], flags):
+        assert measured_step is not None and peak > 0
+        assert (measured_step == step) == was_measured
+    assert all(r[1] is None and r[2] is None for r in off["reports"])
+
+
+def test_a_sampled_step_over_its_prediction_still_replans(measured):
+    from tfmem.run import sampling
+    stale = measured["stale"]
+    flags = stale["flags"]
+    first = flags.index(True)  # the next sampled step
+    assert 0 < first < sampling.SAMPLE_EVERY, flags
+    assert any("planning the request again" in line for line in stale["log"]), stale["log"]
+    assert all(flags[first:first + 3]), flags  # a re-planned request is measured again
+
+
+@pytest.mark.parametrize("bad", ["sometimes", None, 50, "Every"])
+def test_measure_mode_is_checked(bad):
+    import tensorflow as tf
+    import tfmem
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.constant(1.0)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        with pytest.raises(ValueError, match="measure must be one of 'sample', 'every', 'off'"):
+            tfmem.TFMemSession(sess, measure=bad)

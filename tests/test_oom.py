@@ -119,6 +119,27 @@ def test_other_exhausted_resources_are_not_reported_as_device_memory(sessions):
     assert tfs.host_buffers.in_use_bytes == 0
 
 
+def test_a_partition_that_failed_below_every_prediction_still_gets_the_most_cautious_plan(
+        sessions):
+    """A partition can fail under its own prediction (another thread's uploads, the
+    allocator's chunks); then no plan is predicted to need less, and the suggestion is
+    the plan fitted to the smallest budget that fits, not none at all."""
+    from tfmem.memory import oom  # pylint: disable=import-outside-toplevel
+    g, _, _, out, feed = build_reporting()
+    tfs = tfmem.TFMemSession(sessions(g), partition_size=3, swap="all")
+    plan = tfs.plan(out, feed_dict=feed)
+    shapes = {tensor.name: value.shape for tensor, value in feed.items()}
+    capacity = 64 * MIB
+    found = oom.suggest(g, plan, shapes, capacity, failed_peak=1)
+    assert found is not None
+    size, target, peak, _ = found
+    assert target < capacity and peak <= target  # halved until nothing smaller fits
+    ample = oom.suggest(g, plan, shapes, capacity, failed_peak=capacity)
+    assert ample[1] == capacity and ample[0] >= size  # the first fit when it is under
+    assert_same_result(tfs.run(out, feed_dict=feed),
+                       tfmem.TFMemSession(tfs.session, partition_size=size).run(out, feed))
+
+
 def test_device_memory_error_pickles_with_its_figures():
     err = tfmem.DeviceMemoryError("partition 2 ran out", partition=2, ops=7,
                                   largest=[("a:0", 1024)], partition_size=3, budget=MIB,

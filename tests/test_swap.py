@@ -556,7 +556,8 @@ def _peak_worker():
             h = tf.sin(h) + h if i % 2 else tf.tanh(h)
         out = tf.reduce_sum(h)
         init = tf1.global_variables_initializer()
-    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all", swap_min_bytes=0)
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all", swap_min_bytes=0,
+                             measure="every")  # the device peak of every step
     tfs.run(init)
     steps = []
     for rows in PEAK_ROWS:

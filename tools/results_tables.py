@@ -11,8 +11,9 @@ A generated block sits between two markers that name its source:
 
 `<name>` is a result file's stem: an experiment's `--find-max` output
 (`resnet-quick.json`, with its provenance, cap, table, RESULT line and, for
-DeepSpeech, the iteration-time table) or the soak's (`soak.json`, written by
-`python tools/soak.py --json experiments/results/soak.json`).  Text outside
+DeepSpeech, the iteration-time table), the soak's (`soak.json`, written by
+`python tools/soak.py --json experiments/results/soak.json`) or budget mode's
+table (`budget.json`, written by `python tools/budget_table.py`).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -109,6 +110,17 @@ def soak_block(data):
     return "\n".join(lines)
 
 
+def budget_block(data):
+    """The markdown of tools/budget_table.py's result file."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import budget_table  # pylint: disable=import-outside-toplevel
+    caps = " ".join(str(c) for c in data["caps"])
+    return "\n".join([
+        f"`python tools/budget_table.py --caps {caps} --steps {data['steps']}` (margin "
+        f"{data['margin']:.0%}; {_provenance(data.get('provenance'))}):", "",
+        budget_table.markdown(data["rows"]), ""])
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -117,6 +129,8 @@ def block(name):
     data = json.loads(path.read_text())
     if "samples" in data and "growth_per_1000" in data:
         return soak_block(data)
+    if data.get("kind") == "budget-table":
+        return budget_block(data)
     return experiment_block(data, name)
 
 

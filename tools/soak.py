@@ -139,7 +139,8 @@ def _soak(args):
     model, feeds = _model(args)
     tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=args.partition_size,
                              swap=args.swap,
-                             prefetch=args.prefetch, swap_min_bytes=0)
+                             prefetch=args.prefetch, swap_min_bytes=0,
+                             measure="every")  # the peak of every step is the soak's figure
     tfs.run(model.init)
     plan = tfs.plan([model.train, model.loss], feed_dict=feeds[0])
     process = psutil.Process()

@@ -73,11 +73,14 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
     budget starts at the device's capacity (or that peak, when the capacity is
     unknown); while the plan fitted to it is predicted to need no less than the
     failed partition (the simulator under-predicted it), the budget is halved.  With swap="none", swap="auto" is tried too:
-    without swapping, every activation stays on the device.
+    without swapping, every activation stays on the device.  When no plan is predicted
+    under the failed partition (it failed below its prediction: another thread's
+    uploads, the allocator's chunks), the most cautious plan that fitted is suggested.
     """
     policies = [plan.policy]
     if plan.policy.mode == "none":
         policies.append(dataclasses.replace(plan.policy, mode="auto"))
+    cautious = None
     for policy in policies:
         target = capacity or failed_peak
         for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
@@ -85,10 +88,11 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
                 fitted, trace = budget.fit(graph, plan.view, shapes_fed, target, policy)
             except errors.BudgetError:
                 break
+            cautious = fitted.partition_size, target, trace.peak_device, policy
             if trace.peak_device < failed_peak:
-                return fitted.partition_size, target, trace.peak_device, policy
+                return cautious
             target //= 2
-    return None
+    return cautious
 
 
 def device_memory_error(session, plan, feeds, index, error, capacity):

@@ -40,9 +40,10 @@ Its partition's callable connects the copies' tensors to the op's inputs
 edges the way a feed does, so the copies' values reach the user's op and
 nothing upstream of it runs twice.  Control edges cannot be cut that way, so
 an original's control inputs must all be state sources (idempotent to run
-again).  Random ops downstream of v1 control flow (Switch, Merge, loop
-frames) stay copies: their inputs may be dead tensors or per-iteration
-values, which tfmem does not connect.
+again).  Random ops in v1 cond branches and after v1 control flow are
+originals too: a connected dead tensor is dead for the user's op as well,
+which then skips its draw exactly as in plain TensorFlow.  Random ops inside
+a v1 while frame stay copies (see `streams`, which guards their streams).
 """
 
 import dataclasses
@@ -51,6 +52,7 @@ import types
 import tensorflow as tf
 
 from tfmem.plan import optypes
+from tfmem.plan import streams as streams_of
 from tfmem.errors import UnsupportedGraphError
 from tfmem import tf_private
 
@@ -232,22 +234,6 @@ def _drop_unobservable(nodes, keep):
     return kept
 
 
-def _after_v1_control_flow(nodes):
-    """Names of the nodes that v1 control-flow ops reach through data edges (loops included)."""
-    consumers = {}
-    for name, node in nodes.items():
-        for tensor in node.inputs:
-            consumers.setdefault(split_tensor_name(tensor)[0], []).append(name)
-    reached = {name for name, node in nodes.items() if node.type in optypes.CONTROL_FLOW}
-    pending = list(reached)
-    while pending:
-        for reader in consumers.get(pending.pop(), ()):
-            if reader not in reached:
-                reached.add(reader)
-                pending.append(reader)
-    return reached
-
-
 def _originals(nodes, sources, fed, control_on_sources, draws):
     """The stateful nodes that run as the user's own op (see the module docstring)."""
     def reads_given(node):
@@ -256,8 +242,8 @@ def _originals(nodes, sources, fed, control_on_sources, draws):
     streams = [name for name, node in nodes.items()
                if name in draws and name in control_on_sources and not reads_given(node)]
     if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
-        after = _after_v1_control_flow(nodes)
-        streams = [name for name in streams if name not in after]
+        in_loops = streams_of.loop_bodies(nodes)
+        streams = [name for name in streams if name not in in_loops]
     given = [name for name, node in nodes.items()
              if node.stateful and name in control_on_sources and reads_given(node)]
     return frozenset(given + streams)

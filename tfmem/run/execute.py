@@ -117,13 +117,13 @@ class Executor:
         self._runtime = runtime  # the session-wide pool, prefetcher and device
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._one_step = threading.Lock() if residence.serial_steps else contextlib.nullcontext()
-        self._callables = {}  # serialized RunOptions -> list of callables
+        self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._schedule = Schedule(plan)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(self._schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
-        self._callables_for(None)
+        self._callables_for(None, measure=runtime.measure_device)
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         self._process = psutil.Process()
@@ -131,29 +131,31 @@ class Executor:
         self.last_scratch = {}  # op name -> kernel scratch measured in the last step
         self.last_resident = None  # device bytes in use when the last step started
 
-    def _callables_for(self, options, run_metadata=None):
-        key = options.SerializeToString(deterministic=True) if options is not None else b""
-        if c_path.wants_run_path(self._session, run_metadata):
-            key = (key, "run path")  # see c_path: keeps the step's run metadata
+    def _callables_for(self, options, run_metadata=None, measure=False):
+        """The partitions' callables for these run options; measuring ones (allocation
+        tracking on) apart, since tracking costs time on every step (see sampling)."""
+        serialized = options.SerializeToString(deterministic=True) if options is not None else b""
+        run_path_wanted = c_path.wants_run_path(self._session, run_metadata)
+        # run path: see c_path (keeps the step's run metadata)
+        key = (serialized, bool(measure), run_path_wanted)
         if key not in self._callables:
             def make(program):
                 callable_options = _callable_options(program, options, measure)
                 # TF_SessionRun cannot connect tensors (see rewrite): such a partition
                 # stays a callable, whose run metadata a distributed session drops
-                if isinstance(key, bytes) or program.connections:
+                if not run_path_wanted or program.connections:
                     return tf_private.make_callable(self._session, callable_options)
                 return c_path.RunPathCallable(self._session, callable_options)
 
-            measure = self._runtime.measure_device
             self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
     def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
-                        timeline, peaks):
+                        timeline, peaks, measure):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
             try:
                 peaks.append(self._run_partition(index, program, call, feeds, swaps, results,
-                                                 run_metadata, timeline))
+                                                 run_metadata, timeline, measure))
             except tf.errors.ResourceExhaustedError as err:
                 if not oom.is_out_of_memory(err):
                     raise  # another exhausted resource (a queue, a quota): as TensorFlow said
@@ -170,7 +172,7 @@ class Executor:
             deliver_interrupt()
 
     def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,
-                       timeline):
+                       timeline, measure):
         """Run one partition: feed its inputs, hand its outputs to the swap manager.
 
         Returns its measured device peak (None when not measured)."""
@@ -179,11 +181,11 @@ class Executor:
         args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                 for s in program.feed_sources]
         peak = None
-        record = self._process_peak() if self._runtime.measure_device else None
-        if run_metadata is not None or self._runtime.measure_device:
+        record = self._process_peak() if measure else None
+        if run_metadata is not None or measure:
             metadata = config_pb2.RunMetadata()
             values = call(*args, run_metadata=metadata)
-            if self._runtime.measure_device:
+            if measure:
                 peak = self._partition_peak(metadata, record)
                 self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
             if run_metadata is not None:
@@ -223,27 +225,33 @@ class Executor:
             peak = max(peak, memory["peak"])
         return peak
 
-    def run(self, feeds, options=None, run_metadata=None, timeline=None):
+    def run(self, feeds, options=None, run_metadata=None, timeline=None, measure=True):
         """Run one step; return ({requested tensor name: value}, StepStats).
 
         With a trace.Timeline, partitions, swap-outs, uploads and waits are recorded in it.
+        `measure`: read the step's device peaks (where TensorFlow keeps figures), at the
+        cost of allocation tracking; a step the user traces anyway is always measured.
         """
         timeline = timeline or NO_TIMELINE
         runtime = self._runtime
-        callables = self._callables_for(options, run_metadata)
+        traced = (options is not None
+                  and options.trace_level >= config_pb2.RunOptions.SOFTWARE_TRACE)
+        measure = runtime.measure_device and (measure or traced)
+        callables = self._callables_for(options, run_metadata, measure)
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             self._residence, timeline)
         started = time.perf_counter()
         results, peaks = {}, []
         self.last_scratch = {}
-        if runtime.measure_device:
+        self.last_resident = None
+        if measure:
             memory = accelerator.device_memory(runtime.device)
             self.last_resident = memory["current"] if memory else None
         with self._one_step:  # staging keys are per plan: one step at a time, abort included
             try:
                 with _deferred_interrupts() as deliver_interrupt:
                     self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                         deliver_interrupt, timeline, peaks)
+                                         deliver_interrupt, timeline, peaks, measure)
             except BaseException:
                 swaps.abort()
                 raise
@@ -253,6 +261,7 @@ class Executor:
             partitions=len(self._programs),
             device_peak_bytes=max(measured) if measured else None,
             partition_peak_bytes=measured,
+            measured=measured is not None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall)

@@ -12,7 +12,8 @@ only pass tickets along and never look inside.  Two residences exist:
   staging area (MapStage) on the device that produced it, in that task's
   resource manager, under an integer key fixed per device copy; the ticket
   is the key.  Readers peek; the last reader unstages, which frees it.
-  Keys are fixed per plan, so steps of one plan run one at a time.
+  Keys are fixed per plan, so steps of one plan run one at a time (see
+  `PlanStaging.serial_steps` for why, and what lifting that would take).
 
     producer partition         reader partitions
     t -> MapStage(key k)  ..  MapPeek(k) -> ...   MapUnstage(k) -> ...  (freed)
@@ -153,7 +154,20 @@ class WorkerStaging:
 class PlanStaging:
     """The staging areas of one plan: one per dtype, one key per device copy."""
 
-    serial_steps = True  # keys are fixed per plan: two steps at once would collide
+    # Steps of one plan run one at a time (the executor holds a lock), for two reasons:
+    # * keys are constants of the plan's graph, so two steps at once would stage
+    #   different tensors at one key of one area, and MapStage at a key already there
+    #   does not fail (checked on TF 2.21: the area still holds one tensor): a reader
+    #   gets the other step's tensor, or waits for a key another step unstaged (with
+    #   this lock off, three threads running one plan all ended in DeadlineExceeded:
+    #   tests/test_distributed.py, check_concurrent_steps_of_one_plan_equal_plain);
+    # * a failed step empties the plan's areas (MapClear), which would drop what a
+    #   concurrent step staged, and its readers would wait in MapPeek to the deadline.
+    # Lifting it takes per-step keys (a key base fed to every partition and upload
+    # that stages, added to the fixed key; tickets already carry keys to readers) and a
+    # release that unstages only the failed step's keys: a new feed in rewrite and in
+    # the prefetcher's upload callables, beyond this module.  Other plans still overlap.
+    serial_steps = True
 
     def __init__(self, session, device, name):
         self._session = session

@@ -12,6 +12,7 @@ wrapped session, so the plain session keeps working beside the wrapper.
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import numbers
@@ -22,7 +23,7 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem.run import accelerator
+from tfmem.run import accelerator, sampling
 from tfmem.memory import budget
 from tfmem.plan.analyse import analyse
 from tfmem.run.buffers import HostBufferPool
@@ -34,14 +35,14 @@ from tfmem.run.placement_pass import Record, place_state_on_host
 from tfmem.plan.build import make_plan
 from tfmem.run.prefetch import Prefetcher
 from tfmem.run.request import Request
-from tfmem.run.rewrite import rewrite
 from tfmem.memory.scratch import calibrate
 from tfmem.run.session_interface import SessionInterfaceMethods
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
+from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run import remote, residence as residences
+from tfmem.run import plan_import, remote, residence as residences
 from tfmem.plan import updates
 from tfmem import tf_private
 
@@ -99,6 +100,10 @@ class MemoryReport:
     # measured ones (None where it keeps no figures).
     predicted_partition_peaks: tuple = ()
     partition_peaks: tuple | None = None
+    # The last step, and the step whose measured figures (device_peak, partition_peaks)
+    # these are: the plan's last measured one (None: none measured; see sampling).
+    step: int = 0
+    measured_step: int | None = None
 
 
 @dataclasses.dataclass
@@ -119,12 +124,41 @@ class _Compiled:
     def __init__(self, plan, graph_version, trace=None):
         self.plan = plan
         self.graph_version = graph_version
-        self.trace = trace
+        self._trace = trace
+        self._predict_later = None  # makes the trace when first read (see defer_prediction)
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
+        self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
+        self.last_measured = None  # StepStats of its last measured step
+
+    @property
+    def trace(self):
+        """The predicted MemoryTrace (made now if its prediction was deferred), or None."""
+        if self._trace is None and self._predict_later is not None:
+            predict, self._predict_later = self._predict_later, None
+            self._trace = predict()
+        return self._trace
+
+    @trace.setter
+    def trace(self, value):
+        self._trace, self._predict_later = value, None
+
+    @property
+    def predicted(self):
+        return self._trace is not None or self._predict_later is not None
+
+    @property
+    def deferred(self):
+        """True while the prediction waits for its first reader."""
+        return self._trace is None and self._predict_later is not None
+
+    def defer_prediction(self, predict):
+        """Predict when the trace is first read: a plan that swaps nothing needs no host
+        buffers, so its first step has nothing to check against the prediction."""
+        self._predict_later = predict
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -159,14 +193,22 @@ class TFMemSession(SessionInterfaceMethods):
     atomic_updates: run every variable update of a step in its last partition,
         so a failed step applies all or none (see updates).  None: on for a
         session on TensorFlow's distributed runtime, off for a local one.
+    measure: which steps read TensorFlow's allocator figures (where it keeps
+        them), which costs allocation tracking on the step: "sample" the first
+        steps of each plan until their figures agree, then one in 50 (and every
+        step again after a re-plan or when a sample moved); "every" each step;
+        "off" none (budget mode then learns nothing).  See sampling.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None, accelerator_device=None, atomic_updates=None):
+                 device_memory_budget=None, accelerator_device=None, atomic_updates=None,
+                 measure="sample"):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
+        self._measure = sampling.check_mode(measure)
+        self._steps = 0  # partitioned steps run, for StepStats.step
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
@@ -195,6 +237,7 @@ class TFMemSession(SessionInterfaceMethods):
                                  residences.for_session(sess, device), measure_device=measurable,
                                  remote_info=remote_info)
         self._trace_path = trace  # where each step's Chrome trace goes, or None
+        self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
@@ -253,7 +296,9 @@ class TFMemSession(SessionInterfaceMethods):
     def _predict(self, plan, request):
         """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
         (in budget mode, the prediction budget mode plans with)."""
-        feed_shapes = request.feed_shapes()
+        return self._predict_shapes(plan, request.feed_shapes())
+
+    def _predict_shapes(self, plan, feed_shapes):
         if self._budget is not None:
             return budget.predict(self.graph, plan, feed_shapes, self._session)
         return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
@@ -329,8 +374,12 @@ class TFMemSession(SessionInterfaceMethods):
                 correction = entry.correction
                 entry = self._compiled[key] = _Compiled(plan, version, trace)
                 entry.correction = correction
-            else:
-                entry.trace = trace  # the same plan, predicted with what was learned
+            else:  # the same plan, predicted with what was learned (gather drops a stale trace)
+                entry.trace = trace if trace is not None else budget.predict(
+                    self.graph, entry.plan, request.feed_shapes(), self._session,
+                    entry.correction.scratch)
+                if entry.schedule is not None:
+                    entry.schedule.restart()  # measure every step until it settles again
         if entry is None:
             started = time.perf_counter()
             plan, trace = self._make_plan(request)
@@ -361,10 +410,14 @@ class TFMemSession(SessionInterfaceMethods):
             with self._planning:
                 if entry.executor is None:
                     started = time.perf_counter()
-                    if entry.trace is None:
+                    if not entry.predicted and not any(t.swapped for t in entry.plan.transfers):
+                        entry.defer_prediction(functools.partial(
+                            self._predict_shapes, entry.plan, request.feed_shapes()))
+                    elif entry.trace is None:
                         entry.trace = self._predict(entry.plan, request)
                     simulated = time.perf_counter() - started
-                    self._check_host_memory(entry.trace)
+                    if not entry.deferred:
+                        self._check_host_memory(entry.trace)
                     entry.executor = self._executor_for(entry, simulated)
                     entry.graph_version = self.graph.version
                     entry.feed_shapes = request.feed_shapes()
@@ -372,8 +425,16 @@ class TFMemSession(SessionInterfaceMethods):
         timeline = Timeline() if self._trace_path else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        if entry.schedule is None:
+            entry.schedule = sampling.MeasureSchedule(self._measure)
         values, stats = entry.executor.run(
-            request.feed_values_by_name(), options, step_metadata, timeline)
+            request.feed_values_by_name(), options, step_metadata, timeline,
+            measure=entry.schedule.wants())
+        self._steps += 1
+        stats = dataclasses.replace(stats, step=self._steps)
+        entry.schedule.record(stats.partition_peak_bytes)
+        if stats.measured:
+            entry.last_measured = stats
         self.last_step = stats
         if run_metadata is not None:
             run_metadata.CopyFrom(step_metadata)
@@ -429,8 +490,9 @@ class TFMemSession(SessionInterfaceMethods):
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
         trace = self._last_entry.trace
+        measured = self._last_entry.last_measured
         return MemoryReport(
-            device_peak=self.last_step.device_peak_bytes,
+            device_peak=measured.device_peak_bytes if measured else None,
             predicted_device_peak=trace.peak_device,
             device_budget=self._budget,
             host_buffers=self.last_step.host_buffer_bytes,
@@ -438,7 +500,8 @@ class TFMemSession(SessionInterfaceMethods):
             host_rss=self.last_step.host_rss_bytes,
             host_available=psutil.virtual_memory().available,
             predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
-            partition_peaks=self.last_step.partition_peak_bytes)
+            partition_peaks=measured.partition_peak_bytes if measured else None,
+            step=self.last_step.step, measured_step=measured.step if measured else None)
 
     def _executor_for(self, entry, simulate_time):
         """The executor of the entry's plan: shared with an entry of the same plan, or new."""
@@ -448,8 +511,8 @@ class TFMemSession(SessionInterfaceMethods):
                 self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
                 return other.executor
         before = self.graph.version
-        executor, rewrite_time, extend_time, callables_time = self._compile(entry.plan,
-                                                                            entry.trace)
+        executor, rewrite_time, extend_time, callables_time = self._compile(
+            entry.plan, None if entry.deferred else entry.trace)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=len(entry.plan.partitions), graph_ops_before=before,
@@ -462,15 +525,17 @@ class TFMemSession(SessionInterfaceMethods):
         graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
-        programs = rewrite(graph, plan, scope, residence)
+        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB), predicted device peak %.1f MiB",
+                 "(%.1f MiB), predicted device peak %s",
                  scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
-                 trace.bytes_to_host / (1 << 20), trace.peak_device / (1 << 20))
+                 trace.bytes_to_host / (1 << 20) if trace else 0.0,
+                 f"{trace.peak_device / (1 << 20):.1f} MiB" if trace else "(predicted when read)")
         extend = getattr(self._session, "_extend_graph", None)
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable

@@ -13,7 +13,9 @@ class StepStats:
     static shape, or a host copy).  `device_peak_bytes` is TensorFlow's own
     allocator peak for the step, and `partition_peak_bytes` that of each
     partition, read from the step statistics of its run (TensorFlow's
-    process-wide peak is left alone); None where TensorFlow reports none.
+    process-wide peak is left alone); None where TensorFlow reports none or
+    the step was not measured (`measured`; see sampling).  `step` counts the
+    session's partitioned steps from 1.
     """
     partitions: int = 0
     swapped_out: int = 0
@@ -28,10 +30,13 @@ class StepStats:
     host_rss_bytes: int = 0
     wall_time: float = 0.0
     prefetch_wait_time: float = 0.0
+    step: int = 0
+    measured: bool = False
 
     def __str__(self):
         mib = MIB
-        device = "n/a" if self.device_peak_bytes is None else f"{self.device_peak_bytes / mib:.1f} MiB"
+        device = ("n/a" if self.measured else "not measured") if self.device_peak_bytes is None \
+            else f"{self.device_peak_bytes / mib:.1f} MiB"
         return (f"{self.partitions} partitions, {self.wall_time * 1e3:.1f} ms "
                 f"(prefetch wait {self.prefetch_wait_time * 1e3:.1f} ms); swapped out "
                 f"{self.swapped_out} ({self.swapped_out_bytes / mib:.1f} MiB), in "

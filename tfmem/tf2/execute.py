@@ -20,6 +20,7 @@ from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-
 from tfmem.plan.schedule import Schedule
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
+from tfmem.tf2.measure import PeakReader
 
 
 class GraphDevices:
@@ -61,14 +62,19 @@ class EagerExecutor:
         self._process = psutil.Process()
         self._fetched = frozenset(plan.view.fetches)
         self._outputs = [frozenset(p.outputs) for p in plan.partitions]
+        self.last_resident = None  # device bytes in use when the last step started
 
-    def _run_partition(self, function, feeds, swaps, results, timeline):
+    def _run_partition(self, function, feeds, swaps, results, timeline, peaks):
         started = time.perf_counter()
         index = function.index
         swaps.start_uploads(index)
         args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
                 for s in function.input_sources]
+        if peaks is not None:
+            peaks.start_partition()
         values = function.call(*args)
+        if peaks is not None:
+            peaks.end_partition()
         args = None
         transfers = self._outputs[index]
         for name, value in zip(function.output_sinks, values):
@@ -92,14 +98,17 @@ class EagerExecutor:
         runtime = self._runtime
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
-        measured = accelerator.reset_peak(runtime.device) if runtime.measure_device else False
+        peaks = PeakReader(runtime.device) if runtime.measure_device else None
+        if peaks is not None and not peaks.start_step():
+            peaks = None  # TensorFlow keeps no figures for this device
+        self.last_resident = peaks.resident if peaks is not None else None
         started = time.perf_counter()
         results = {}
         try:
             with _deferred_interrupts() as deliver_interrupt:
                 for function in self._functions:
                     try:
-                        self._run_partition(function, feeds, swaps, results, timeline)
+                        self._run_partition(function, feeds, swaps, results, timeline, peaks)
                     except tf.errors.ResourceExhaustedError as err:
                         if not oom.is_out_of_memory(err):
                             raise
@@ -114,10 +123,10 @@ class EagerExecutor:
             swaps.abort()
             raise
         wall = time.perf_counter() - started
-        memory = accelerator.device_memory(runtime.device) if measured else None
         stats = swaps.counts.step_stats(
             partitions=len(self._functions),
-            device_peak_bytes=memory["peak"] if memory else None,
+            device_peak_bytes=peaks.step_peak() if peaks is not None else None,
+            partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall)

@@ -40,6 +40,7 @@ from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
+from tfmem.plan.optypes import draws_random_stream
 from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
@@ -47,6 +48,7 @@ from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
+from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.run.trace import Timeline, write_chrome_trace
 
@@ -173,6 +175,7 @@ class PartitionedFunction:
         self._runtime = None
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
+        self._last_traced = None  # the _Traced the last step ran
         self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
 
@@ -261,17 +264,28 @@ class PartitionedFunction:
             else:
                 memory = (accelerator.device_memory(runtime.device)
                           if runtime.measure_device else None)
-                # The TF2 path neither measures its steps nor learns from them yet
-                # (issue 10's budget mode is the Session path's): it keeps the margin
-                # it was tested with.
+                # The TF2 path does not learn from its measured steps yet (issue 10's
+                # budget mode is the Session path's): it keeps the margin it was tested with.
+                # Plans of this trace for other shapes come first: one that fits these
+                # shapes serves them with the same compiled partitions, so each random op
+                # keeps its one stream, as in tf.function (and nothing is compiled again).
+                earlier = [t for t in self._traced.values() if t.concrete is concrete]
                 plan, trace = budget.fit(graph, view, shapes, runtime.budget_bytes, runtime.policy,
                                          resident_bytes=memory["current"] if memory else 0,
-                                         margin=TF2_MARGIN)
+                                         margin=TF2_MARGIN, prefer=[t.plan for t in earlier])
         _check_sources(plan.view)
         if trace is None:
             # Partition inputs live until the call returns: no early frees (as budget mode).
             trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
+        if runtime.budget_bytes is not None and earlier and all(
+                t.plan is not plan for t in earlier) and any(
+                    draws_random_stream(op) for op in graph.get_operations()):
+            log.warning(
+                "%s: the fed shapes %s need a new plan to fit the budget; its random ops "
+                "start their streams again from their seeds (tf.function would continue "
+                "them). Give partition_size=N instead of a budget to keep one stream per op.",
+                graph.name, sorted(shapes.values()))
         return traced
 
     def _compile(self, traced):
@@ -285,6 +299,12 @@ class PartitionedFunction:
                 f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
                 "swap='none', or free host memory.")
         plan = traced.plan
+        for other in self._traced.values():
+            if other.plan is plan and other.executor is not None:
+                # Another shape of the same trace runs this plan (budget mode): its compiled
+                # partitions serve both, so each random op keeps one stream.
+                traced.executor = other.executor
+                return
         library = traced.graph.as_graph_def().library
         functions = [compile_partition(traced.graph, plan, p, library) for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
@@ -308,6 +328,15 @@ class PartitionedFunction:
         return simulate(traced.plan, resolve_shapes(
             traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
 
+    def memory_report(self):
+        """A FunctionMemoryReport of the last step: measured and predicted device and host
+        bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started."""
+        if self.last_step is None:
+            raise RuntimeError("memory_report() describes the last step; call the function first")
+        traced = self._last_traced
+        return function_memory_report(self.last_step, traced.trace, traced.executor.last_resident,
+                                      self._runtime.budget_bytes)
+
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
             # Building a graph, or a tape outside is recording: tf.function's own call, one
@@ -320,6 +349,7 @@ class PartitionedFunction:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
         results, self.last_step = traced.executor.run(feeds, timeline)
+        self._last_traced = traced
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
         log.debug("step: %s", self.last_step)

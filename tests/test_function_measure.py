@@ -1,0 +1,157 @@
+"""tfmem.function measures its steps from TensorFlow's own figures and leaves the user's
+peak figure alone; memory_report() against TensorFlow's allocator.
+
+One fresh process with a BFC allocator capped far above the steps (the cap is
+read when TensorFlow starts), oneDNN off, pinned thread pools; it prints one
+JSON line with every figure.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+MIB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAP_MIB = 512
+
+SCRIPT = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tfmem
+tfmem.emulate_accelerator(int(sys.argv[1]))
+import numpy as np
+import tensorflow as tf
+from tfmem.run import accelerator
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+def mlp(seed):
+    rng = np.random.default_rng(seed)
+    weights = [tf.Variable(rng.standard_normal((256, 256)).astype(np.float32) * 0.05)
+               for _ in range(8)]
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights:
+                h = tf.nn.relu(h @ w)
+                h = tf.sin(h) * 0.5 + h
+            loss = tf.reduce_mean(h * h)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(0.01 * g)
+        return loss
+    return step
+
+x = tf.constant(np.random.default_rng(1).standard_normal((1024, 256)).astype(np.float32))
+out = {}
+
+# 1. Measured steps against TensorFlow's peak of a freshly reset step (the user resets).
+step = tfmem.function(mlp(0), partition_size=20)
+first = float(step(x))
+out["first_peak"] = step.last_step.device_peak_bytes
+out["first_tf_peak"] = accelerator.device_memory("CPU:0")["peak"]
+reset = out["reset"] = []
+for _ in range(3):
+    accelerator.reset_peak("CPU:0")
+    step(x)
+    report = step.memory_report()
+    reset.append(dict(tf_peak=accelerator.device_memory("CPU:0")["peak"],
+                      peak=step.last_step.device_peak_bytes,
+                      partition_peaks=list(step.last_step.partition_peak_bytes),
+                      partitions=step.last_step.partitions,
+                      swapped=step.last_step.swapped_out_bytes,
+                      report=report.__dict__))
+out["pool"] = step.host_buffers.capacity_bytes
+# Steps without a reset: a figure only where the step raised the process peak.
+unreset = out["unreset"] = []
+for _ in range(4):
+    before = accelerator.device_memory("CPU:0")["peak"]
+    step(x)
+    unreset.append(dict(before=before, after=accelerator.device_memory("CPU:0")["peak"],
+                        peak=step.last_step.device_peak_bytes,
+                        partition_peaks=list(step.last_step.partition_peak_bytes)))
+
+# 2. The user's peak figure (a 48 MiB tensor made before) survives tfmem's steps.
+accelerator.reset_peak("CPU:0")
+big = tf.reduce_sum(tf.random.uniform([48 << 18], seed=1))
+out["user_peak"] = accelerator.device_memory("CPU:0")["peak"]
+other = tfmem.function(mlp(0), partition_size=20)
+out["user_case_peaks"] = []
+for _ in range(3):
+    other(x)
+    out["user_case_peaks"].append(other.last_step.device_peak_bytes)
+out["peak_after"] = accelerator.device_memory("CPU:0")["peak"]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def measured():
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(CAP_MIB)], capture_output=True, text=True,
+        cwd=ROOT, timeout=900, env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print("\n" + json.dumps(out, indent=1))
+    return out
+
+
+def test_the_users_peak_figure_survives_tfmem_function_steps(measured):
+    """A 48 MiB tensor the user made sets TensorFlow's peak; tfmem's steps leave it, and
+    report their own peak as unknown rather than the user's figure."""
+    assert measured["user_peak"] >= 48 * MIB
+    assert measured["peak_after"] == measured["user_peak"]
+    assert measured["user_case_peaks"] == [None, None, None]
+
+
+def test_step_peak_is_tensorflows_peak_of_a_freshly_reset_step(measured):
+    assert measured["first_peak"] == measured["first_tf_peak"]
+    for step in measured["reset"]:
+        assert step["partitions"] > 1 and step["swapped"] > 0
+        assert step["peak"] == step["tf_peak"]
+        known = [p for p in step["partition_peaks"] if p is not None]
+        assert known and max(known) == step["peak"]
+        assert len(step["partition_peaks"]) == step["partitions"]
+
+
+def test_a_step_below_the_process_peak_reports_unknown_not_a_wrong_figure(measured):
+    """Without a reset, a step's figure is TensorFlow's new peak when it raised it, else
+    None; never the figure of an earlier step."""
+    for step in measured["unreset"]:
+        if step["after"] > step["before"]:
+            assert step["peak"] == step["after"], step
+            assert max(p for p in step["partition_peaks"] if p is not None) == step["after"]
+        else:
+            assert step["peak"] is None, step
+            assert step["partition_peaks"] == [None] * len(step["partition_peaks"]), step
+
+
+def test_memory_report_against_tensorflows_figures(measured):
+    for step in measured["reset"]:
+        report = step["report"]
+        assert report["device_peak"] == step["tf_peak"]
+        assert report["partition_peaks"] == step["partition_peaks"]
+        assert len(report["predicted_partition_peaks"]) == step["partitions"]
+        assert max(report["predicted_partition_peaks"]) == report["predicted_device_peak"]
+        # Swapped bytes are exact: the pool holds what was predicted and swapped.
+        assert report["host_buffers"] == measured["pool"] == step["swapped"]
+        assert report["predicted_host_peak"] == report["host_buffers"]
+        # The prediction counts the step's tensors; the variables and the input were
+        # resident.  Within the margin tfmem.function's budget mode plans with (25 %).
+        predicted = report["device_resident"] + report["predicted_device_peak"]
+        assert abs(predicted - step["tf_peak"]) <= 0.25 * step["tf_peak"], (predicted, step)
+
+
+def test_memory_report_needs_a_step():
+    import tensorflow as tf
+    import tfmem
+
+    step = tfmem.function(lambda x: x * 2.0, partition_size=5)
+    with pytest.raises(RuntimeError, match="call the function first"):
+        step.memory_report()
+    step(tf.constant([1.0, 2.0]))
+    report = step.memory_report()
+    assert report.predicted_device_peak > 0 and report.host_buffers == 0

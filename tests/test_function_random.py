@@ -1,0 +1,87 @@
+"""Random ops in a tfmem.function draw what tf.function draws (issue 11, TF2).
+
+A tf.function keeps one stream per random op per trace (ConcreteFunction): a
+new input shape that retraces gets new streams, a shape served by a generic
+trace (reduce_retracing) continues its streams.  tfmem.function must draw the
+same numbers across steps, retraces and, in budget mode, the plans it makes
+per fed shape of one trace.  The step mixes shapes computed in-graph (the
+dropout-like mask), a fixed-shape normal draw and a shuffle; the plain side
+is a tf.function of an identically built step under the same global seed.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+
+SHAPES = [4, 6, 4, 4, 6, 5, 4, 5, 7]
+
+
+def _step(op_seeds):
+    rng = np.random.default_rng(0)
+    w = tf.Variable(rng.standard_normal((8, 8)).astype(np.float32))
+
+    def seed(value):
+        return value if op_seeds else None
+
+    def step(x):
+        h = x @ w
+        h = tf.where(tf.random.uniform(tf.shape(h), seed=seed(7)) > 0.5, h, 0.0)
+        noise = tf.random.normal([3], seed=seed(3))
+        order = tf.random.shuffle(tf.range(tf.shape(x)[0]), seed=seed(5))
+        w.assign_add(0.01 * tf.reduce_mean(h) * tf.ones_like(w))
+        return {"loss": tf.reduce_sum(h) + tf.reduce_sum(noise), "order": order}
+    return step, w
+
+
+@pytest.mark.parametrize("op_seeds", [True, False], ids=["op-seeded", "graph-seeded"])
+@pytest.mark.parametrize("options", [
+    dict(partition_size=3),
+    dict(partition_size=3, reduce_retracing=True),
+    dict(device_memory_budget="64MiB", reduce_retracing=True),
+], ids=["size3", "size3-generic", "budget-generic"])
+def test_random_ops_draw_tf_functions_numbers_across_shapes_and_plans(options, op_seeds):
+    tf_options = {k: v for k, v in options.items() if k == "reduce_retracing"}
+    tf.random.set_seed(11)
+    step, plain_w = _step(op_seeds)
+    plain = tf.function(step, **tf_options)
+    expected = [plain(tf.ones((n, 8))) for n in SHAPES]
+    tf.random.set_seed(11)
+    step, w = _step(op_seeds)
+    wrapped = tfmem.function(step, **options)
+    for n, want in zip(SHAPES, expected):
+        got = wrapped(tf.ones((n, 8)))
+        assert wrapped.last_step.partitions >= 1
+        np.testing.assert_array_equal(got["loss"].numpy(), want["loss"].numpy(), err_msg=str(n))
+        np.testing.assert_array_equal(got["order"].numpy(), want["order"].numpy())
+    np.testing.assert_array_equal(w.numpy(), plain_w.numpy())
+    if "partition_size" in options:
+        assert wrapped.last_step.partitions > 1
+
+
+def test_a_new_plan_for_a_shape_warns_that_random_streams_restart(caplog):
+    """Budget mode: a shape no earlier plan of the trace fits gets a plan of its own, whose
+    random ops start again; tfmem says so rather than differing silently."""
+    weights = [tf.Variable(tf.eye(256) * 0.5) for _ in range(6)]
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights:
+                h = tf.nn.relu(h @ w)
+                h = tf.where(tf.random.uniform(tf.shape(h), seed=1) > 0.5, h, 0.0)
+            loss = tf.reduce_sum(h)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(1e-6 * g)
+        return loss
+
+    wrapped = tfmem.function(step, device_memory_budget="64MiB", reduce_retracing=True)
+    wrapped(tf.ones((4, 256)))
+    wrapped(tf.ones((5, 256)))  # the generic trace: its plan fits, nothing said
+    assert not [r for r in caplog.records if "streams again" in r.getMessage()]
+    small = wrapped.last_step.partitions
+    with caplog.at_level("WARNING", logger="tfmem"):
+        wrapped(tf.ones((1 << 12, 256)))  # 4 MiB a tensor, kept for the gradients
+    assert wrapped.last_step.partitions > small
+    assert [r for r in caplog.records if "streams again" in r.getMessage()]

@@ -1,0 +1,317 @@
+"""Random ops in the places issue 11 left open: own control inputs, v1 control flow, dropout.
+
+Every case runs a partitioned step (partition sizes down to 1, swap on and
+off, several steps) beside a plain `Session.run` of the same graph in a
+fresh session with the same seeds, and must match it bit for bit.  Where
+tfmem cannot keep plain TensorFlow's stream (a random op that stays a copy,
+drawn from by a second plan), it must refuse with an error naming the op,
+and leave the session's state as it was.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+from tfmem.plan import optypes
+from conftest import new_session
+
+tf1 = tf.compat.v1
+
+CONFIGS = [  # partition size, swap
+    (1, "all"), (2, "none"), (3, "all"), (100000, "none")]
+SEEDINGS = {"graph+op": (7, 5), "op": (None, 5), "graph": (7, None)}
+
+
+def _tfmem(session, partition_size, swap):
+    return tfmem.TFMemSession(session, partition_size=partition_size, swap=swap,
+                              swap_min_bytes=0, swap_distance=0)
+
+
+def _same(expected, got, what):
+    """Bit for bit: the same dtypes, shapes and bytes."""
+    for i, (e, g) in enumerate(zip(expected, got)):
+        e, g = np.asarray(e), np.asarray(g)
+        assert e.dtype == g.dtype and e.shape == g.shape, f"{what}[{i}]"
+        assert e.tobytes() == g.tobytes(), f"{what}[{i}]: {e} != {g}"
+
+
+@pytest.fixture
+def v1_control_flow():
+    was_v2 = tf1.control_flow_v2_enabled()
+    tf1.disable_control_flow_v2()
+    try:
+        yield
+    finally:
+        if was_v2:
+            tf1.enable_control_flow_v2()
+
+
+def _random_ops(graph):
+    return {op.name for op in graph.get_operations() if op.type in optypes.RANDOM_STREAM}
+
+
+# ---------------------------------------------------------------- own control input
+
+def _control_input_model(seeding):
+    graph_seed, op_seed = SEEDINGS[seeding] if seeding else (None, None)
+    g = tf.Graph()
+    with g.as_default():
+        if graph_seed is not None:
+            tf1.set_random_seed(graph_seed)
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        counter = tf1.Variable(0.0, use_resource=True, name="counter")
+        h = tf.tanh(x * 1.5)
+        bump = counter.assign_add(tf.reduce_sum(h), name="bump", read_value=False)
+        shape = tf.shape(h)
+        with tf.control_dependencies([bump]):  # the random op itself gets the edge
+            r = tf.random.uniform(shape, seed=op_seed, name="r")
+        out = tf.reduce_sum(tf.nn.relu(h - r) * 3.0, name="out")
+        other = tf.reduce_max(r, name="other")
+        with tf.control_dependencies([bump]):
+            count = tf.identity(counter.read_value(), name="count")
+        init = tf1.global_variables_initializer()
+    assert [c.name for c in g.get_operation_by_name("r/RandomUniform").control_inputs] == ["bump"]
+    return g, x, counter, out, other, count, init
+
+
+def _feed(x, step, batch=3):
+    rs = np.random.RandomState(step)
+    return {x: rs.standard_normal((batch + step % 2, x.shape[1])).astype(np.float32)}
+
+
+@pytest.mark.parametrize("seeding", list(SEEDINGS))
+@pytest.mark.parametrize("partition_size,swap", CONFIGS)
+def test_random_op_with_its_own_control_input(seeding, partition_size, swap):
+    """One request draws plain TensorFlow's numbers; a second plan drawing is refused."""
+    g, x, counter, out, other, count, init = _control_input_model(seeding)
+    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
+    try:
+        plain.run(init)
+        tfs.run(init)
+        for step in range(4):
+            feed = _feed(x, step)
+            _same(plain.run([out, count], feed), tfs.run([out, count], feed), f"step {step}")
+        assert len(tfs.plan(out, _feed(x, 0)).partitions) > 1 or partition_size == 100000
+        with pytest.raises(tfmem.UnsupportedGraphError) as err:
+            tfs.run([out, other], _feed(x, 4))
+        message = str(err.value)
+        assert "'r/RandomUniform'" in message and "control inputs of its own (bump)" in message
+        assert "tf.identity" in message  # what to change
+        # Refused before anything ran: the counter and the stream are where plain's are.
+        _same(plain.run([counter]), tfs.session.run([counter]), "counter")
+        feed = _feed(x, 5)
+        _same(plain.run([out, count], feed), tfs.run([out, count], feed), "after the refusal")
+    finally:
+        plain.close()
+        tfs.close()
+
+
+def test_unseeded_random_op_with_a_control_input_may_draw_in_several_plans():
+    """No seed, no reference numbers: copies get fresh kernel seeds and never repeat."""
+    g, x, _, out, other, _, init = _control_input_model(None)
+    tfs = _tfmem(new_session(g), 2, "none")
+    try:
+        tfs.run(init)
+        feed = _feed(x, 0)
+        draws = [tfs.run(other, feed), tfs.run([out, other], feed)[1], tfs.run(other, feed)]
+        assert len({d.tobytes() for d in draws}) == 3
+    finally:
+        tfs.close()
+
+
+# ---------------------------------------------------------------- v1 control flow
+
+def _v1_model(loop_draws):
+    """Random ops in both branches of a v1 cond and after it; optionally one in a v1 loop."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(11)
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+
+        def body(i, acc):
+            step = tf.random.uniform(tf.shape(acc), seed=3) if loop_draws else acc * 0.5
+            return i + 1, acc + step
+
+        _, acc = tf1.while_loop(lambda i, acc: i < 2, body, [tf.constant(0), tf.tanh(x)])
+        chosen = tf1.cond(  # a branch's constant shape is computed (a pivot's control edge)
+            tf.reduce_sum(x) > 0,
+            lambda: tf.nn.dropout(acc, rate=0.5, seed=4) + tf.random.uniform([3], seed=8),
+            lambda: tf.random.shuffle(acc, seed=5))
+        after = chosen + tf.random.normal(tf.shape(chosen), seed=6)
+        out = tf.reduce_sum(after, name="out")
+        other = tf.reduce_sum(acc * 2.0, name="other")
+    assert {"Switch", "Merge", "Enter", "Exit", "NextIteration"} <= {o.type for o in g.get_operations()}
+    return g, x, out, other
+
+
+def _imported(g):
+    """The same graph through a GraphDef: no Python control-flow contexts."""
+    copy = tf.Graph()
+    with copy.as_default():
+        tf1.import_graph_def(g.as_graph_def(), name="")
+    return copy, *(copy.get_tensor_by_name(n) for n in ("x:0", "out:0", "other:0"))
+
+
+def _signed_feed(x, step):
+    sign = 1.0 if step % 3 else -1.0  # both branches of the cond
+    return {x: sign * (1.0 + np.arange((2 + step % 2) * 3, dtype=np.float32).reshape(-1, 3))}
+
+
+@pytest.mark.parametrize("source", ["python", "graph_def"])
+@pytest.mark.parametrize("partition_size,swap", CONFIGS)
+def test_random_ops_in_a_v1_cond_and_after_v1_control_flow(v1_control_flow, source,
+                                                            partition_size, swap):
+    """They run as the user's ops: any interleaving of requests and plain calls matches."""
+    g, x, out, other = _v1_model(loop_draws=False)
+    if source == "graph_def":
+        g, x, out, other = _imported(g)
+    mixed, reference = new_session(g), new_session(g)
+    tfs = _tfmem(mixed, partition_size, swap)
+    try:
+        plan = tfs.plan([out], _signed_feed(x, 0))
+        assert _random_ops(g) <= plan.view.originals
+        requests = [[out], [out, other], [other, out]]
+        for step in range(7):
+            feed, fetches = _signed_feed(x, step), requests[step % 3]
+            runner = mixed.run if step == 4 else tfs.run
+            _same(reference.run(fetches, feed), runner(fetches, feed), f"step {step}")
+    finally:
+        tfs.close()
+        reference.close()
+
+
+@pytest.mark.parametrize("source", ["python", "graph_def"])
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (100000, "all")])
+def test_random_op_in_a_v1_while_loop(v1_control_flow, source, partition_size, swap):
+    """The loop's random op stays a copy: one request matches, a second plan is refused."""
+    g, x, out, other = _v1_model(loop_draws=True)
+    if source == "graph_def":
+        g, x, out, other = _imported(g)
+    in_loop = "while/random_uniform/RandomUniform"
+    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
+    try:
+        plan = tfs.plan([out, other], _signed_feed(x, 0))
+        assert in_loop not in plan.view.originals
+        assert _random_ops(g) - {in_loop} <= plan.view.originals
+        for step in range(4):
+            feed = _signed_feed(x, step)
+            _same(plain.run([out, other], feed), tfs.run([out, other], feed), f"step {step}")
+        with pytest.raises(tfmem.UnsupportedGraphError) as err:
+            tfs.run([other], _signed_feed(x, 4))
+        assert f"'{in_loop}'" in str(err.value)
+        assert "enable_control_flow_v2" in str(err.value)
+        assert "inside a v1 while loop" in str(err.value)
+        feed = _signed_feed(x, 5)
+        _same(plain.run([out, other], feed), tfs.run([out, other], feed), "after the refusal")
+    finally:
+        plain.close()
+        tfs.close()
+
+
+# ---------------------------------------------------------------- dropout in training
+
+def _dropout_mlp():
+    rs = np.random.RandomState(0)
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(3)
+        x = tf1.placeholder(tf.float32, [None, 6], name="x")
+        y = tf1.placeholder(tf.float32, [None, 2], name="y")
+        h = x
+        for i, width in enumerate((8, 8, 2)):
+            w = tf1.Variable(rs.standard_normal((h.shape[1], width)).astype(np.float32) * 0.5,
+                             name=f"w{i}", use_resource=True)
+            h = tf.matmul(h, w)
+            if i < 2:
+                h = tf.nn.dropout(tf.nn.relu(h), rate=0.4, seed=i + 1)
+        loss = tf.reduce_mean(tf.square(h - y), name="loss")
+        train = tf1.train.AdamOptimizer(0.01).minimize(loss)
+        init = tf1.global_variables_initializer()
+    return g, x, y, loss, train, init
+
+
+def test_dropout_in_a_training_step_at_sizes_that_cut_next_to_it():
+    """Every partition size from 1 to 12 puts a boundary just before or after a dropout draw
+    somewhere; training, evaluation and plain calls interleave and match plain TensorFlow."""
+    g, x, y, loss, train, init = _dropout_mlp()
+    draws = _random_ops(g)
+    cuts = set()
+    for partition_size in range(1, 13):
+        swap = "all" if partition_size % 2 else "none"
+        mixed, reference = new_session(g), new_session(g)
+        tfs = _tfmem(mixed, partition_size, swap)
+        try:
+            mixed.run(init)
+            reference.run(init)
+            for step in range(4):
+                rs = np.random.RandomState(step)
+                feed = {x: rs.standard_normal((5, 6)).astype(np.float32),
+                        y: rs.standard_normal((5, 2)).astype(np.float32)}
+                fetches = [train, loss] if step != 2 else [loss]
+                if step == 0:
+                    plan = tfs.plan(fetches, feed)
+                    assert draws <= plan.view.originals
+                    for p in plan.partitions:
+                        cuts |= {("first" if p.ops[0] == d else "last")
+                                 for d in draws if d in (p.ops[0], p.ops[-1])}
+                runner = mixed.run if step == 3 else tfs.run
+                _same(reference.run(fetches, feed), runner(fetches, feed),
+                      f"partition_size {partition_size} step {step}")
+        finally:
+            tfs.close()
+            reference.close()
+    assert cuts == {"first", "last"}, cuts
+
+
+def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
+    """Budget mode keys plans by fed shapes; a new shape reuses the copies, so the one
+    stream of a random op with a control input of its own continues, as in plain TensorFlow."""
+    g, x, _, out, _, count, init = _control_input_model("graph+op")
+    plain = new_session(g)
+    tfs = tfmem.TFMemSession(new_session(g), device_memory_budget="1GiB")
+    try:
+        plain.run(init)
+        tfs.run(init)
+        for step in range(4):
+            feed = _feed(x, step, batch=3 + 4 * step)
+            _same(plain.run([out, count], feed), tfs.run([out, count], feed), f"step {step}")
+            assert step == 0 or tfs.last_compile.reused
+    finally:
+        plain.close()
+        tfs.close()
+
+
+@pytest.mark.parametrize("source", ["python", "graph_def"])
+def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source):
+    """Loop bodies are found through nested frames: an inner loop's Exit does not leave the
+    outer loop.  The op there stays a copy (and matches for one request); after the outer
+    loop, the random op runs as the user's."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(1)
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+
+        def outer(i, acc):
+            _, inner = tf1.while_loop(lambda j, a: j < 2, lambda j, a: (j + 1, a * 0.9), [0, acc])
+            return i + 1, inner + tf.random.uniform(tf.shape(inner), seed=2, name="mid")
+
+        _, acc = tf1.while_loop(lambda i, a: i < 2, outer, [0, x])
+        out = tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"),
+                            name="out")
+    if source == "graph_def":
+        copy = tf.Graph()
+        with copy.as_default():
+            tf1.import_graph_def(g.as_graph_def(), name="")
+        g, x, out = copy, copy.get_tensor_by_name("x:0"), copy.get_tensor_by_name("out:0")
+    plain, tfs = new_session(g), _tfmem(new_session(g), 4, "all")
+    try:
+        plan = tfs.plan(out, {x: np.ones((2, 3), np.float32)})
+        assert "after/RandomStandardNormal" in plan.view.originals
+        assert "while/mid/RandomUniform" not in plan.view.originals
+        for step in range(3):
+            feed = {x: np.full((2 + step, 3), step + 1.0, np.float32)}
+            _same([plain.run(out, feed)], [tfs.run(out, feed)], f"step {step}")
+    finally:
+        plain.close()
+        tfs.close()

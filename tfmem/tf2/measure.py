@@ -1,0 +1,63 @@
+"""Measure a step's device peak from TensorFlow's own figures, without resetting them.
+
+TensorFlow's allocator peak (`get_memory_info(device)['peak']`) belongs to the
+user: tfmem reads it and never resets it.  The Session front end reads each
+partition's peak from its step statistics; eager TensorFlow (2.21) collects
+none for function calls (`context.enable_run_metadata()` then exports no
+`step_stats`, checked), so this reads the process-wide figures around each
+partition call instead:
+
+* a partition that raised the process peak reached exactly the new peak
+  (allocations of other threads, such as the prefetcher's uploads, count too,
+  as they do on a device);
+* a partition that did not raise it reached at most the process peak, an
+  unknown figure: None.
+
+A step's peak is known when its highest partition raised the process peak,
+which is then the step's peak: every other partition stayed at or below it.
+So the first steps of a plan are measured, and a later step only when it goes
+higher than every earlier one, which is the step worth knowing about.
+"""
+
+from tfmem.run import accelerator
+
+
+class PeakReader:
+    """Per-partition and per-step device peaks of one step on `device`."""
+
+    def __init__(self, device):
+        self._device = device
+        self._before = None
+        self._step_start = None
+        self.partition_peaks = []
+        self.resident = None  # bytes in use when the step started: variables, inputs, the user's
+
+    def _peak(self):
+        memory = accelerator.device_memory(self._device)
+        return None if memory is None else memory["peak"]
+
+    def start_step(self):
+        """Record the process peak before the step; False where TensorFlow keeps none."""
+        memory = accelerator.device_memory(self._device)
+        self._step_start = None if memory is None else memory["peak"]
+        self.resident = None if memory is None else memory["current"]
+        self.partition_peaks = []
+        return memory is not None
+
+    def start_partition(self):
+        self._before = self._peak()
+
+    def end_partition(self):
+        """The partition's peak if it raised the process peak, else None (unknown)."""
+        after = self._peak()
+        peak = after if after is not None and self._before is not None and after > self._before \
+            else None
+        self.partition_peaks.append(peak)
+        return peak
+
+    def step_peak(self):
+        """The step's peak when the step raised the process peak, else None (unknown)."""
+        after = self._peak()
+        if after is None or self._step_start is None or after <= self._step_start:
+            return None
+        return after

@@ -1,0 +1,40 @@
+"""memory_report() of a tfmem.function: TFMemSession's report, plus what was resident.
+
+The TF2 simulator counts the step's own tensors only: the captured variables
+and the inputs are memory the device already holds when a step starts (see
+`tfmem.function`'s README section).  TensorFlow's peak counts them, so the
+report adds the bytes in use when the step started (`device_resident`): the
+measured peak compares with `device_resident + predicted_device_peak`.
+"""
+
+import dataclasses
+
+import psutil
+
+from tfmem.run.session import MemoryReport
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionMemoryReport(MemoryReport):
+    """Device and host memory of the last step of a tfmem.function (bytes).
+
+    `device_peak` and `partition_peaks` are TensorFlow's allocator figures read
+    without resetting them (tfmem.tf2.measure): None where a step or partition
+    did not raise the process peak, so its own peak is unknown.
+    """
+    device_resident: int | None = None  # allocator bytes in use when the step started
+
+
+def function_memory_report(step, trace, resident, budget_bytes):
+    """The FunctionMemoryReport of StepStats `step`, run by a plan predicted as `trace`."""
+    return FunctionMemoryReport(
+        device_peak=step.device_peak_bytes,
+        predicted_device_peak=trace.peak_device,
+        device_budget=budget_bytes,
+        host_buffers=step.host_buffer_bytes,
+        predicted_host_peak=trace.peak_host,
+        host_rss=step.host_rss_bytes,
+        host_available=psutil.virtual_memory().available,
+        predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
+        partition_peaks=step.partition_peak_bytes,
+        device_resident=resident)
