@@ -10,6 +10,7 @@ the transfers in between; if a step fails it releases what the step held.
 """
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -107,6 +108,18 @@ def _deferred_interrupts():
         deliver()
 
 
+@dataclasses.dataclass
+class _Step:
+    """What every partition of one step reads and fills, passed as one object."""
+    feeds: dict  # fed tensor name -> value
+    swaps: SwapManager
+    run_metadata: object  # the caller's RunMetadata, or None
+    timeline: object  # a trace.Timeline, or trace.NO_TIMELINE
+    measure: bool  # read the device peak of each partition
+    results: dict = dataclasses.field(default_factory=dict)  # requested tensor -> value
+    peaks: list = dataclasses.field(default_factory=list)  # per partition: peak bytes or None
+
+
 class Executor:
     """Runs the programs of one plan on one session."""
 
@@ -150,17 +163,15 @@ class Executor:
             self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
-    def _run_partitions(self, callables, feeds, swaps, results, run_metadata, deliver_interrupt,
-                        timeline, peaks, measure):
+    def _run_partitions(self, callables, step, deliver_interrupt):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
             try:
-                peaks.append(self._run_partition(index, program, call, feeds, swaps, results,
-                                                 run_metadata, timeline, measure))
+                step.peaks.append(self._run_partition(index, program, call, step))
             except tf.errors.ResourceExhaustedError as err:
                 if not oom.is_out_of_memory(err):
                     raise  # another exhausted resource (a queue, a quota): as TensorFlow said
-                swaps.abort()  # free the step's device memory before diagnosing
-                raise oom.device_memory_error(self._session, self._plan, feeds, index, err,
+                step.swaps.abort()  # free the step's device memory before diagnosing
+                raise oom.device_memory_error(self._session, self._plan, step.feeds, index, err,
                                               accelerator.device_capacity(self._session)) from err
             except tf.errors.OpError as err:
                 lost = remote.lost_task_error(self._runtime.remote_info, err, index,
@@ -171,25 +182,25 @@ class Executor:
                 raise lost from err
             deliver_interrupt()
 
-    def _run_partition(self, index, program, call, feeds, swaps, results, run_metadata,
-                       timeline, measure):
+    def _run_partition(self, index, program, call, step):
         """Run one partition: feed its inputs, hand its outputs to the swap manager.
 
         Returns its measured device peak (None when not measured)."""
         started = time.perf_counter()
+        swaps = step.swaps
         swaps.start_uploads(index)
-        args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
+        args = [step.feeds[s] if s in step.feeds else swaps.handle_for(s, index)
                 for s in program.feed_sources]
         peak = None
-        record = self._process_peak() if measure else None
-        if run_metadata is not None or measure:
+        record = self._process_peak() if step.measure else None
+        if step.run_metadata is not None or step.measure:
             metadata = config_pb2.RunMetadata()
             values = call(*args, run_metadata=metadata)
-            if measure:
+            if step.measure:
                 peak = self._partition_peak(metadata, record)
                 self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
-            if run_metadata is not None:
-                run_metadata.MergeFrom(metadata)
+            if step.run_metadata is not None:
+                step.run_metadata.MergeFrom(metadata)
         else:
             values = call(*args)
         for (kind, name), value in zip(program.fetch_sinks, values):
@@ -198,13 +209,13 @@ class Executor:
             elif kind == HOST:
                 swaps.swap_out(name, value)
             else:
-                results[name] = value
+                step.results[name] = value
         # Fetched arrays can share TensorFlow's buffers: drop them so a
         # swapped tensor's device copy is freed before the next partition.
         values = value = None
         swaps.finish(index)
-        timeline.span("partitions", f"partition {index}", started,
-                      {"ops": len(self._plan.partitions[index].ops)})
+        step.timeline.span("partitions", f"partition {index}", started,
+                           {"ops": len(self._plan.partitions[index].ops)})
         return peak
 
     def _process_peak(self):
@@ -241,7 +252,7 @@ class Executor:
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             self._residence, timeline)
         started = time.perf_counter()
-        results, peaks = {}, []
+        step = _Step(feeds, swaps, run_metadata, timeline, measure)
         self.last_scratch = {}
         self.last_resident = None
         if measure:
@@ -250,13 +261,12 @@ class Executor:
         with self._one_step:  # staging keys are per plan: one step at a time, abort included
             try:
                 with _deferred_interrupts() as deliver_interrupt:
-                    self._run_partitions(callables, feeds, swaps, results, run_metadata,
-                                         deliver_interrupt, timeline, peaks, measure)
+                    self._run_partitions(callables, step, deliver_interrupt)
             except BaseException:
                 swaps.abort()
                 raise
         wall = time.perf_counter() - started
-        measured = None if None in peaks or not peaks else tuple(peaks)
+        measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(
             partitions=len(self._programs),
             device_peak_bytes=max(measured) if measured else None,
@@ -265,4 +275,4 @@ class Executor:
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall)
-        return results, stats
+        return step.results, stats
