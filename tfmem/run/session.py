@@ -16,7 +16,6 @@ import functools
 import gc
 import logging
 import numbers
-import threading
 import time
 
 import psutil
@@ -33,6 +32,7 @@ from tfmem.run.execute import Executor
 from tfmem.plan.place import place
 from tfmem.run.placement_pass import Record, place_state_on_host
 from tfmem.plan.build import make_plan
+from tfmem.run.plan_cache import PlanCache
 from tfmem.run.prefetch import Prefetcher
 from tfmem.run.request import Request
 from tfmem.memory.scratch import calibrate
@@ -117,50 +117,6 @@ class _Runtime:
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
 
 
-class _Compiled:
-    """A cached plan, its predicted memory, its executor once rewritten, and the graph
-    version it was checked at."""
-
-    def __init__(self, plan, graph_version, trace=None):
-        self.plan = plan
-        self.graph_version = graph_version
-        self._trace = trace
-        self._predict_later = None  # makes the trace when first read (see defer_prediction)
-        self.executor = None
-        self.correction = None  # budget.Correction of the request's plans, in budget mode
-        self.replan = False  # budget mode learned from a step: plan again before the next
-        self.feed_shapes = None  # the fed shapes of its first step
-        self.plan_time = 0.0  # seconds spent planning it
-        self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
-        self.last_measured = None  # StepStats of its last measured step
-
-    @property
-    def trace(self):
-        """The predicted MemoryTrace (made now if its prediction was deferred), or None."""
-        if self._trace is None and self._predict_later is not None:
-            predict, self._predict_later = self._predict_later, None
-            self._trace = predict()
-        return self._trace
-
-    @trace.setter
-    def trace(self, value):
-        self._trace, self._predict_later = value, None
-
-    @property
-    def predicted(self):
-        return self._trace is not None or self._predict_later is not None
-
-    @property
-    def deferred(self):
-        """True while the prediction waits for its first reader."""
-        return self._trace is None and self._predict_later is not None
-
-    def defer_prediction(self, predict):
-        """Predict when the trace is first read: a plan that swaps nothing needs no host
-        buffers, so its first step has nothing to check against the prediction."""
-        self._predict_later = predict
-
-
 class TFMemSession(SessionInterfaceMethods):
     """Runs `Session.run` requests of `sess` as sequences of partitions.
 
@@ -217,8 +173,7 @@ class TFMemSession(SessionInterfaceMethods):
         else:
             self._budget = None
         self._session = sess
-        self._compiled = {}  # request signature -> _Compiled
-        self._planning = threading.Lock()  # plans and graph additions, one thread at a time
+        self._plans = PlanCache()  # each request planned once, compiled once
         self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
             if place_state_on_host else None
         self._placed = Record()  # the placement pass's decisions on this session's graph
@@ -331,28 +286,18 @@ class TFMemSession(SessionInterfaceMethods):
             return budget.fit(self.graph, view, request.feed_shapes(), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
                               session=self._session, correction=correction,
-                              prefer=self._compiled_plans(request))
-
-    def _compiled_plans(self, request):
-        """Plans of this request already copied into the graph (budget mode: other shapes).
-
-        A copy reads its shapes from what is fed, so it serves any shape whose
-        predicted peak fits: reusing it keeps the graph from growing per shape.
-        """
-        plans = {id(e.plan): e.plan for key, e in self._compiled.items()
-                 if e.executor is not None and key[:-1] == request.signature}
-        return tuple(plans.values())
+                              prefer=self._plans.compiled_plans(request.signature))
 
     def _entry(self, request):
         """The cached plan of the request, planned again if the graph changed what it reaches."""
-        with self._planning:
+        with self._plans.lock:
             return self._entry_locked(request)
 
     def _entry_locked(self, request):
         key = request.signature
         if self._budget is not None:  # the fitting plan depends on the shapes fed
             key += (tuple(sorted(request.feed_shapes().items())),)
-        entry = self._compiled.get(key)
+        entry = self._plans.get(key)
         version = self.graph.version
         if entry is not None and entry.graph_version != version:
             # Planned again (below) only when this differs, after the placement pass
@@ -372,7 +317,7 @@ class TFMemSession(SessionInterfaceMethods):
                          "(partition_size=%s), was %d", len(plan.partitions),
                          plan.partition_size, len(entry.plan.partitions))
                 correction = entry.correction
-                entry = self._compiled[key] = _Compiled(plan, version, trace)
+                entry = self._plans.add(key, plan, version, trace)
                 entry.correction = correction
             else:  # the same plan, predicted with what was learned (gather drops a stale trace)
                 entry.trace = trace if trace is not None else budget.predict(
@@ -383,7 +328,7 @@ class TFMemSession(SessionInterfaceMethods):
         if entry is None:
             started = time.perf_counter()
             plan, trace = self._make_plan(request)
-            entry = self._compiled[key] = _Compiled(plan, version, trace)
+            entry = self._plans.add(key, plan, version, trace)
             entry.plan_time = time.perf_counter() - started
         return entry
 
@@ -406,21 +351,7 @@ class TFMemSession(SessionInterfaceMethods):
         self._check_open()
         request = Request(self.graph, fetches, feed_dict)
         entry = self._entry(request)
-        if entry.executor is None:
-            with self._planning:
-                if entry.executor is None:
-                    started = time.perf_counter()
-                    if not entry.predicted and not any(t.swapped for t in entry.plan.transfers):
-                        entry.defer_prediction(functools.partial(
-                            self._predict_shapes, entry.plan, request.feed_shapes()))
-                    elif entry.trace is None:
-                        entry.trace = self._predict(entry.plan, request)
-                    simulated = time.perf_counter() - started
-                    if not entry.deferred:
-                        self._check_host_memory(entry.trace)
-                    entry.executor = self._executor_for(entry, simulated)
-                    entry.graph_version = self.graph.version
-                    entry.feed_shapes = request.feed_shapes()
+        self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
         self._last_entry = entry
         timeline = Timeline() if self._trace_path else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
@@ -503,13 +434,28 @@ class TFMemSession(SessionInterfaceMethods):
             partition_peaks=measured.partition_peak_bytes if measured else None,
             step=self.last_step.step, measured_step=measured.step if measured else None)
 
+    def _compile_entry(self, entry, request):
+        """Predict the entry's memory (deferred when it swaps nothing), check the host's,
+        and give it its executor (under the plan cache's lock)."""
+        started = time.perf_counter()
+        if not entry.predicted and not any(t.swapped for t in entry.plan.transfers):
+            entry.defer_prediction(functools.partial(
+                self._predict_shapes, entry.plan, request.feed_shapes()))
+        elif entry.trace is None:
+            entry.trace = self._predict(entry.plan, request)
+        simulated = time.perf_counter() - started
+        if not entry.deferred:
+            self._check_host_memory(entry.trace)
+        entry.executor = self._executor_for(entry, simulated)
+        entry.graph_version = self.graph.version
+        entry.feed_shapes = request.feed_shapes()
+
     def _executor_for(self, entry, simulate_time):
         """The executor of the entry's plan: shared with an entry of the same plan, or new."""
-        for other in self._compiled.values():
-            if other.executor is not None and (other.plan is entry.plan
-                                               or other.plan == entry.plan):
-                self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
-                return other.executor
+        shared = self._plans.executor_of(entry.plan)
+        if shared is not None:
+            self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
+            return shared
         before = self.graph.version
         executor, rewrite_time, extend_time, callables_time = self._compile(
             entry.plan, None if entry.deferred else entry.trace)
@@ -558,7 +504,7 @@ class TFMemSession(SessionInterfaceMethods):
 
     def _release(self):
         self._leave_default()
-        self._compiled.clear()
+        self._plans.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
 
