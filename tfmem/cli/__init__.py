@@ -1,6 +1,7 @@
 """The command line wing: ``tfmem <command>`` and what its commands show.
 
     commands.py     the argument parser: ``tfmem demo | plan | run``
+    arguments.py    argument types the commands share
     plan.py         ``tfmem plan``: plan a saved graph without running it
     run.py          ``tfmem run``: the command line of tfmem.autowrap
     run_summary.py  what ``tfmem run`` prints at exit

@@ -5,6 +5,8 @@
     units.py      groups of ops that must run in one partition
     partition.py  a depth-first order of the units, sliced into partitions
     swap.py       the swap policy and the transfer spans
+    schedule.py   what every step does with the transfers, worked out once
+    streams.py    which random streams a plan draws from
     place.py      where state lives (the plan's Placement)
     updates.py    a step's state updates gathered into its last partition
     build.py      the Plan value, `build_plan`, `make_plan` and `validate`
