@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 import tfmem
-from tfmem import accelerator, child_env
-from tfmem import provenance as tfmem_provenance
+from tfmem.run import accelerator
+from tfmem.cli import child_env
+from tfmem.cli import provenance as tfmem_provenance
 
 MIB = 1 << 20
 SYSTEMS = ("tf", "grappler", "tfmem")
@@ -334,7 +335,7 @@ def run_trial(experiment, args):
     started = time.perf_counter()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
     system = args.system[0]
     limit = accelerator.emulated_memory_mib()

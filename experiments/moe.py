@@ -153,18 +153,19 @@ def placement_report(args, summaries, stem, out=print):
 
     The emulated accelerator is the host itself, so the pass has nothing to
     move in the measured runs; the figure comes from the plan tfmem makes for
-    the same graph on a session with a GPU (`make_plan(..., accelerator=...)`).
+    the same graph on a session with a GPU (`make_plan(view, ..., accelerator=...)`).
     """
     del stem, out  # one table, no files
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.plan import make_plan  # pylint: disable=import-outside-toplevel
-    from tfmem.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
     trials = {(s["system"], t["size"]): t for s in summaries for t in s["all_trials"]}
     rows = []
     for experts in sorted({size for _, size in trials}):
         model = build(tf, experts, args)
         with model.graph.as_default():
-            plan = make_plan([model.loss], [model.train_op], list(model.feed), 200,
+            plan = make_plan(analyse([model.loss], [model.train_op], list(model.feed)), 200,
                              SwapPolicy(min_bytes=args.swap_min_bytes or 1 << 20), "GPU:0")
         row = dict(experts=experts, moved_to_host_mib=round(plan.placement.moved_bytes / MIB, 2),
                    moved_ops=len(plan.placement.moved))

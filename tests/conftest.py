@@ -24,7 +24,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfmem  # noqa: E402
-from tfmem import accelerator  # noqa: E402
+from tfmem.run import accelerator  # noqa: E402
 
 tf1 = tf.compat.v1
 

@@ -23,16 +23,18 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import accelerator, budget, models
-from tfmem.analyse import analyse
-from tfmem.partition import partition
-from tfmem.place import place
-from tfmem.plan import build_plan
-from tfmem.scratch import calibrate
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import TensorSizes, simulate
-from tfmem.swap import SwapPolicy
-from tfmem.units import units
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
+from tfmem.plan.analyse import analyse
+from tfmem.plan.partition import partition
+from tfmem.plan.place import place
+from tfmem.plan.build import build_plan
+from tfmem.memory.scratch import calibrate
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.plan.swap import SwapPolicy
+from tfmem.plan.units import units
 
 tf1 = tf.compat.v1
 
@@ -150,10 +152,9 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     fetches, targets, feed_shapes = [model.loss], [model.train], {x.name: (1024, 256)}
     budget_bytes = BUDGET_MIB * MIB
     policy = SwapPolicy()
-    plan, trace = budget.fit(model.graph, fetches, targets, [x], feed_shapes, budget_bytes,
-                             policy)
-    limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
     view = analyse(fetches, targets, [x])
+    plan, trace = budget.fit(model.graph, view, feed_shapes, budget_bytes, policy)
+    limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
     shapes = resolve_shapes(model.graph, view, feed_shapes)
     kernel_scratch = calibrate(model.graph, view, feed_shapes)
     slack = budget.chunk_slack(view, TensorSizes(view, shapes))
@@ -184,7 +185,10 @@ tfmem.emulate_accelerator(CAP)
 import numpy as np
 import psutil
 import tensorflow as tf
-from tfmem import accelerator, budget, models
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
+from tfmem.plan.analyse import analyse
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
 # One thread per pool: the executor's order, and with it the step's peak, does not
@@ -249,7 +253,7 @@ out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
 model = models.mlp(layers=12)
 x, = model.inputs
 with tf1.Session(graph=model.graph, config=PINNED) as probe:
-    _, whole = budget.fit(model.graph, [model.loss], [model.train], [x],
+    _, whole = budget.fit(model.graph, analyse([model.loss], [model.train], [x]),
                           {x.name: (BATCH, 256)}, 1 << 40, session=probe)
 edge = whole.peak_device / (1 - budget.DEFAULT_MARGIN)
 out["edge_bytes"] = [int(edge) + (64 << 10), int(edge) - (64 << 10)]

@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import budget as _budget, models
+from tfmem.memory import budget as _budget
+from tfmem.cli import models
 from conftest import ATOL, RTOL, assert_same_result, build_mlp, check_plan
 
 tf1 = tf.compat.v1

@@ -27,7 +27,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import updates
+from tfmem.plan import updates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
 

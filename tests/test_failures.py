@@ -348,7 +348,7 @@ def _key(scenario):
 
 def _bfc_worker():
     """Entry point of the subprocess: run every scenario, print one JSON line."""
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     assert accelerator.emulated_memory_mib() is not None
     results = {}
     for scenario in SCENARIOS:

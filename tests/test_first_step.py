@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import budget, models
+from tfmem.memory import budget
+from tfmem.cli import models
 
 tf1 = tf.compat.v1
 

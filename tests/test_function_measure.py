@@ -24,7 +24,7 @@ import tfmem
 tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
-from tfmem import accelerator
+from tfmem.run import accelerator
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import proof_tf2
+from tfmem.cli import proof_tf2
 
 
 def build(seed=1, jit_compile=False):

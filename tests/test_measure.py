@@ -26,7 +26,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(int(sys.argv[1]))
 import tensorflow as tf
-from tfmem import accelerator, models, scratch
+from tfmem.run import accelerator
+from tfmem.cli import models
+from tfmem.memory import scratch
 tf1 = tf.compat.v1
 budget_mib, cache_path = int(sys.argv[2]), sys.argv[3]
 config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
@@ -92,7 +94,7 @@ learn["log"] = records
 # 3. Sampled measurement: the first steps of a plan, then one in SAMPLE_EVERY; a step
 # the user traces is measured anyway; a sampled step over the prediction still teaches.
 from tensorflow.core.protobuf import config_pb2
-from tfmem import sampling
+from tfmem.run import sampling
 model = models.mlp(layers=4)
 sess = tf1.Session(graph=model.graph, config=config)
 tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
@@ -175,7 +177,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
 
 
 def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
-    from tfmem import sampling
+    from tfmem.run import sampling
     sampled = measured["sampled"]
     every, off, sample = sampled["every"], sampled["off"], sampled["sample"]
     assert all(every["flags"]) and every["traced"]
@@ -193,7 +195,7 @@ def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
 
 
 def test_a_sampled_step_over_its_prediction_still_replans(measured):
-    from tfmem import sampling
+    from tfmem.run import sampling
     stale = measured["stale"]
     flags = stale["flags"]
     first = flags.index(True)  # the next sampled step

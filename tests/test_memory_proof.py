@@ -3,7 +3,7 @@ TensorFlow's measured peak, a plain Session runs out of memory and a
 TFMemSession trains with the same losses; without a cap, TFMemSession's
 measured peak stays under half of plain TensorFlow's.
 
-The whole proof runs twice, in one `python -m tfmem.proof --json` process per
+The whole proof runs twice, in one `python -m tfmem.cli.proof --json` process per
 kernel path (TF_ENABLE_ONEDNN_OPTS=0 and =1), each starting a fresh process
 per run, because the allocator, its cap and the kernel path are read when
 TensorFlow starts.  So CI on a machine whose default is either path covers
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import tfmem
-from tfmem import child_env, proof
+from tfmem.cli import child_env, proof
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -34,7 +34,7 @@ def results():
     for path in PATHS:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         env[child_env.ONEDNN] = path
-        procs[path] = subprocess.Popen([sys.executable, "-m", "tfmem.proof", "--json"], env=env,
+        procs[path] = subprocess.Popen([sys.executable, "-m", "tfmem.cli.proof", "--json"], env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = {}
     for path, proc in procs.items():
@@ -145,7 +145,7 @@ def test_a_crashed_capped_run_is_reported_as_a_crash():
 def test_emulate_accelerator_refuses_after_tensorflow_is_imported():
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
     before = dict(os.environ)
     size = (accelerator.emulated_memory_mib() or 0) + 1  # not the cap already configured

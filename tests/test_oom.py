@@ -124,7 +124,7 @@ def test_a_partition_that_failed_below_every_prediction_still_gets_the_most_caut
     """A partition can fail under its own prediction (another thread's uploads, the
     allocator's chunks); then no plan is predicted to need less, and the suggestion is
     the plan fitted to the smallest budget that fits, not none at all."""
-    from tfmem import oom  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import oom  # pylint: disable=import-outside-toplevel
     g, _, _, out, feed = build_reporting()
     tfs = tfmem.TFMemSession(sessions(g), partition_size=3, swap="all")
     plan = tfs.plan(out, feed_dict=feed)

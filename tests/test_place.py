@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.analyse import analyse
-from tfmem.place import HOST_DEVICE, place
-from tfmem.placement_pass import Record
-from tfmem.plan import make_plan
+from tfmem.plan.analyse import analyse
+from tfmem.plan.place import HOST_DEVICE, place
+from tfmem.run.placement_pass import Record
+from tfmem.plan.build import make_plan
 
 tf1 = tf.compat.v1
 BIG = (512, 1024)  # 2 MiB of float32, above the 1 MiB default threshold
@@ -66,7 +66,7 @@ def test_with_the_pass_outcome_what_stayed_is_listed_and_large_constants_copied(
 def test_validate_refuses_a_host_copy_of_what_is_not_a_constant():
     g, x, loss, train, _ = _gpu_graph()
     with g.as_default():
-        plan = make_plan([loss], [], [x], 3, accelerator="GPU:0")
+        plan = make_plan(analyse([loss], [], [x]), 3, accelerator="GPU:0")
     bad = dataclasses.replace(plan, placement=dataclasses.replace(
         plan.placement, copied=types.MappingProxyType({"model/w": HOST_DEVICE})))
     with pytest.raises(tfmem.InvalidPlanError, match="copies 'model/w'"):

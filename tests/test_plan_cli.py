@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfmem import cli, serialize
-from tfmem.plan import make_plan
-from tfmem.swap import SwapPolicy
-from tfmem.trace import TRACKS
+from tfmem import cli
+from tfmem.cli import serialize
+from tfmem.plan.analyse import analyse
+from tfmem.plan.build import make_plan
+from tfmem.plan.swap import SwapPolicy
+from tfmem.run.trace import TRACKS
 
 tf1 = tf.compat.v1
 
@@ -92,9 +94,10 @@ def _plan_directly(path, fetches, targets, feeds, partition_size, policy=SwapPol
     graph = tf.Graph()
     with graph.as_default():
         tf1.train.import_meta_graph(path, clear_devices=True)
-    return make_plan([graph.get_tensor_by_name(t) for t in fetches],
-                     [graph.get_operation_by_name(o) for o in targets],
-                     [graph.get_tensor_by_name(t) for t in feeds], partition_size, policy)
+    view = analyse([graph.get_tensor_by_name(t) for t in fetches],
+                   [graph.get_operation_by_name(o) for o in targets],
+                   [graph.get_tensor_by_name(t) for t in feeds])
+    return make_plan(view, partition_size, policy)
 
 
 def test_summary_and_json_match_make_plan(models, capsys, tmp_path):
@@ -248,9 +251,9 @@ def test_kernel_scratch_is_in_every_partitions_predicted_peak(capsys, tmp_path):
     """A convolution net's gradient kernels allocate scratch beyond their outputs: the
     table shows it per partition, and the predicted peaks include it (they exceed the
     simulator's tensor-only prediction by at least that much)."""
-    from tfmem import models as zoo  # pylint: disable=import-outside-toplevel
-    from tfmem.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
-    from tfmem.simulate import simulate  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models as zoo  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
     model = zoo.convnet()
     path = str(tmp_path / "conv.meta")
     with model.graph.as_default():

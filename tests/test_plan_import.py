@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import plan_import
+from tfmem.run import plan_import
 
 tf1 = tf.compat.v1
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tfmem
-from tfmem.optypes import RANDOM_STREAM
+from tfmem.plan.optypes import RANDOM_STREAM
 from conftest import assert_same_result, new_session
 
 tf1 = tf.compat.v1

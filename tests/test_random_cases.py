@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import optypes
+from tfmem.plan import optypes
 from conftest import new_session
 
 tf1 = tf.compat.v1

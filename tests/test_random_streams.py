@@ -134,7 +134,7 @@ def _run_sequence(calls, seeding, tfmem_kwargs):
 
 def _random_ops(plan):
     return {name for name in plan.view.nodes if plan.view.nodes[name].type in
-            tfmem.optypes.RANDOM_STREAM}
+            tfmem.plan.optypes.RANDOM_STREAM}
 
 
 def test_issue_scenario_dropout_train_eval_plain():
@@ -284,7 +284,7 @@ def test_random_ops_in_and_after_control_flow(control_flow, partition_size):
     TensorFlow inlines a v2 loop's or cond's body under the caller's name, so
     the caller runs as the user's op.  In v1, random ops in cond branches and
     after the control flow run as the user's op too; the one inside the v1
-    while loop stays a copy (the documented limit, see tfmem.streams): there one
+    while loop stays a copy (the documented limit, see tfmem.plan.streams): there one
     plan, run repeatedly, still equals a fresh plain session.
     """
     g, x, out, other = _control_flow_model()
@@ -295,7 +295,7 @@ def test_random_ops_in_and_after_control_flow(control_flow, partition_size):
     try:
         plan = tfs.plan(requests[0], {x: np.ones((2, 3), np.float32)})
         drawing = {name for name, node in plan.view.nodes.items()
-                   if node.type in tfmem.optypes.RANDOM_STREAM | {"While", "If"}}
+                   if node.type in tfmem.plan.optypes.RANDOM_STREAM | {"While", "If"}}
         in_loop = set() if v2 else {"while/random_uniform/RandomUniform"}
         assert drawing and drawing - in_loop <= plan.view.originals, drawing
         assert not in_loop & plan.view.originals

@@ -9,9 +9,10 @@ import numpy as np
 import tensorflow as tf
 
 import tfmem
-from tfmem import models, scratch
-from tfmem.analyse import analyse
-from tfmem.execute import measured_scratch
+from tfmem.cli import models
+from tfmem.memory import scratch
+from tfmem.plan.analyse import analyse
+from tfmem.run.execute import measured_scratch
 
 tf1 = tf.compat.v1
 CONFIG = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)

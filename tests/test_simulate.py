@@ -18,13 +18,14 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem import models
-from tfmem.budget import DEFAULT_MARGIN
-from tfmem.plan import make_plan
-from tfmem.proof import build_model
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.swap import SwapPolicy
+from tfmem.cli import models
+from tfmem.memory.budget import DEFAULT_MARGIN
+from tfmem.plan.analyse import analyse
+from tfmem.plan.build import make_plan
+from tfmem.cli.proof import build_model
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.swap import SwapPolicy
 
 tf1 = tf.compat.v1
 
@@ -80,7 +81,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(8192)  # a BFC allocator far above every step: figures, no cap
 import tensorflow as tf
-from tfmem import accelerator, budget, models
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.cli import models
 
 configs, sizes, steps = (json.loads(a) for a in sys.argv[1:4])
 results = []
@@ -254,7 +257,7 @@ def test_smaller_partitions_predict_and_measure_less(accuracy):
 def _plan(swap, partition_size=4):
     # The proof's MLP: every tensor has a static shape.
     graph, x, loss, train, _ = build_model(tf, layers=6, batch=64, width=128, seed=0)
-    return make_plan([loss], [train], [x], partition_size, SwapPolicy(swap, 2, 1, 0))
+    return make_plan(analyse([loss], [train], [x]), partition_size, SwapPolicy(swap, 2, 1, 0))
 
 
 @pytest.mark.parametrize("swap", ["auto", "all", "none"])
@@ -311,7 +314,7 @@ def test_swap_all_moves_the_swapped_transfer_bytes():
 def _mlp_plan(partition_size=10):
     model = models.mlp(layers=4)
     x, = model.inputs
-    return model, make_plan([model.loss], [model.train], [x], partition_size)
+    return model, make_plan(analyse([model.loss], [model.train], [x]), partition_size)
 
 
 def test_unknown_dimensions_are_counted_and_resolved_by_feed_shapes():
@@ -350,7 +353,7 @@ def test_session_simulate_is_simulate_of_its_plan():
         trace = tfs.simulate(fetches, feed)
         plan = tfs.plan(fetches, feed)
         assert trace == simulate(plan, resolve_shapes(model.graph, plan.view, {x.name: (64, 256)}))
-        independent = make_plan([model.loss], [model.train], [x], 10)
+        independent = make_plan(analyse([model.loss], [model.train], [x]), 10)
         assert trace == simulate(independent, resolve_shapes(model.graph, independent.view,
                                                              {x.name: (64, 256)}))
         # Only data-dependent shapes stay unknown (BroadcastGradientArgs' index vectors).

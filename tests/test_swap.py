@@ -1,6 +1,6 @@
 """Swap policy and swap manager: spans, validation, equivalence and step stats.
 
-* ``tfmem.swap.spans`` is pure: checked case by case and by properties over
+* ``tfmem.plan.swap.spans`` is pure: checked case by case and by properties over
   a grid of policies and reader sets.
 * ``tfmem.validate`` rejects plans whose spans are broken (built with
   ``dataclasses.replace`` from a valid plan).
@@ -24,8 +24,8 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.swap import Span, SwapPolicy, spans
-from tfmem import accelerator
+from tfmem.plan.swap import Span, SwapPolicy, spans
+from tfmem.run import accelerator
 from conftest import (ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session,
                       worker_results)
 

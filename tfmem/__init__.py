@@ -10,26 +10,32 @@ allocator), and changes no TensorFlow state.
 import importlib
 
 _EXPORTS = {
-    "TFMemSession": "tfmem.session",
-    "Plan": "tfmem.plan", "Partition": "tfmem.plan", "Transfer": "tfmem.plan",
-    "validate": "tfmem.plan", "SwapPolicy": "tfmem.swap", "Span": "tfmem.swap",
-    "StepStats": "tfmem.stats", "emulate_accelerator": "tfmem.accelerator",
+    "TFMemSession": "tfmem.run.session",
+    "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
+    "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
+    "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",
     "Placement": "tfmem.place", "place": "tfmem.place", "state_on_host": "tfmem.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
-    "MemoryReport": "tfmem.session",
-    "parse_bytes": "tfmem.budget",
-    "Session": "tfmem.session_factory", "session_config": "tfmem.session_factory",
-    "CompileStats": "tfmem.compile_stats",
-    "RemoteTaskError": "tfmem.remote",
+    "MemoryReport": "tfmem.run.session",
+    "parse_bytes": "tfmem.memory.budget",
+    "Session": "tfmem.run.session_factory", "session_config": "tfmem.run.session_factory",
+    "CompileStats": "tfmem.run.compile_stats",
+    "RemoteTaskError": "tfmem.run.remote",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
-    "SessionCreator": "tfmem.monitored", "MonitoredSession": "tfmem.monitored",
-    "MonitoredTrainingSession": "tfmem.monitored",
-    "SingularMonitoredSession": "tfmem.monitored",
+    "SessionCreator": "tfmem.run.monitored", "MonitoredSession": "tfmem.run.monitored",
+    "MonitoredTrainingSession": "tfmem.run.monitored",
+    "SingularMonitoredSession": "tfmem.run.monitored",
 }
 # Submodules exported by name (imported on first use): tfmem.keras.
 _MODULES = {"keras": "tfmem.keras"}
+# Modules that moved into a wing but that earlier READMEs told users to use
+# from Python (`tfmem.models.mlp`, `tfmem.proof.train`,
+# `tfmem.serialize.plan_to_dict`): `tfmem.models` and `from tfmem import
+# models` still work.  Every other module is reached by its wing's path.
+_MOVED_MODULES = {"models": "tfmem.cli.models", "proof": "tfmem.cli.proof",
+                  "serialize": "tfmem.cli.serialize"}
 
 __all__ = sorted(list(_EXPORTS) + list(_MODULES))
 
@@ -41,6 +47,8 @@ def __getattr__(name):
         return value
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
+    if name in _MOVED_MODULES:
+        return importlib.import_module(_MOVED_MODULES[name])
     raise AttributeError(f"module 'tfmem' has no attribute {name!r}")
 
 

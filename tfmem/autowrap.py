@@ -36,7 +36,7 @@ import sys
 import threading
 import types
 
-from tfmem import accelerator
+from tfmem.run import accelerator
 from tfmem.errors import UnsupportedGraphError
 
 # Nothing here imports TensorFlow before `run_program` has set an emulated
@@ -83,8 +83,8 @@ def parse_options(text):
 
 
 def _checked_sizes(options):
-    """Memory sizes read and checked (this imports TensorFlow, through tfmem.budget)."""
-    from tfmem.budget import parse_bytes  # pylint: disable=import-outside-toplevel
+    """Memory sizes read and checked (this imports TensorFlow, through tfmem.memory.budget)."""
+    from tfmem.memory.budget import parse_bytes  # pylint: disable=import-outside-toplevel
     options = dict(options)
     if "swap_min_bytes" in options:
         options["swap_min_bytes"] = parse_bytes(options["swap_min_bytes"])
@@ -96,7 +96,7 @@ def _checked_sizes(options):
 def _session_classes(options, recorder):
     """Subclasses of Session and InteractiveSession whose steps run through tfmem."""
     from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
-    from tfmem.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
 
     class Routed:
         """Routes `run` and `make_callable` to a TFMemSession wrapping this session."""
@@ -187,7 +187,7 @@ def install(**options):
     `recorder` holds the per-session totals; `uninstall()` undoes it)."""
     from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
     from tensorflow.python.training import session_manager  # pylint: disable=import-outside-toplevel
-    from tfmem.run_summary import RunRecorder  # pylint: disable=import-outside-toplevel
+    from tfmem.cli.run_summary import RunRecorder  # pylint: disable=import-outside-toplevel
     recorder = RunRecorder()
     replacements = _session_classes(options, recorder)
     with _INSTALL_LOCK:

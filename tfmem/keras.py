@@ -26,6 +26,7 @@ import logging
 import tensorflow as tf
 
 from tfmem.tf2 import function as tfmem_function
+from tfmem import tf_private
 from tfmem.errors import UnsupportedGraphError
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def _train_function(model, options):
         return model.train_step(data)
 
     step = tfmem_function.function(one_step_on_data, reduce_retracing=True, **options)
-    call = model._autoconvert_optionals(step)  # pylint: disable=protected-access
+    call = tf_private.keras_autoconvert_optionals(model, step)
 
     def train_function(iterator):
         outputs = None

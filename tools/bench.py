@@ -5,7 +5,7 @@ capped training (issue 6).
                           [--skip-fits] [--skip-plan] [--skip-capped] [--profile]
                           [--measure-cost]
 
-(a) A model that fits: ResNet-56 (`tfmem.models.resnet(blocks=(9, 9, 9))`,
+(a) A model that fits: ResNet-56 (`tfmem.cli.models.resnet(blocks=(9, 9, 9))`,
     batch 32).  One graph, two sessions (plain, and the one tfmem wraps),
     both initialised; per partition size (50, 200, "auto" with a budget far
     above the step's peak, so budget mode should choose one partition) the
@@ -34,7 +34,7 @@ capped training (issue 6).
     on its first call and again on a second call, which should only look the
     plan up in the cache.
 
-(b) A model that trains only with tfmem: `tfmem.models.mlp(layers=24,
+(b) A model that trains only with tfmem: `tfmem.cli.models.mlp(layers=24,
     width=256)` at batch 2048.  Three fresh processes (the emulated cap is
     read when TensorFlow starts): plain peak without a cap (TensorFlow's BFC
     allocator, capped far above the step, so it reports its peak); plain
@@ -53,10 +53,10 @@ capped training (issue 6).
 Each goal is printed last as one machine-readable line:
 `TARGET name=value (goal ...) ok|MISSED`.
 
-Two private hooks are used, in this tool only: the session's
-`_make_callable_from_options` (to time the Session calls) and
-`TFMemSession._trace` (switched on for the traced breakdown steps only, so
-the timed steps carry no tracing cost).
+One private hook is used, in this tool only: the session's
+`_make_callable_from_options` (to time the Session calls).  The traced
+breakdown steps use the public `TFMemSession.tracing(path)`, so the timed
+steps carry no tracing cost.
 """
 
 import argparse
@@ -203,19 +203,15 @@ def trace_durations(trace):
 def _traced_steps(tfs, run, steps, path):
     """Run `steps` steps with a Chrome trace; per step the trace's durations and StepStats.
 
-    Switches the private TFMemSession._trace on for these steps only.
+    Traces these steps only (`TFMemSession.tracing`).
     """
-    if not hasattr(tfs, "_trace") or steps <= 0:
+    if not hasattr(tfs, "tracing") or steps <= 0:
         return []
-    previous = tfs._trace  # pylint: disable=protected-access
-    tfs._trace = path  # pylint: disable=protected-access
     out = []
-    try:
+    with tfs.tracing(path):
         for _ in range(steps):
             run()
             out.append((trace_durations(path), tfs.last_step))
-    finally:
-        tfs._trace = previous  # pylint: disable=protected-access
     return out
 
 
@@ -247,7 +243,7 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     """
     log = log or (lambda text: None)
     tf = _tf()
-    from tfmem import models  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     started = time.perf_counter()
     model = models.resnet(blocks=blocks, width=width, image=image)
     build_s = time.perf_counter() - started
@@ -472,7 +468,7 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
     log = log or (lambda text: None)
     tf = _tf()
     tf1 = tf.compat.v1
-    from tfmem import models  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     rows = []
     for config in configs:
         sizes = partition_sizes if config == "tfmem" or default_sizes is None else default_sizes
@@ -539,7 +535,8 @@ def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, p
     """One capped run in this (fresh) process: kind is peak, plain or tfmem. Returns a dict."""
     tfmem.emulate_accelerator(cap_mib)  # before TensorFlow is imported
     tf = _tf()
-    from tfmem import accelerator, models  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     model = models.mlp(layers=layers, width=width)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
@@ -672,7 +669,7 @@ def profile_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200), steps=5,
     import io  # pylint: disable=import-outside-toplevel
     import pstats  # pylint: disable=import-outside-toplevel
     tf = _tf()
-    from tfmem import models  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     model = models.resnet(blocks=blocks)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
@@ -718,7 +715,7 @@ def bench_refusals(huge=100_000):
     tf = _tf()
     tf1 = tf.compat.v1
     import tfmem  # pylint: disable=import-outside-toplevel
-    from tfmem import models  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     result = {}
     model = models.mlp(layers=12)
     with tf1.Session(graph=model.graph) as sess:
@@ -1038,7 +1035,7 @@ def main(argv=None):
         print(json.dumps(out))
         return 0
     if args.per_partition_rewrite:
-        from tfmem import plan_import  # pylint: disable=import-outside-toplevel
+        from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
         plan_import.ENABLED = False
     started = time.perf_counter()
     results = run_all(args)

@@ -31,8 +31,8 @@ cap, steps = int(sys.argv[1]), int(sys.argv[2])
 if cap:
     tfmem.emulate_accelerator(cap)
 import tensorflow as tf
-from tfmem import accelerator
-from tfmem.proof import build_model
+from tfmem.run import accelerator
+from tfmem.cli.proof import build_model
 import numpy as np
 graph, x, loss, train, init = build_model(tf, layers=24, batch=2048, width=256, seed=0)
 feed_value = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
@@ -112,7 +112,8 @@ def main(argv=None):
                              "budget.json)")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
-    from tfmem import budget, provenance  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import budget  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
     plain = run(0, args.steps)
     table_rows = rows(plain, {cap: run(cap, args.steps) for cap in args.caps})
     print(markdown(table_rows))

@@ -5,7 +5,7 @@
 
 Four checks, one report:
 
-1. Memory proof with the GPU's own memory: the proof MLP (tfmem.proof) trains
+1. Memory proof with the GPU's own memory: the proof MLP (tfmem.cli.proof) trains
    plainly without a cap (peak P on GPU:0), then in fresh processes with the
    GPU capped at P/2 by `tf.config.set_logical_device_configuration`: plain
    TensorFlow must raise ResourceExhaustedError, TFMemSession must train with
@@ -57,14 +57,14 @@ def no_gpu_message():
 
 
 def build(tf, device, layers, batch, width, seed):
-    """The proof MLP (tfmem.proof.build_model) with its ops on `device`."""
-    from tfmem import proof  # pylint: disable=import-outside-toplevel
+    """The proof MLP (tfmem.cli.proof.build_model) with its ops on `device`."""
+    from tfmem.cli import proof  # pylint: disable=import-outside-toplevel
     return proof.build_model(tf, layers, batch, width, seed, device=device)
 
 
 def page_locked(pool):
     """True when a buffer the pool hands out is registered with the CUDA runtime."""
-    from tfmem import buffers  # pylint: disable=import-outside-toplevel
+    from tfmem.run import buffers  # pylint: disable=import-outside-toplevel
     cudart = buffers._loaded_cudart()  # pylint: disable=protected-access
     if cudart is None:
         return False
@@ -111,7 +111,7 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path, model):
         tfmem.emulate_accelerator(cap_mib or UNCAPPED_STAND_IN_MIB)  # before TensorFlow
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
     if not stand_in and cap_mib:
         gpu = tf.config.list_physical_devices("GPU")[0]
@@ -191,7 +191,7 @@ def run_worker(system, cap_mib, args, trace_path=None):
 
 def checks(plain, plain_capped, tfmem_run):
     """[(name, passed, detail)] of the four checks."""
-    from tfmem.proof import losses_match  # pylint: disable=import-outside-toplevel
+    from tfmem.cli.proof import losses_match  # pylint: disable=import-outside-toplevel
     cap = plain_capped["cap_mib"]
     result = []
     fits = not tfmem_run["failed"] and tfmem_run["oom"] is None and \

@@ -32,7 +32,8 @@ def child(layers, width, batch, steps, warmup):
     import tfmem  # pylint: disable=import-outside-toplevel
     tfmem.emulate_accelerator(16384)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem import accelerator, models  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     model = models.mlp(layers=layers, width=width)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]

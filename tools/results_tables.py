@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def _provenance(info):
-    from tfmem import provenance  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
     return provenance.describe(info) if info else "provenance not recorded"
 
 
@@ -80,7 +80,7 @@ def soak_block(data):
     lines = [
         f"`python tools/soak.py --steps {args['steps']} --json experiments/results/soak.json` "
         f"({_provenance(data.get('provenance'))}):", "",
-        f"- model: `tfmem.models.mlp(layers={args['layers']}, width={args['width']})`, batch "
+        f"- model: `tfmem.cli.models.mlp(layers={args['layers']}, width={args['width']})`, batch "
         f"{args['batch']}, momentum SGD; plain TensorFlow's peak for one step "
         + (f"{plain / MIB:.1f} MiB" if plain else "not measured")
         + f"; cap {data['cap_mib']} MiB"

@@ -3,9 +3,9 @@
     python tools/soak.py                   # 2000 steps, cap = half of plain TensorFlow's peak
     python tools/soak.py --steps 200 --json out.json
 
-A week-long run must not grow.  The tool trains `tfmem.models.mlp` through a
+A week-long run must not grow.  The tool trains `tfmem.cli.models.mlp` through a
 TFMemSession in a fresh process whose TensorFlow CPU allocator is capped (the
-emulated accelerator, see tfmem.accelerator), by default at half the peak a
+emulated accelerator, see tfmem.run.accelerator), by default at half the peak a
 plain Session needs for the same step (measured first, in another fresh
 process), so tfmem has to partition and swap.  After the warm-up steps it
 samples, every `--every` steps:
@@ -90,7 +90,7 @@ def parse_args(argv=None):
 
 
 def _model(args):
-    from tfmem import models  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     model = models.mlp(layers=args.layers, width=args.width, features=args.width)
     feeds = [model.feed(args.batch, seed) for seed in range(4)]  # made once: no data churn
     return model, feeds
@@ -135,7 +135,7 @@ def _soak(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import tfmem  # pylint: disable=import-outside-toplevel
-    from tfmem import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     model, feeds = _model(args)
     tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=args.partition_size,
                              swap=args.swap,
@@ -226,7 +226,7 @@ def _run_worker(args, argv, cap_mib=None):
 
     cap_mib None: the BFC allocator with a limit far above the step.
     """
-    from tfmem import child_env  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
     env = child_env.child_env(cap_mib=cap_mib, onednn=bool(args.onednn))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + argv, env=env,
@@ -254,7 +254,7 @@ def main(argv=None):
     ok, lines, growth = verdict(result, args.rss_tolerance)
     print("\n".join(lines))
     if args.json:
-        from tfmem import child_env, provenance  # pylint: disable=import-outside-toplevel
+        from tfmem.cli import child_env, provenance  # pylint: disable=import-outside-toplevel
         origin = provenance.provenance(child_env.kernel_path(bool(args.onednn)))
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(dict(result, growth_per_1000=growth, ok=ok, args=vars(args),

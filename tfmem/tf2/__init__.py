@@ -1,6 +1,6 @@
 """The TensorFlow 2 back end: how a partition of a traced `tf.function` runs eagerly.
 
-The Session front end (`tfmem.session`) copies partitions into a session's
+The Session front end (`tfmem.run.session`) copies partitions into a session's
 graph and runs them as Session callables, with tensors crossing as session
 handles.  This package is the same idea for eager TensorFlow 2, and nothing
 more: analysis, partitioning, planning, the swap schedule, the host buffer

@@ -25,7 +25,7 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
-from tfmem.rewrite import keep_colocation_within
+from tfmem.run.rewrite import keep_colocation_within
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 

@@ -1,6 +1,6 @@
 """Execute a plan eagerly: one ConcreteFunction call per partition.
 
-The loop mirrors `tfmem.execute.Executor._run_partitions` for eager tensors:
+The loop mirrors `tfmem.run.execute.Executor._run_partitions` for eager tensors:
 arguments are the fed values (the function's inputs and captured handles)
 and the transfers read (EagerTensors kept on the device, or uploaded again
 by the prefetcher); outputs go to the shared SwapManager (kept, or copied
@@ -14,10 +14,12 @@ import time
 import psutil
 import tensorflow as tf
 
-from tfmem import oom
-from tfmem.execute import _deferred_interrupts  # pylint: disable=protected-access
-from tfmem.stats import StepStats
-from tfmem.swap_manager import Schedule, SwapManager
+from tfmem.run import accelerator
+from tfmem.memory import oom
+from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-access
+from tfmem.plan.schedule import Schedule
+from tfmem.run.swap_manager import SwapManager
+from tfmem.run.trace import NO_TIMELINE
 from tfmem.tf2.measure import PeakReader
 
 
@@ -87,12 +89,12 @@ class EagerExecutor:
         # Drop the outputs so a swapped tensor's device copy is freed now.
         values = value = None
         swaps.finish(index)
-        if timeline:
-            timeline.span("partitions", f"partition {index}", started,
-                          {"ops": len(self._plan.partitions[index].ops)})
+        timeline.span("partitions", f"partition {index}", started,
+                      {"ops": len(self._plan.partitions[index].ops)})
 
     def run(self, feeds, timeline=None):
         """Run one step on {fed tensor name: EagerTensor}; return ({fetch: value}, StepStats)."""
+        timeline = timeline or NO_TIMELINE
         runtime = self._runtime
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
@@ -113,19 +115,19 @@ class EagerExecutor:
                         swaps.abort()
                         shapes = {name: value for name, value in feeds.items()
                                   if value.dtype not in (tf.resource, tf.variant)}
-                        raise oom.device_memory_error(GraphDevices(self._graph), self._plan,
-                                                      shapes, function.index, err) from err
+                        devices = GraphDevices(self._graph)
+                        raise oom.device_memory_error(devices, self._plan, shapes, function.index,
+                                                      err, accelerator.device_capacity(devices)) from err
                     deliver_interrupt()
         except BaseException:
             swaps.abort()
             raise
         wall = time.perf_counter() - started
-        stats = StepStats(
+        stats = swaps.counts.step_stats(
             partitions=len(self._functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,
             partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall,
-            **swaps.counts)
+            wall_time=wall)
         return results, stats

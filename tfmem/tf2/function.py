@@ -33,22 +33,24 @@ import weakref
 import psutil
 import tensorflow as tf
 from tensorflow.python.eager import record
-from tensorflow.python.eager.polymorphic_function import function_type_utils
 
-from tfmem import accelerator, budget
-from tfmem.buffers import HostBufferPool
+from tfmem.run import accelerator
+from tfmem.memory import budget
+from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import HostMemoryError, UnsupportedGraphError
-from tfmem.optypes import draws_random_stream
-from tfmem.plan import make_plan
-from tfmem.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
-from tfmem.shapes import resolve_shapes
-from tfmem.simulate import simulate
-from tfmem.swap import SwapPolicy
+from tfmem.plan.analyse import analyse
+from tfmem.plan.build import make_plan
+from tfmem.plan.optypes import draws_random_stream
+from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.swap import SwapPolicy
+from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
-from tfmem.trace import Timeline, write_chrome_trace
+from tfmem.run.trace import Timeline, write_chrome_trace
 
 TF2_MARGIN = 0.25  # budget margin of tfmem.function (see budget.fit below)
 
@@ -214,10 +216,7 @@ class PartitionedFunction:
 
     def _feeds(self, args, kwargs):
         """(ConcreteFunction, {graph input name: value}) for one call."""
-        # What tf.function's own call does first: defaults filled in, numpy made tensors.
-        bound = function_type_utils.canonicalize_function_inputs(
-            args, kwargs, self._tf_function._function_type,  # pylint: disable=protected-access
-            self._tf_function._default_values, self._tf_function._is_pure)  # pylint: disable=protected-access
+        bound = tf_private.canonical_inputs(self._tf_function, args, kwargs)
         args, kwargs = bound.args, bound.kwargs
         concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         function_type = concrete.function_type
@@ -259,9 +258,9 @@ class PartitionedFunction:
         targets = list(graph.control_outputs)
         shapes = self._feed_shapes(graph, feeds)
         with _gc_paused():
+            view = analyse(fetches, targets, graph.inputs)
             if runtime.budget_bytes is None:
-                plan, trace = make_plan(fetches, targets, graph.inputs,
-                                        self._settings.partition_size, runtime.policy), None
+                plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
             else:
                 memory = (accelerator.device_memory(runtime.device)
                           if runtime.measure_device else None)
@@ -271,8 +270,7 @@ class PartitionedFunction:
                 # shapes serves them with the same compiled partitions, so each random op
                 # keeps its one stream, as in tf.function (and nothing is compiled again).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
-                plan, trace = budget.fit(graph, fetches, targets, graph.inputs, shapes,
-                                         runtime.budget_bytes, runtime.policy,
+                plan, trace = budget.fit(graph, view, shapes, runtime.budget_bytes, runtime.policy,
                                          resident_bytes=memory["current"] if memory else 0,
                                          margin=TF2_MARGIN, prefer=[t.plan for t in earlier])
         _check_sources(plan.view)

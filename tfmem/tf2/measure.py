@@ -19,7 +19,7 @@ So the first steps of a plan are measured, and a later step only when it goes
 higher than every earlier one, which is the step worth knowing about.
 """
 
-from tfmem import accelerator
+from tfmem.run import accelerator
 
 
 class PeakReader:

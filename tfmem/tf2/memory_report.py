@@ -11,7 +11,7 @@ import dataclasses
 
 import psutil
 
-from tfmem.session import MemoryReport
+from tfmem.run.session import MemoryReport
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,135 @@
+"""Out of memory inside a partition: which partition, what it holds, and what would fit.
+
+TensorFlow's own ResourceExhaustedError names a copied op and an allocation
+size, which tells a user of tfmem little.  When a partition runs out of device
+memory, the executor releases the step's handles and buffers and raises a
+`DeviceMemoryError` built here: the partition's index and op count, its
+largest tensors (sizes from the plan's shapes, resolved from the fed values),
+the simulator's prediction for it, and a partition_size that the simulator
+predicts fits the device (found with `budget.fit`), or the advice to shrink
+the batch when nothing does.
+"""
+
+import dataclasses
+
+from tfmem.memory import budget
+from tfmem import errors
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.memory.scratch import calibrate
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.memory.sizes import mib
+
+LARGEST = 3  # tensors named in the message
+MAX_HALVINGS = 6  # how often the budget is halved while no smaller plan is found
+
+
+def _budget_text(nbytes):
+    return f"'{nbytes >> 20}MiB'" if nbytes % (1 << 20) == 0 else str(nbytes)
+
+
+# How TensorFlow's allocators word a failed allocation (BFC, GPU, XLA).  TensorFlow
+# appends a hint mentioning OOM to every ResourceExhaustedError, so "OOM" alone says nothing.
+_ALLOCATION_FAILED = ("oom when allocating", "out of memory", "failed to allocate")
+
+
+def _allocation_failure(error):
+    """The line of the error's message that reports a failed allocation, or None."""
+    for line in (error.message or "").splitlines():
+        if any(words in line.lower() for words in _ALLOCATION_FAILED):
+            return line.strip()
+    return None
+
+
+def is_out_of_memory(error):
+    """Whether a ResourceExhaustedError is an allocation failure (not, say, a full queue)."""
+    return _allocation_failure(error) is not None
+
+
+def largest_tensors(plan, index, sizes, fed_bytes, count=LARGEST):
+    """[(tensor, bytes)] the partition's ops read or write, largest first.
+
+    `sizes` gives the bytes of a tensor of the plan, `fed_bytes` those of the feeds.
+    """
+    view = plan.view
+    tensors = {}
+    for name in plan.partitions[index].ops:
+        node = view.nodes[name]
+        for tensor in node.inputs:
+            if tensor in fed_bytes:
+                tensors[tensor] = fed_bytes[tensor]
+            elif split_tensor_name(tensor)[0] in view.nodes:
+                tensors[tensor] = sizes(tensor)
+        for i in range(len(node.outputs)):
+            tensors[f"{name}:{i}"] = sizes(f"{name}:{i}")
+    ranked = sorted(tensors.items(), key=lambda item: (-item[1], item[0]))
+    return [item for item in ranked if item[1] > 0][:count]
+
+
+def suggest(graph, plan, shapes_fed, capacity, failed_peak):
+    """(partition_size, budget bytes, predicted peak, policy) of a plan predicted to fit, or None.
+
+    `failed_peak` is the simulator's peak for the partition that failed.  The
+    budget starts at the device's capacity (or that peak, when the capacity is
+    unknown); while the plan fitted to it is predicted to need no less than the
+    failed partition (the simulator under-predicted it), the budget is halved.  With swap="none", swap="auto" is tried too:
+    without swapping, every activation stays on the device.  When no plan is predicted
+    under the failed partition (it failed below its prediction: another thread's
+    uploads, the allocator's chunks), the most cautious plan that fitted is suggested.
+    """
+    policies = [plan.policy]
+    if plan.policy.mode == "none":
+        policies.append(dataclasses.replace(plan.policy, mode="auto"))
+    cautious = None
+    for policy in policies:
+        target = capacity or failed_peak
+        for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
+            try:
+                fitted, trace = budget.fit(graph, plan.view, shapes_fed, target, policy)
+            except errors.BudgetError:
+                break
+            cautious = fitted.partition_size, target, trace.peak_device, policy
+            if trace.peak_device < failed_peak:
+                return cautious
+            target //= 2
+    return cautious
+
+
+def device_memory_error(session, plan, feeds, index, error, capacity):
+    """The DeviceMemoryError for `error` (a ResourceExhaustedError) in partition `index`.
+
+    `capacity`: the device's bytes (`accelerator.device_capacity`), or None."""
+    graph = session.graph
+    shapes_fed = {name: getattr(value, "shape", ()) for name, value in feeds.items()}
+    shapes = resolve_shapes(graph, plan.view, shapes_fed)
+    sizes = TensorSizes(plan.view, shapes)
+    fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
+    largest = largest_tensors(plan, index, sizes, fed_bytes)
+    trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, shapes_fed, session))
+    ops = len(plan.partitions[index].ops)
+    reason = _allocation_failure(error)
+    lines = [f"partition {index} of {len(plan.partitions)} ({ops} ops, partition_size="
+             f"{plan.partition_size}) ran out of device memory ({reason})."]
+    if largest:
+        lines.append("Its largest tensors: " + ", ".join(f"'{t}' {mib(n)}" for t, n in largest)
+                     + ".")
+    lines.append(f"The simulator predicts {mib(trace.partitions[index].device_peak)} for this "
+                 f"partition and {mib(trace.peak_device)} for the step"
+                 + (f", on a device of {mib(capacity)}." if capacity else "."))
+    # Candidates are fitted with budget mode's bound: compare them with the same bound.
+    bound = budget.predict(graph, plan, shapes_fed, session)
+    found = suggest(graph, plan, shapes_fed, capacity, bound.partitions[index].device_peak)
+    if found:
+        size, target, peak, policy = found
+        swap = f", swap={policy.mode!r}" if policy.mode != plan.policy.mode else ""
+        lines.append(f"Try partition_size={size}{swap} (predicted peak {mib(peak)}), or "
+                     f"device_memory_budget={_budget_text(target)}{swap} to let tfmem choose.")
+        mode = policy.mode
+    else:
+        size = target = mode = None
+        lines.append("The simulator finds no plan predicted to need less (with tfmem's "
+                     f"{budget.DEFAULT_MARGIN:.0%} margin), even one op per partition: shrink "
+                     "the batch or the largest tensors.")
+    return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
+                                    ops=ops, largest=largest, partition_size=size,
+                                    budget=target, swap=mode)

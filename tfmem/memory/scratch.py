@@ -1,0 +1,274 @@
+"""Scratch: the memory kernels allocate besides their outputs, measured once per kernel.
+
+A convolution gradient on the CPU without oneDNN allocates an im2col buffer
+many times its output (a [40,256,576] float buffer, 22.5 MiB, next to a
+9 KiB filter gradient); cuDNN picks algorithms by workspace.  No static model
+knows these sizes, so they are measured: each distinct *kernel configuration*
+(op type, attributes, input dtypes and shapes, and the values of small integer
+inputs such as a gradient's `input_sizes`) is run once, alone, in a scratch
+graph and session of its own, under the process's allocator and the user's
+session threads, with zero-filled inputs:
+
+    scratch graph:   zeros[16,32,32,16] --+
+                     zeros[3,3,16,16]  ---+--> Conv2DBackpropFilter (copy)
+                     const [3,3,16,16] ---+        |
+                                           step stats: op peak - live bytes
+
+TensorFlow's step statistics (`RunOptions.SOFTWARE_TRACE`) report the bytes
+the op allocated at its peak (`peak_bytes`) and what it still holds when it
+returns (`live_bytes`, its outputs); the difference is its scratch.  Nothing
+of the user's graph, session or variables is touched, and it works before the
+user's first step, so budget mode plans with it from step one.  Stateful ops
+and ops reading resources are never calibrated (running them has effects).
+
+Results are cached per kernel configuration in a `ScratchCache` (one per
+process by default), and saved to a JSON file when `TFMEM_SCRATCH_CACHE`
+names one, so the next process plans without measuring again.
+"""
+
+import json
+import logging
+import os
+import threading
+
+import psutil
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.client import session as tf_session
+
+from tfmem.plan import optypes
+from tfmem.memory.emulated import emulated_memory_mib
+from tfmem.memory.shapes import import_request
+from tfmem import tf_private
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "TFMEM_SCRATCH_CACHE"
+_VALUE_LIMIT = 64  # integer inputs up to this many elements are passed by value
+# Ops whose kernels allocate their outputs and nothing else (or return views).
+_NO_SCRATCH = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "ReadVariableOp", "Const",
+    "NoOp",
+    "Abs", "Add", "AddN", "AddV2", "BiasAdd", "Cos", "Elu", "EluGrad", "Exp", "Log",
+    "Maximum", "Minimum", "Mul", "Neg", "Pow", "RealDiv", "Relu", "Relu6", "ReluGrad",
+    "Relu6Grad", "Rsqrt", "Sigmoid", "SigmoidGrad", "Sin", "Sqrt", "Square",
+    "SquaredDifference", "Sub", "Tanh", "TanhGrad", "Sign", "Floor", "Reciprocal",
+    "Cast", "ZerosLike", "OnesLike", "Fill", "Greater", "GreaterEqual", "Less",
+    "LessEqual", "Equal", "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot", "Select",
+    "SelectV2", "FloorDiv", "FloorMod", "DivNoNan", "Pack", "Range",
+    "BroadcastGradientArgs", "DynamicStitch",
+}) | optypes.FEEDABLE_PLACEHOLDERS | optypes.SHAPE_ONLY | optypes.CONTROL_FLOW
+
+
+def environment():
+    """What besides the configuration decides a kernel's scratch: TensorFlow's version,
+    the kernel library and the threads a kernel may split its work over."""
+    return (tf.__version__, os.environ.get("TF_ENABLE_ONEDNN_OPTS", ""))
+
+
+class ScratchCache:
+    """Scratch bytes per kernel configuration; saved to `path` (JSON) when given."""
+
+    def __init__(self, path=None):
+        self.path = path
+        self._bytes = {}
+        self._lock = threading.Lock()
+        self.measured = 0  # configurations measured (not loaded) by this cache
+        if path and os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as file:
+                    self._bytes = {k: int(v) for k, v in json.load(file).items()}
+            except (OSError, ValueError) as err:
+                log.warning("ignoring the kernel scratch cache %s: %s", path, err)
+
+    def get(self, key):
+        return self._bytes.get(key)
+
+    def update(self, measured):
+        with self._lock:
+            self._bytes.update(measured)
+            self.measured += len(measured)
+            if self.path and measured:
+                directory = os.path.dirname(os.path.abspath(self.path))
+                os.makedirs(directory, exist_ok=True)
+                partial = f"{self.path}.{os.getpid()}.tmp"
+                with open(partial, "w", encoding="utf-8") as file:
+                    json.dump(self._bytes, file, sort_keys=True, indent=0)
+                os.replace(partial, self.path)
+
+    def __len__(self):
+        return len(self._bytes)
+
+
+_DEFAULT = None
+
+
+def default_cache():
+    """The process's cache, read from and saved to $TFMEM_SCRATCH_CACHE when it is set."""
+    global _DEFAULT  # pylint: disable=global-statement
+    path = os.environ.get(CACHE_ENV) or None
+    if _DEFAULT is None or _DEFAULT.path != path:
+        _DEFAULT = ScratchCache(path)
+    return _DEFAULT
+
+
+def _calibratable(node):
+    if node.stateful or node.side_effects or node.type in _NO_SCRATCH or not node.inputs:
+        return False
+    return not any(optypes.is_run_bound(o.dtype) or o.dtype in (tf.string, tf.variant)
+                   for o in node.outputs)
+
+
+def _input_spec(tensor):
+    """(dtype, shape, value or None) of a scratch-graph tensor, or None if its shape is open."""
+    shape = tensor.shape
+    if shape.rank is None or not shape.is_fully_defined():
+        return None
+    if tensor.dtype in (tf.string, tf.variant, tf.resource) or tf_private.is_ref_dtype(tensor.dtype):
+        return None
+    value = None
+    if tensor.dtype.is_integer and shape.num_elements() <= _VALUE_LIMIT:
+        value = _static_value(tensor)
+    return tensor.dtype.name, tuple(shape.as_list()), value
+
+
+def _static_value(tensor):
+    """A small integer tensor's value where shape inference knows it (shapes of inputs)."""
+    op = tensor.op
+    if op.type == "ShapeN":
+        source = op.inputs[tensor.value_index].shape
+        return source.as_list() if source.is_fully_defined() else None
+    value = tf.get_static_value(tensor)
+    return None if value is None else value.tolist()
+
+
+def _input_bytes(specs):
+    total = 0
+    for dtype, shape, _ in specs:
+        count = 1
+        for dim in shape:
+            count *= dim
+        total += count * tf.as_dtype(dtype).size
+    return total
+
+
+def _input_limit():
+    """The most input bytes a calibration may allocate: a quarter of the available host
+    memory, and of the emulated cap when there is one (an op too large for these is
+    reported with no scratch, and the step's own statistics correct budget mode)."""
+    limit = psutil.virtual_memory().available // 4
+    cap = emulated_memory_mib()
+    return min(limit, (cap << 20) // 4) if cap is not None else limit
+
+
+def _attrs(node_def):
+    return tuple(sorted((k, v.SerializeToString(deterministic=True).hex())
+                        for k, v in node_def.attr.items() if not k.startswith("_")))
+
+
+def kernel_key(op_type, node_def, specs, threads):
+    """One string naming a kernel configuration in this environment."""
+    return json.dumps([environment(), threads, op_type, _attrs(node_def), specs])
+
+
+def _session_config(threads):
+    """No Grappler and no classic constant folding: they would compute the op at
+    optimisation time instead of in the step being measured."""
+    config = config_pb2.ConfigProto(intra_op_parallelism_threads=threads,
+                                    inter_op_parallelism_threads=1)
+    config.graph_options.optimizer_options.opt_level = config_pb2.OptimizerOptions.L0
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    config.graph_options.rewrite_options.constant_folding = rewriter_config_pb2.RewriterConfig.OFF
+    return config
+
+
+def _threads(session):
+    config = getattr(session, "_config", None) if session is not None else None
+    return int(config.intra_op_parallelism_threads) if config is not None else 0
+
+
+def _measure(configs, threads):
+    """{key: scratch bytes} for [(key, node_def, specs)], each op run alone once."""
+    graph = tf.Graph()
+    ops = {}
+    with graph.as_default():
+        for number, (key, node_def, specs) in enumerate(configs):
+            inputs = []
+            for dtype, shape, value in specs:
+                if value is not None:
+                    inputs.append(tf.constant(value, dtype=dtype, shape=shape))
+                else:
+                    inputs.append(tf.zeros(shape, dtype))
+            copy = tf.compat.v1.NodeDef()
+            copy.CopyFrom(node_def)
+            copy.name = f"kernel{number}"
+            del copy.input[:]
+            copy.input.extend(f"input{number}_{i}:0" for i in range(len(specs)))
+            copy.device = ""
+            for attr in [a for a in copy.attr if a.startswith("_")]:
+                del copy.attr[attr]
+            definition = tf.compat.v1.GraphDef(node=[copy])
+            definition.versions.producer = graph.graph_def_versions.producer
+            try:
+                tf.graph_util.import_graph_def(
+                    definition, name="",
+                    input_map={f"input{number}_{i}:0": t for i, t in enumerate(inputs)})
+            except ValueError as err:  # an input value shape inference did not know
+                log.debug("kernel scratch of %s not measured: %s", node_def.op, err)
+                continue
+            ops[key] = graph.get_operation_by_name(copy.name)
+    measured = {}
+    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
+    # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
+    # (a wrapped one would calibrate its own kernels again, without end).
+    session = tf_session.BaseSession(graph=graph, config=_session_config(threads))
+    try:
+        for key, op in ops.items():
+            metadata = config_pb2.RunMetadata()
+            try:
+                session.run(op, options=options, run_metadata=metadata)
+            except tf.errors.OpError as err:  # zeros are not valid input for every kernel
+                log.debug("kernel scratch of %s not measured: %s", op.type,
+                          str(err).splitlines()[0])
+                measured[key] = 0
+                continue
+            measured[key] = max(
+                (max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
+                 for d in metadata.step_stats.dev_stats for n in d.node_stats
+                 if n.node_name == op.name), default=0)
+    finally:
+        session.close()
+    return measured
+
+
+def calibrate(graph, view, feed_shapes, session=None, cache=None):
+    """{op name: scratch bytes} for the request's ops that allocate scratch.
+
+    Configurations not in `cache` (default: `default_cache()`) are measured now,
+    in a scratch graph and session of their own.
+    """
+    cache = default_cache() if cache is None else cache
+    threads = _threads(session)
+    candidates = [name for name, node in view.nodes.items() if _calibratable(node)]
+    if not candidates:
+        return {}
+    scratch_graph = import_request(graph, view, feed_shapes)
+    keys, missing = {}, {}
+    limit = _input_limit()
+    for name in candidates:
+        op = scratch_graph.get_operation_by_name("s/" + name)
+        specs = [_input_spec(t) for t in op.inputs]
+        if any(s is None for s in specs) or _input_bytes(specs) > limit:
+            continue
+        key = kernel_key(op.type, op.node_def, specs, threads)
+        keys[name] = key
+        if cache.get(key) is None and key not in missing:
+            missing[key] = (key, op.node_def, specs)
+    if missing:
+        measured = _measure(list(missing.values()), threads)
+        cache.update(measured)
+        log.info("measured the scratch memory of %d kernel configurations (%d with scratch, "
+                 "largest %.1f MiB)", len(measured), sum(1 for v in measured.values() if v),
+                 max(measured.values(), default=0) / (1 << 20))
+    return {name: cache.get(key) for name, key in keys.items() if cache.get(key)}

@@ -1,0 +1,263 @@
+"""Simulate: replay a plan's device and host memory without running TensorFlow.
+
+The simulator walks the same plan the executor runs, with the same transfer
+schedule, and keeps byte counts instead of tensors:
+
+    device = state (variables, constants)
+           + device copies of transfers alive across the partition
+           + the partition's working set (its tensors from first write to
+             last read; kept and swapped outputs until the run ends)
+    host   = host buffers of swapped transfers
+
+Inside a partition, ops run in dependency order; an op's output is freed
+after its last reader.  Ops that return a view of their input (Identity,
+Reshape, a variable read) allocate nothing, and elementwise ops write into
+an input that dies with them, as TensorFlow's kernels forward buffers.
+Shape, Size and Rank read no data: TensorFlow runs them as soon as their
+input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
+feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
+reported in `unknown_tensors`.
+"""
+
+import dataclasses
+import heapq
+
+from tfmem.plan import optypes
+from tfmem.plan.analyse import split_tensor_name, tensor_bytes
+from tfmem.plan.optypes import SHAPE_ONLY, reads_state
+from tfmem.plan.schedule import Schedule
+
+# Ops whose output is (a view of) an input or of state counted elsewhere.
+ALIASING = frozenset({
+    "Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient",
+    "PreventGradient", "EnsureShape", "CheckNumerics", "ReadVariableOp", "GetSessionTensor",
+    "Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge", "RefMerge",
+    "NextIteration", "Const",
+})
+# Elementwise ops whose kernels write into a same-sized input when it dies with them.
+FORWARDING = frozenset({
+    "Abs", "Add", "AddN", "AddV2", "BiasAdd", "Cos", "Elu", "EluGrad", "Exp", "Log",
+    "Maximum", "Minimum", "Mul", "Neg", "Pow", "RealDiv", "Relu", "Relu6", "ReluGrad",
+    "Relu6Grad", "Rsqrt", "Sigmoid", "SigmoidGrad", "Sin", "Sqrt", "Square",
+    "SquaredDifference", "Sub", "Tanh", "TanhGrad", "Sign", "Floor", "Reciprocal",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionMemory:
+    """Bytes around one partition's run."""
+    index: int
+    device_before: int  # resident when the run starts
+    device_peak: int  # predicted high-water mark during the run
+    device_after: int  # resident after the run (state and transfers kept)
+    host_after: int  # host buffers held after the run
+    to_host: int  # bytes swapped out after the run
+    to_device: int  # bytes the prefetcher uploads while it runs
+    scratch: int = 0  # the largest kernel scratch of one of its ops (counted in the peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryTrace:
+    """The predicted memory of one step of a plan."""
+    partitions: tuple
+    state_bytes: int
+    unknown_tensors: int
+
+    @property
+    def peak_device(self):
+        return max((p.device_peak for p in self.partitions), default=self.state_bytes)
+
+    @property
+    def peak_partition(self):
+        return max(self.partitions, key=lambda p: p.device_peak).index if self.partitions else None
+
+    @property
+    def peak_host(self):
+        return max((p.host_after for p in self.partitions), default=0)
+
+    @property
+    def bytes_to_host(self):
+        return sum(p.to_host for p in self.partitions)
+
+    @property
+    def bytes_to_device(self):
+        return sum(p.to_device for p in self.partitions)
+
+    def __str__(self):
+        mib = float(1 << 20)
+        lines = [f"predicted device peak {self.peak_device / mib:.1f} MiB in partition "
+                 f"{self.peak_partition} (state {self.state_bytes / mib:.1f} MiB), host peak "
+                 f"{self.peak_host / mib:.1f} MiB, {self.bytes_to_host / mib:.1f} MiB out, "
+                 f"{self.bytes_to_device / mib:.1f} MiB in"
+                 + (f"; {self.unknown_tensors} tensors of unknown size" if self.unknown_tensors
+                    else "")]
+        lines.append(f"{'part':>5} {'before':>9} {'peak':>9} {'after':>9} {'host':>9} "
+                     f"{'out':>8} {'in':>8}  (MiB)")
+        for p in self.partitions:
+            lines.append(f"{p.index:>5} {p.device_before / mib:>9.1f} {p.device_peak / mib:>9.1f} "
+                         f"{p.device_after / mib:>9.1f} {p.host_after / mib:>9.1f} "
+                         f"{p.to_host / mib:>8.1f} {p.to_device / mib:>8.1f}")
+        return "\n".join(lines)
+
+
+class TensorSizes:
+    """Byte size of each tensor, from resolved or static shapes."""
+
+    def __init__(self, view, shapes):
+        self._view = view
+        self._shapes = shapes or {}
+        self.unknown = set()
+
+    def __call__(self, tensor):
+        info = self._view.tensor(tensor)
+        if not optypes.has_fixed_size(info.dtype):
+            return 0
+        nbytes = tensor_bytes(info.dtype, self._shapes.get(tensor, info.shape))
+        if nbytes is None:  # a dimension still unknown
+            bound = self._bound(tensor)
+            if bound is None:
+                self.unknown.add(tensor)
+            return bound or 0
+        return nbytes
+
+
+    def _bound(self, tensor):
+        """Bytes at most, for outputs whose length only their values decide."""
+        op_name, _ = split_tensor_name(tensor)
+        node = self._view.nodes.get(op_name)
+        if node is not None and node.type == "BroadcastGradientArgs":
+            # Axes to reduce: at most one per dimension of the longer input shape.
+            lengths = [self(t) for t in node.inputs]
+            return max(lengths) if all(lengths) else None
+        return None
+
+
+def _dependency_order(view, ops):
+    """The partition's ops with producers first, keeping the plan's order where free."""
+    members = set(ops)
+    position = {name: i for i, name in enumerate(ops)}
+    waiting = {name: 0 for name in ops}
+    readers = {name: [] for name in ops}
+    for name in ops:
+        node = view.nodes[name]
+        sources = {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs)
+        for src in sources & members:
+            if view.nodes[src].type in ("NextIteration", "RefNextIteration"):
+                continue
+            waiting[name] += 1
+            readers[src].append(name)
+    # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
+    # graph (tens of thousands of ops) orders in milliseconds.
+    ready = [position[name] for name, n in waiting.items() if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = ops[heapq.heappop(ready)]
+        order.append(name)
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, position[reader])
+    ordered = set(order)
+    return order + [name for name in ops if name not in ordered]
+
+
+def _working_set(view, partition, size, keep_until_end, freed_inside, scratch):
+    """Peak bytes the partition allocates beyond what is resident when it starts.
+
+    `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
+    to their bytes: they are released after their last reader, not at the end.
+    `scratch` maps op names to the bytes their kernel allocates besides its outputs,
+    held while it runs, with its inputs and outputs alive.
+    """
+    order = _dependency_order(view, partition.ops)
+    last_read = {}
+    for step, name in enumerate(order):
+        if view.nodes[name].type not in SHAPE_ONLY:
+            for tensor in view.nodes[name].inputs:
+                last_read[tensor] = step
+    live, current, peak = {}, 0, 0
+    for step, name in enumerate(order):
+        node = view.nodes[name]
+        dying = [t for t in dict.fromkeys(node.inputs) if t in live
+                 and last_read.get(t) == step and t not in keep_until_end]
+        for index, _ in enumerate(node.outputs):
+            tensor = f"{name}:{index}"
+            nbytes = 0 if node.type in ALIASING else size(tensor)
+            if nbytes and node.type in FORWARDING:
+                reuse = next((t for t in dying if live[t] == nbytes), None)
+                if reuse is not None:
+                    dying.remove(reuse)
+                    current -= live.pop(reuse)
+            live[tensor] = nbytes
+            current += nbytes
+        peak = max(peak, current + scratch.get(name, 0))
+        for tensor in dying:
+            current -= live.pop(tensor)
+        for tensor in dict.fromkeys(node.inputs):
+            if tensor in freed_inside and last_read.get(tensor) == step:
+                current -= freed_inside.pop(tensor)
+        for index, _ in enumerate(node.outputs):
+            tensor = f"{name}:{index}"
+            if tensor not in last_read and tensor not in keep_until_end:
+                current -= live.pop(tensor)
+    return peak
+
+
+def state_bytes(view, size):
+    """Bytes of the variables and constants the request reads: resident for the whole step."""
+    return sum(node.state_bytes for node in view.sources.values()) + sum(
+        size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
+
+
+def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
+    """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
+    `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
+    every partition's peak (budget mode's allowance for the allocator's chunks).
+
+    With `early_frees`, a device copy whose deleter runs in a partition is freed
+    after its last reader there (what usually happens); without, at the
+    partition's end, the bound budget mode plans with (TensorFlow's executor may
+    run the deleter late, and the prediction misses other memory: see budget).
+    """
+    view = plan.view
+    size = TensorSizes(view, shapes)
+    schedule = Schedule(plan)
+    state = state_bytes(view, size)
+    live, host, uploads_left = {}, {}, dict(schedule.upload_count)
+    trace = []
+    for index, partition in enumerate(plan.partitions):
+        to_device = 0
+        for tensor, reader in schedule.uploads[index]:
+            live[(tensor, reader)] = size(tensor)
+            to_device += size(tensor)
+        before = state + sum(live.values())
+        keep_until_end = set(partition.outputs) | set(partition.fetches)
+        freed_inside = {key[0]: live[key] for key in schedule.frees[index]
+                        if key in live and early_frees}
+        peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
+                                     scratch or {})
+        for key in schedule.frees[index]:
+            live.pop(key, None)
+        for tensor, reader in [k for k in schedule.uploads[index]]:
+            uploads_left[tensor] -= 1
+            if uploads_left[tensor] == 0:
+                host.pop(tensor, None)
+        to_host = 0
+        for tensor in partition.outputs:
+            transfer = plan.transfer(tensor)
+            if transfer.kept:  # a variable read is a view of state counted already
+                producer = view.nodes[split_tensor_name(tensor)[0]]
+                live[schedule.kept[tensor]] = (
+                    0 if reads_state(producer, view.sources) else size(tensor))
+            if transfer.swapped:
+                host[tensor] = size(tensor)
+                to_host += size(tensor)
+        after = state + sum(live.values())
+        # An aliasing op's kept output holds a buffer the working set saw die.
+        peak = max(peak, after) + slack
+        kernel = max((scratch.get(name, 0) for name in partition.ops), default=0) \
+            if scratch else 0
+        trace.append(PartitionMemory(index, before, peak, after,
+                                     sum(host.values()), to_host, to_device, kernel))
+    return MemoryTrace(tuple(trace), state, len(size.unknown))

@@ -1,0 +1,295 @@
+"""Analyse: the ops a request needs, as an immutable view free of TensorFlow objects.
+
+`Session.run` prunes the graph to what its fetches and targets need: it walks
+data and control inputs backwards and stops at fed tensors.  `analyse` walks
+the same way and records every needed op as an `OpNode`, so that grouping,
+partitioning and planning are pure functions of plain data:
+
+    fetch  <- MatMul <- Relu <- x (fed: the walk stops here)
+                  ^
+                  +---- w/read <- w (state source: kept, never copied)
+
+Placeholders reached by the walk were not fed: that is the error `Session.run`
+would raise, and it is raised here, before anything runs.  Sources (variables,
+tables, queues, iterators and input-free constants; see `optypes`) end the
+walk: the partitions map their consumers to the original op.
+
+A stateless op that no needed op reads by a data edge (only through control
+edges) and that is neither fetched nor a target is not run: it computes
+nothing observable.  This is what TensorFlow's own Grappler dependency
+optimizer does inside Session.run, and it matters for memory: a gradient
+tuple's control edges would otherwise keep forward activations alive.  Its
+control consumers inherit its inputs as control edges, so the order between
+stateful ops is unchanged.
+
+A stateful op that reads only sources and feeds (a random op of constant
+shape, an iterator's get_next) is an *original*: its partition runs the
+user's op itself instead of a copy, so its kernel state (a random stream) is
+the one the plain session and every other plan share.  TensorFlow keeps one
+kernel per stateful op *name* in a session, so a copy would start a stream of
+its own.  A random op (`optypes.RANDOM_STREAM`), or a v2 loop, cond or
+function call whose body runs one (TensorFlow inlines the body under the
+caller's name), is an original also when it reads computed tensors, such as
+dropout's `Shape` of an activation:
+
+    x -> h -> Shape -> RandomUniform (original) -> mask -> ...
+         copies         ^ the copy of Shape is connected to its input
+
+Its partition's callable connects the copies' tensors to the op's inputs
+(`CallableOptions.tensor_connection`, see `rewrite`), which cuts the op's data
+edges the way a feed does, so the copies' values reach the user's op and
+nothing upstream of it runs twice.  Control edges cannot be cut that way, so
+an original's control inputs must all be state sources (idempotent to run
+again).  Random ops in v1 cond branches and after v1 control flow are
+originals too: a connected dead tensor is dead for the user's op as well,
+which then skips its draw exactly as in plain TensorFlow.  Random ops inside
+a v1 while frame stay copies (see `streams`, which guards their streams).
+"""
+
+import dataclasses
+import types
+
+import tensorflow as tf
+
+from tfmem.plan import optypes
+from tfmem.plan import streams as streams_of
+from tfmem.errors import UnsupportedGraphError
+from tfmem import tf_private
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """What planning needs to know of one output tensor."""
+    dtype: tf.DType
+    shape: tuple | None  # dims (None where unknown), or None for unknown rank
+
+    @property
+    def run_bound(self):
+        return optypes.is_run_bound(self.dtype)
+
+    @property
+    def nbytes(self):
+        """Bytes of a fixed-size tensor of fully known shape, else None."""
+        return tensor_bytes(self.dtype, self.shape)
+
+
+def tensor_bytes(dtype, shape):
+    """Bytes of a tensor of fixed-size `dtype` and fully known `shape`, else None.
+
+    The one byte count of tfmem: planning, the simulator and the plan's JSON use it.
+    """
+    if shape is None or None in shape or not optypes.has_fixed_size(dtype):
+        return None
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count * dtype.size
+
+
+@dataclasses.dataclass(frozen=True)
+class OpNode:
+    """One needed op: its edges by name and its outputs."""
+    name: str
+    type: str
+    inputs: tuple  # tensor names, "op:index"
+    control_inputs: tuple  # op names
+    outputs: tuple  # TensorInfo per output index
+    stateful: bool
+    side_effects: bool  # stateful, or reads a reference or resource it may write through
+    frame: str | None = None  # frame_name of a v1 Enter op
+    device: str = ""  # the device the graph requests for the op
+    state_bytes: int = 0  # bytes of the variable a state source holds, when its shape is known
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphView:
+    """The pruned subgraph of one request.
+
+    `nodes` are the ops partitions will run, in discovery order; those in
+    `originals` run as the user's op, the others as copies.  `sources` are
+    the state sources and constants they read, and `feeds` the fed tensors;
+    both stay outside the partitions.
+    """
+    nodes: types.MappingProxyType  # op name -> OpNode
+    originals: frozenset  # stateful nodes run as the user's own op
+    sources: types.MappingProxyType  # op name -> OpNode
+    feeds: frozenset  # fed tensor names (all of the request's feeds)
+    fetches: tuple  # tensor names
+    targets: tuple  # op names
+
+    def tensor(self, name):
+        """TensorInfo of a tensor produced by a node or a source."""
+        op_name, index = split_tensor_name(name)
+        node = self.nodes.get(op_name) or self.sources[op_name]
+        return node.outputs[index]
+
+
+def split_tensor_name(name):
+    op_name, _, index = name.rpartition(":")
+    return op_name, int(index)
+
+
+def _shape_of(tensor):
+    # The C shape, without building a TensorShape per tensor: planning a
+    # 100k-op graph reads hundreds of thousands of shapes.
+    dims, unknown_rank = tf_private.static_shape(tensor)
+    return None if unknown_rank else tuple(dims)
+
+
+def _node(op, stateful_types):
+    """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type."""
+    frame = None
+    if op.type in optypes.ENTER:
+        frame = op.get_attr("frame_name")
+        frame = frame.decode() if isinstance(frame, bytes) else frame
+    stateful = stateful_types.get(op.type)
+    if stateful is None:
+        stateful = stateful_types[op.type] = op.op_def.is_stateful
+    inputs = op.inputs
+    return OpNode(
+        name=op.name,
+        type=op.type,
+        inputs=tuple(t.name for t in inputs),
+        control_inputs=tuple(c.name for c in op.control_inputs),
+        outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
+        stateful=stateful,
+        side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
+        frame=frame,
+        device=op.device,
+        state_bytes=_variable_bytes(op),
+    )
+
+
+def _variable_bytes(op):
+    """Size of the variable a VarHandleOp / VariableV2 holds, or 0 when unknown."""
+    if op.type not in optypes.VARIABLES or op.type == "_VarHandlesOp":  # one shape attr
+        return 0
+    shape = tf.TensorShape(op.get_attr("shape"))
+    if not shape.is_fully_defined():
+        return 0
+    return shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+
+
+def _unfed_placeholder_error(op):
+    tensor = op.outputs[0]
+    shape = "<unknown>" if tensor.shape.rank is None else (
+        "[" + ",".join("?" if d is None else str(d) for d in tensor.shape.as_list()) + "]")
+    return tf.errors.InvalidArgumentError(
+        op.node_def, op,
+        f"You must feed a value for placeholder tensor '{op.name}' with dtype "
+        f"{tensor.dtype.name} and shape {shape}")
+
+
+def _drop_unobservable(nodes, keep):
+    """Remove stateless ops only control edges need; pass their inputs on as control edges."""
+    data_readers = {name: 0 for name in nodes}
+    control_readers = {name: set() for name in nodes}
+    control = {name: dict.fromkeys(node.control_inputs) for name, node in nodes.items()}
+    for name, node in nodes.items():
+        for tensor in node.inputs:
+            producer = split_tensor_name(tensor)[0]
+            if producer in nodes:
+                data_readers[producer] += 1
+        for src in node.control_inputs:
+            if src in nodes:
+                control_readers[src].add(name)
+
+    def removable(name):
+        node = nodes[name]
+        if name in keep or node.side_effects or data_readers[name] or \
+                node.type in optypes.CONTROL_FLOW:
+            return False
+        producers = (split_tensor_name(t)[0] for t in node.inputs)
+        return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW for p in producers)
+
+    removed = set()
+    pending = [name for name in nodes if removable(name)]
+    while pending:
+        name = pending.pop()
+        if name in removed or not removable(name):
+            continue
+        removed.add(name)
+        data_sources = [p for p in (split_tensor_name(t)[0] for t in nodes[name].inputs)
+                        if p in nodes]
+        producers = list(dict.fromkeys(data_sources + [c for c in control[name] if c in nodes]))
+        for reader in control_readers[name]:
+            if reader in removed:
+                continue
+            control[reader].pop(name, None)
+            for src in producers:
+                if src != reader and src not in removed:
+                    control[reader][src] = None
+                    control_readers[src].add(reader)
+        for src in data_sources:
+            data_readers[src] -= 1
+        for src in producers:
+            control_readers[src].discard(name)
+            pending.append(src)
+    kept = {}
+    for name, node in nodes.items():
+        if name not in removed:
+            edges = tuple(c for c in control[name] if c in nodes)
+            kept[name] = node if edges == node.control_inputs else \
+                dataclasses.replace(node, control_inputs=edges)
+    return kept
+
+
+def _originals(nodes, sources, fed, control_on_sources, draws):
+    """The stateful nodes that run as the user's own op (see the module docstring)."""
+    def reads_given(node):
+        return all(t in fed or split_tensor_name(t)[0] in sources for t in node.inputs)
+
+    streams = [name for name, node in nodes.items()
+               if name in draws and name in control_on_sources and not reads_given(node)]
+    if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
+        in_loops = streams_of.loop_bodies(nodes)
+        streams = [name for name in streams if name not in in_loops]
+    given = [name for name, node in nodes.items()
+             if node.stateful and name in control_on_sources and reads_given(node)]
+    return frozenset(given + streams)
+
+
+def analyse(fetch_tensors, target_ops, fed_tensors):
+    """The GraphView of the ops `Session.run(fetches + targets)` would run."""
+    fed = frozenset(t.name for t in fed_tensors)
+    nodes, sources, stateful_types = {}, {}, {}
+    control_on_sources = set()  # ops whose own control inputs are all state sources
+    draws = set()  # ops whose kernels keep random streams
+    seen = set()
+    stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type in optypes.PLACEHOLDERS:
+            raise _unfed_placeholder_error(op)
+        if optypes.is_source(op):
+            if op.inputs or op.control_inputs:
+                raise UnsupportedGraphError(
+                    f"State op '{op.name}' ({op.type}) has inputs; tfmem maps every "
+                    "use of a state op to the original and cannot re-run its inputs. "
+                    "Create the variable/table/queue outside control_dependencies.")
+            sources[op.name] = _node(op, stateful_types)
+            continue
+        nodes[op.name] = _node(op, stateful_types)
+        if all(optypes.is_source(c) for c in op.control_inputs):
+            control_on_sources.add(op.name)
+        if optypes.draws_random_stream(op):
+            draws.add(op.name)
+        # Visit inputs in order: push in reverse so the first input is walked first.
+        pending = [t.op for t in op.inputs if t.name not in fed]
+        pending += [c for c in op.control_inputs
+                    if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
+        stack.extend(reversed(pending))
+    keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
+    nodes = _drop_unobservable(nodes, keep)
+    originals = _originals(nodes, sources, fed, control_on_sources, draws)
+    return GraphView(
+        nodes=types.MappingProxyType(nodes),
+        originals=originals,
+        sources=types.MappingProxyType(sources),
+        feeds=fed,
+        fetches=tuple(t.name for t in fetch_tensors),
+        targets=tuple(op.name for op in target_ops),
+    )

@@ -1,0 +1,124 @@
+"""Partition: a depth-first order of the units, sliced into partitions.
+
+The order is a post-order depth-first walk from the fetches and targets:
+each unit is emitted right after the units it consumes, so a value is
+consumed soon after it is produced and few values are alive at once:
+
+    loss <- dense2 <- relu1 <- dense1 <- x        order: dense1 relu1 dense2 loss
+
+Among a unit's inputs, the shallowest (fewest units on its longest path from
+the sources) is walked first: what is nearly computed is finished and
+consumed before a long chain starts.  For a training step this applies each
+layer's gradient as soon as the backward pass has produced it, instead of
+holding every gradient until the first layer's is done:
+
+    train <- apply_0 <- grad_w0 <- ... <- grad_w23 <- loss
+          <- apply_23 <- grad_w23            walked first: it is shallower
+
+Shape, Size and Rank read only their input's shape (a gradient's broadcast
+arithmetic asks for the shape of every forward operand).  Each is emitted
+right after the unit that produces its input, so the operand is not kept
+alive, or sent across a boundary, just to be measured.
+
+The order is then cut greedily into partitions of at most `partition_size`
+ops.  A unit is never cut, so a unit larger than `partition_size` gets a
+partition of its own.  Everything here is a pure function of the view:
+the same graph and request always give the same partitions.
+"""
+
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.optypes import SHAPE_ONLY
+
+
+def _unit_inputs(view, unit_of, unit):
+    """Units this unit consumes, in the order its ops name them, without repeats."""
+    seen, ordered = {unit_of[unit[0]]}, []
+    for name in unit:
+        node = view.nodes[name]
+        sources = [split_tensor_name(t)[0] for t in node.inputs]
+        for src in sources + list(node.control_inputs):
+            src_unit = unit_of.get(src)
+            if src_unit is not None and src_unit not in seen:
+                seen.add(src_unit)
+                ordered.append(src_unit)
+    return ordered
+
+
+def _depths(inputs):
+    """Longest path, in units, from a unit without inputs to each unit."""
+    depth = [None] * len(inputs)
+    for root in range(len(inputs)):
+        stack = [root]
+        while stack:
+            unit = stack[-1]
+            if depth[unit] is not None:
+                stack.pop()
+                continue
+            pending = [src for src in inputs[unit] if depth[src] is None]
+            if pending:
+                stack.extend(pending)
+            else:
+                depth[unit] = 1 + max((depth[src] for src in inputs[unit]), default=0)
+                stack.pop()
+    return depth
+
+
+def depth_first_order(view, groups):
+    """Indices of `groups` (the units) in post-order from the request's fetches and targets."""
+    unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
+    inputs = [_unit_inputs(view, unit_of, unit) for unit in groups]
+    depth = _depths(inputs)
+    inputs = [sorted(srcs, key=lambda src: depth[src]) for srcs in inputs]  # stable
+    shape_readers = {}  # unit -> single-op Shape/Size/Rank units reading only it
+    for i, unit in enumerate(groups):
+        node = view.nodes[unit[0]]
+        if len(unit) == 1 and node.type in SHAPE_ONLY and len(inputs[i]) == 1:
+            shape_readers.setdefault(inputs[i][0], []).append(i)
+    roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
+             if split_tensor_name(t)[0] in unit_of]
+    roots += [unit_of[op] for op in view.targets if op in unit_of]
+    roots += range(len(groups))  # every unit is reachable; this only guards that
+    visited, order = set(), []
+    for root in roots:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(inputs[root]))]
+        while stack:
+            unit, pending = stack[-1]
+            for src in pending:
+                if src not in visited:
+                    visited.add(src)
+                    stack.append((src, iter(inputs[src])))
+                    break
+            else:
+                stack.pop()
+                order.append(unit)
+                for reader in shape_readers.get(unit, ()):
+                    if reader not in visited:
+                        visited.add(reader)
+                        order.append(reader)
+    return order
+
+
+def slice_order(groups, order, partition_size):
+    """Consecutive runs of the ordered units, each of at most partition_size ops.
+
+    Returns a list of partitions, each a tuple of units (tuples of op names).
+    """
+    partitions, current, size = [], [], 0
+    for index in order:
+        unit = groups[index]
+        if current and size + len(unit) > partition_size:
+            partitions.append(tuple(current))
+            current, size = [], 0
+        current.append(unit)
+        size += len(unit)
+    if current:
+        partitions.append(tuple(current))
+    return partitions
+
+
+def partition(view, groups, partition_size):
+    """The view's units (`groups`) as an ordered list of partitions (tuples of units)."""
+    return slice_order(groups, depth_first_order(view, groups), partition_size)

@@ -1,0 +1,32 @@
+"""Schedule: what every step of a plan does with its transfers, worked out once.
+
+Derived from the plan alone (which device copies each partition reads, frees
+and uploads), so both the runtime's swap manager and the memory simulator
+replay the same schedule; it lives in the plan wing so the simulator need not
+import the runtime.
+"""
+
+
+class Schedule:
+    """What every step of a plan does with its transfers, worked out once.
+
+    A device copy is keyed by (tensor, first reader of its span).
+    """
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.reads = []  # per partition: {tensor: key} of the copies it feeds
+        self.frees = []  # per partition: keys its deleters free in-graph
+        self.uploads = []  # per partition: keys uploaded while it runs, in batch order
+        for p in plan.partitions:
+            transfers = [plan.transfer(t) for t in p.inputs]
+            self.reads.append({t.tensor: (t.tensor, t.span_of(p.index).readers[0])
+                               for t in transfers})
+            self.frees.append([self.reads[-1][t.tensor] for t in transfers
+                               if t.frees_at(p.index)])
+            self.uploads.append([(t, span.readers[0]) for t in dict.fromkeys(p.uploads)
+                                 for span in plan.transfer(t).spans
+                                 if span.uploaded and span.start == p.index])
+        self.kept = {t.tensor: (t.tensor, t.spans[0].readers[0]) for t in plan.transfers if t.kept}
+        self.nbytes = {t.tensor: plan.view.tensor(t.tensor).nbytes or 0 for t in plan.transfers}
+        self.upload_count = {t.tensor: sum(s.uploaded for s in t.spans) for t in plan.transfers}

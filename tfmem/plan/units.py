@@ -1,0 +1,175 @@
+"""Units: groups of ops that must run in the same partition.
+
+A partition boundary is a `Session.run` boundary, and some things do not
+survive one.  Four rules join ops into one unit:
+
+1. *Run-bound edges.*  A resource handle or reference tensor made by a copied
+   op (a TensorArray, a v1 loop's stack, a temporary variable) dies with the
+   run that made it: producer and consumer stay together.
+2. *v1 while frames.*  Enter ... NextIteration ... Exit execute inside one
+   executor frame; every op of an outermost frame, nested frames included,
+   is one unit.
+3. *v1 cond regions.*  A Switch sends a dead tensor down the branch not
+   taken; only the Merge that joins both branches of the same predicate
+   revives it.  An op is *guarded* by the predicates it may be dead under;
+   every guarded op joins the Switches and Merges of its predicates:
+
+        pred --+
+        x -- Switch --:1--> Add --+
+                 \\                 Merge --> (unguarded again)
+                  +-:0--> Mul ----+
+
+4. *Cycles.*  Joining ops can make two units depend on each other (a loop's
+   stack pushed in the forward pass and popped in the backward pass);
+   strongly connected components of the unit graph become one unit.
+
+v2 control flow (While, If) is a single op and needs none of this.
+"""
+
+import networkx as nx
+
+from tfmem.plan import optypes
+from tfmem.plan.analyse import split_tensor_name
+
+
+class _UnionFind:
+    def __init__(self, items):
+        self.parent = {item: item for item in items}
+        self.unions = 0  # joins made; with none, every op is its own unit
+
+    def find(self, item):
+        root = item
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[item] != root:
+            self.parent[item], item = root, self.parent[item]
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+            self.unions += 1
+
+
+def _producers(view, node):
+    """(producer op name, tensor name) of the data inputs copied with the view."""
+    for tensor in node.inputs:
+        op_name, _ = split_tensor_name(tensor)
+        if op_name in view.nodes:
+            yield op_name, tensor
+
+
+def _topological_order(view):
+    """Nodes in an order where producers come first, v1 loop back edges ignored."""
+    indegree = {name: 0 for name in view.nodes}
+    consumers = {name: [] for name in view.nodes}
+    for node in view.nodes.values():
+        sources = [p for p, _ in _producers(view, node)]
+        sources += [c for c in node.control_inputs if c in view.nodes]
+        for src in sources:
+            if view.nodes[src].type in optypes.NEXT_ITERATION:
+                continue
+            indegree[node.name] += 1
+            consumers[src].append(node.name)
+    ready = [name for name, d in indegree.items() if d == 0]
+    order = []
+    while ready:
+        name = ready.pop()
+        order.append(name)
+        for c in consumers[name]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                ready.append(c)
+    return order
+
+
+def _join_run_bound_edges(view, uf):
+    for node in view.nodes.values():
+        for producer, tensor in _producers(view, node):
+            if view.tensor(tensor).run_bound:
+                uf.union(producer, node.name)
+
+
+def _join_frames_and_conds(view, uf):
+    """Rules 2 and 3, in one pass over a topological order."""
+    frames = {}  # op -> tuple of frame names, outermost first
+    guards = {}  # op -> frozenset of (predicate tensor, branch) it may be dead under
+    switches_of = {}  # predicate tensor -> Switch ops on it (outside frames)
+    switches = set()
+
+    def input_guard(tensor):
+        producer, index = split_tensor_name(tensor)
+        guard = guards[producer]
+        if producer in switches:
+            guard = guard | {(view.nodes[producer].inputs[1], index)}
+        return guard
+
+    for name in _topological_order(view):
+        node = view.nodes[name]
+        data = [t for p, t in _producers(view, node) if p in frames]
+        control = [c for c in node.control_inputs if c in frames]
+        parents = [split_tensor_name(t)[0] for t in data] + control
+        stack = frames[parents[0]] if parents else ()
+        if node.type in optypes.ENTER:
+            stack = stack + (node.frame,)
+        elif node.type in optypes.EXIT:
+            stack = stack[:-1]
+            uf.union(parents[0], name)
+        frames[name] = stack
+
+        guard = frozenset().union(*(input_guard(t) for t in data),
+                                  *(guards[c] for c in control))
+        if node.type in optypes.MERGE:
+            branches = {}
+            for pred, branch in guard:
+                branches.setdefault(pred, set()).add(branch)
+            resolved = {pred for pred, seen in branches.items() if len(seen) > 1}
+            for pred in resolved:
+                uf.union(switches_of[pred][0], name)
+            guard = frozenset(g for g in guard if g[0] not in resolved)
+        if node.type in optypes.SWITCH and not stack:
+            same_pred = switches_of.setdefault(node.inputs[1], [])
+            same_pred.append(name)
+            uf.union(same_pred[0], name)
+            switches.add(name)
+        guards[name] = guard
+        for pred, _ in guard:
+            uf.union(switches_of[pred][0], name)
+
+    outermost = {}
+    for name, stack in frames.items():
+        if stack:
+            uf.union(outermost.setdefault(stack[0], name), name)
+
+
+def _merge_cycles(view, uf):
+    """Rule 4: units on a cycle of the unit graph become one unit."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from({uf.find(name) for name in view.nodes})
+    for node in view.nodes.values():
+        dst = uf.find(node.name)
+        sources = [p for p, _ in _producers(view, node)]
+        sources += [c for c in node.control_inputs if c in view.nodes]
+        for src in sources:
+            src = uf.find(src)
+            if src != dst:
+                graph.add_edge(src, dst)
+    for component in nx.strongly_connected_components(graph):
+        first, *rest = component
+        for other in rest:
+            uf.union(first, other)
+
+
+def units(view):
+    """The view's ops grouped into units; each unit lists its ops in view order."""
+    uf = _UnionFind(view.nodes)
+    _join_run_bound_edges(view, uf)
+    if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
+        _join_frames_and_conds(view, uf)
+    if uf.unions:  # single-op units of a DAG form no cycle
+        _merge_cycles(view, uf)
+    groups = {}
+    for name in view.nodes:
+        groups.setdefault(uf.find(name), []).append(name)
+    return tuple(tuple(group) for group in groups.values())

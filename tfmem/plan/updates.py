@@ -1,0 +1,116 @@
+"""Updates: apply a step's state updates in one partition, the last one.
+
+The depth-first order (see partition) applies each gradient as soon as it
+is computed, so a training step's variable updates are spread over many
+partitions, each its own Session call.  If a step fails between two of them
+(a worker dies, a later partition runs out of memory) the variables hold a
+half-applied update: some layers stepped, others not.  On a parameter
+server that state is shared by every worker.
+
+`gather` moves every update op, and everything that depends on one, into
+one last partition, so a step either applies all its updates in one
+Session call or none.  What moves is closed under "depends on", so the
+order stays a valid topological order:
+
+    before:  [fwd, grad3, apply3] [grad2, apply2] [grad1, apply1, step]
+    after:   [fwd, grad3] [grad2] [grad1] [apply3, apply2, apply1, step]
+
+The price: the gradients of all updates wait until the last partition
+(device memory about the size of the trainable variables), and the last
+partition may hold more than partition_size ops (the plan's partition_size
+is then that partition's size).  tfmem does this by
+default on a distributed session (variables on parameter servers), where
+the updates are what other workers see; pass atomic_updates=True to get it
+on a local session too.
+
+An update is an op whose type writes a variable, accumulator, queue or
+table (one table below).  Dequeues are not updates: an input pipeline's
+dequeue feeds the whole step, which would then all be "after an update".
+"""
+
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.build import build_plan, validate
+from tfmem.plan.units import units as units_of
+
+UPDATE_TYPE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",
+                        "Assign", "Scatter", "ResourceScatter", "QueueEnqueue",
+                        "LookupTableInsert", "LookupTableImport", "LookupTableRemove")
+UPDATE_TYPES = frozenset({
+    "AccumulatorApplyGradient", "ResourceAccumulatorApplyGradient",
+    "SparseAccumulatorApplyGradient", "AccumulatorSetGlobalStep",
+    "ResourceAccumulatorSetGlobalStep", "StridedSliceAssign", "ResourceStridedSliceAssign",
+    "TensorScatterUpdate", "InitializeTable", "InitializeTableV2",
+})
+
+
+def is_update(op_type):
+    """True for op types that write long-lived state another step (or worker) sees."""
+    return op_type in UPDATE_TYPES or op_type.startswith(UPDATE_TYPE_PREFIXES)
+
+
+def _consumers(view):
+    readers = {}
+    for node in view.nodes.values():
+        sources = [split_tensor_name(t)[0] for t in node.inputs] + list(node.control_inputs)
+        for src in sources:
+            readers.setdefault(src, set()).add(node.name)
+    return readers
+
+
+def after_updates(view):
+    """Names of the view's update ops and of every op that depends on one."""
+    readers = _consumers(view)
+    stack = [name for name, node in view.nodes.items()
+             if name not in view.sources and is_update(node.type)]
+    seen = set(stack)
+    while stack:
+        for reader in readers.get(stack.pop(), ()):
+            if reader in view.nodes and reader not in seen:
+                seen.add(reader)
+                stack.append(reader)
+    return seen
+
+
+def gather(plan, trace=None):
+    """(plan, trace) with every update in the last partition; trace is None if it changed.
+
+    The plan keeps its partition size, swap policy and placement.
+    """
+    view = plan.view
+    late = after_updates(view)
+    if not late or len(plan.partitions) < 2:
+        return plan, trace
+    groups = units_of(view)
+    unit_of = {name: unit for unit in groups for name in unit}
+    # A unit is never split: one op after an update moves its whole unit, and what
+    # depends on the unit's other ops with it.
+    moving = set()
+    stack = [unit_of[name] for name in late if name in unit_of]
+    readers = _consumers(view)
+    while stack:
+        unit = stack.pop()
+        if unit in moving:
+            continue
+        moving.add(unit)
+        stack.extend(unit_of[r] for name in unit for r in readers.get(name, ())
+                     if r in unit_of and unit_of[r] not in moving)
+    last_ops = set(plan.partitions[-1].ops)
+    if all(name in last_ops for unit in moving for name in unit):
+        return plan, trace
+    partitioned = [list(dict.fromkeys(unit_of[name] for name in p.ops)) for p in plan.partitions]
+    ordered_moving = [unit for part in partitioned for unit in part if unit in moving]
+    kept = [tuple(u for u in part if u not in moving) for part in partitioned]
+    kept = [part for part in kept if part]
+    # The update partition may hold more than partition_size ops: the plan says so.
+    size = max(plan.partition_size, sum(len(unit) for unit in ordered_moving))
+    gathered = build_plan(view, kept + [tuple(ordered_moving)], size, plan.policy,
+                          plan.placement)
+    validate(gathered)
+    return gathered, None
+
+
+def update_partitions(plan):
+    """Indices of the plan's partitions that run an update op, in order."""
+    return tuple(p.index for p in plan.partitions
+                 if any(is_update(plan.view.nodes[name].type) for name in p.ops
+                        if name in plan.view.nodes))

@@ -1,0 +1,26 @@
+"""The run wing: a plan copied into the session's graph and executed step by step.
+
+    session.py            TFMemSession, the drop-in Session wrapper
+    session_interface.py  what makes it a session in every sense TensorFlow checks
+    session_factory.py    sessions tfmem creates itself (tfmem.Session)
+    monitored.py          monitored sessions whose every run goes through tfmem
+    request.py            a Session.run request, normalised
+    plan_cache.py         each request planned once, compiled once
+    placement_pass.py     the user's state put on the host before placement
+    colocation.py         the groups of ops TensorFlow's placer keeps together
+    rewrite.py            each partition copied into the session's graph
+    plan_import.py        ... or a whole plan in one import
+    graph_growth.py       adding those copies to a finalized graph
+    execute.py            the executor: one Session call per partition
+    sampling.py           which steps are measured
+    c_path.py             a partition run through Session.run's C path
+    swap_manager.py       the transfers of one step, on the device or in host buffers
+    residence.py          where a kept tensor waits (session handles, worker staging)
+    prefetch.py           uploads back to the device on a background thread
+    buffers.py            the pool of host buffers
+    remote.py             what tfmem sees of a distributed session
+    accelerator.py        the device a session runs on, and an emulated one
+    stats.py, compile_stats.py, trace.py   what a step and a first step cost
+
+It uses the plan and memory wings and never the command line.
+"""

@@ -1,0 +1,261 @@
+"""One import per plan: every partition's copies and session-handle ops in one GraphDef.
+
+`rewrite.rewrite` copies a plan partition by partition: one `import_graph_def`
+per partition, and the transfer ops (handle placeholder, GetSessionTensor,
+DeleteSessionTensor, GetSessionHandle) built one by one through TensorFlow's
+Python op constructors.  Each import indexes every name of the session graph
+first, so a plan of n partitions pays n times the graph's size, and each op
+constructor costs about a millisecond of Python.
+
+Here the whole plan is one GraphDef, imported once under the plan's scope:
+
+    p3/<op>                     copy of the user's op, read by the other copies of p3
+    p3_in/<stem>_handle         Placeholder(string): the ticket the executor feeds
+    p3_in/<stem>_read           GetSessionTensor(handle), shaped as the original tensor
+    p3_in/<stem>_free           DeleteSessionTensor(handle) after the read (last reader)
+    p3_out/<stem>_keep          GetSessionHandle of a kept output of a copy
+    p3/tfmem_partition_done     NoOp joining the partition's sinks
+    ext/<tensor>                what the copies read from the user's graph (input_map)
+
+The Programs it returns name the same feeds, fetches and targets, in the same
+order, as `rewrite.rewrite`'s, so the executor cannot tell them apart.  What
+reads or colocates with existing ops (a gate on an original's control edge,
+a host copy of a constant, the keep of an original's output) is built as in
+`rewrite`.  Only the session-handle residence is written as NodeDefs; others
+(staging on a distributed session) go through `rewrite.rewrite`.
+"""
+
+import tensorflow as tf
+
+from tfmem.run import rewrite as partition_rewrite
+from tfmem.plan.analyse import split_tensor_name
+from tfmem.run.residence import SessionHandles
+from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, clean_context
+
+_EXTERNAL = "ext/"
+
+
+def supports(residence):
+    """True where the residence's ops are the session-handle ops written here."""
+    return type(residence) is SessionHandles  # pylint: disable=unidiomatic-typecheck
+
+
+def _canonical(name):
+    return name if ":" in name else name + ":0"
+
+
+class _Names:
+    """Unique node names inside one GraphDef (two tensors of one op share a stem)."""
+
+    def __init__(self):
+        self._used = set()
+
+    def __call__(self, name):
+        unique, n = name, 0
+        while unique in self._used:
+            n += 1
+            unique = f"{name}_{n}"
+        self._used.add(unique)
+        return unique
+
+
+def _node(graph_def, name, op, inputs=(), **types):
+    node = graph_def.node.add(name=name, op=op)
+    node.input.extend(inputs)
+    for attr, dtype in types.items():
+        node.attr[attr].type = tf.as_dtype(dtype).as_datatype_enum
+    return node
+
+
+class _PartitionDef:
+    """One partition written into the plan's GraphDef; names relative to the plan scope."""
+
+    def __init__(self, plan, partition):
+        self.partition = partition
+        self.prefix = f"p{partition.index}"
+        view = plan.view
+        self.copied = [op for op in partition.ops if op not in view.originals]
+        self.originals = [op for op in partition.ops if op in view.originals]
+        self.copied_set = set(self.copied)
+        self.reads = {}  # transfer tensor -> its GetSessionTensor output
+        self.holders = []  # ticket placeholders, in partition.inputs order
+        self.frees = []  # DeleteSessionTensor ops
+        self.keeps = {}  # kept output made by a copy -> its GetSessionHandle
+        self.done = None
+        self.gates = []  # originals whose control edges the copies keep
+
+    def write_transfers(self, graph_def, plan, names):
+        for name in self.partition.inputs:
+            info = plan.view.tensor(name)
+            stem = split_tensor_name(name)[0].replace("/", "_")
+            holder = names(f"{self.prefix}_in/{stem}_handle")
+            node = _node(graph_def, holder, "Placeholder", dtype=tf.string)
+            node.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
+            read = names(f"{self.prefix}_in/{stem}_read")
+            node = _node(graph_def, read, "GetSessionTensor", [holder], dtype=info.dtype)
+            if info.shape is not None:  # as rewrite's set_shape: the copies infer from it
+                node.attr["_output_shapes"].list.shape.add().CopyFrom(tf.TensorShape(info.shape).as_proto())
+            if plan.transfer(name).frees_at(self.partition.index):
+                free = names(f"{self.prefix}_in/{stem}_free")
+                _node(graph_def, free, "DeleteSessionTensor", [holder, "^" + read])
+                self.frees.append(free)
+            self.holders.append(holder)
+            self.reads[name] = read + ":0"
+
+    def write_copies(self, graph_def, graph, plan, external):
+        """The copies, with inputs renamed: copies in this partition, transfers, or external."""
+        if not self.copied:
+            return
+        copied = self.copied_set
+        part, done = partition_rewrite._partition_graph_def(  # pylint: disable=protected-access
+            graph, plan.view, self.copied, set(self.originals))
+        for node in part.node:
+            inputs = []
+            for inp in node.input:
+                if inp.startswith("^"):
+                    src = inp[1:]
+                    if src in copied:
+                        inputs.append(f"^{self.prefix}/{src}")
+                    else:  # an original of this partition: a gate (see rewrite)
+                        inputs.append("^" + _EXTERNAL + src)
+                        self.gates.append(src)
+                    continue
+                tensor = _canonical(inp)
+                op, index = split_tensor_name(tensor)
+                if op in copied:
+                    inputs.append(f"{self.prefix}/{op}:{index}")
+                elif tensor in external.host_copies:
+                    inputs.append(external.map(tensor, external.host_copies[tensor]))
+                elif tensor in self.reads:
+                    inputs.append(self.reads[tensor])
+                else:
+                    inputs.append(external.map(tensor, graph.get_tensor_by_name(tensor)))
+            del node.input[:]
+            node.input.extend(inputs)
+            if "_class" in node.attr:  # kept only within the copy (see rewrite)
+                node.attr["_class"].list.s[:] = [
+                    b"loc:@" + f"{self.prefix}/".encode() + c[5:]
+                    for c in node.attr["_class"].list.s]
+            node.name = f"{self.prefix}/{node.name}"
+            graph_def.node.add().CopyFrom(node)
+        self.done = f"{self.prefix}/{done}"
+
+    def tensor_of_copy(self, tensor):
+        """The copy's tensor name, if a copy of this partition makes `tensor`."""
+        op, index = split_tensor_name(tensor)
+        return f"{self.prefix}/{op}:{index}" if op in self.copied_set else None
+
+    def write_keeps(self, graph_def, plan, names):
+        """GetSessionHandle of each kept output a copy makes, colocated with its producer."""
+        for name in self.partition.outputs:
+            copy = self.tensor_of_copy(name)
+            if copy is None or not plan.transfer(name).kept:
+                continue
+            stem = split_tensor_name(name)[0].replace("/", "_")
+            keep = names(f"{self.prefix}_out/{stem}_keep")
+            dtype = plan.view.tensor(name).dtype
+            node = _node(graph_def, keep, "GetSessionHandle", [copy], T=dtype)
+            node.attr["_class"].list.s.append(b"loc:@" + copy.rpartition(":")[0].encode())
+            self.keeps[name] = keep + ":0"
+
+
+class _External:
+    """What the copies of the plan read from the session graph, by GraphDef name."""
+
+    def __init__(self, host_copies):
+        self.host_copies = host_copies
+        self.input_map = {}
+
+    def map(self, tensor, value):
+        key = _EXTERNAL + tensor
+        self.input_map[key] = value
+        return key
+
+
+ENABLED = True  # False: every plan goes through rewrite.rewrite (to compare the two)
+
+
+def rewrite_plan(graph, plan, scope, residence):
+    """The plan's Programs: one import where the residence allows it, else per partition."""
+    if ENABLED and supports(residence):
+        return rewrite(graph, plan, scope, residence)
+    return partition_rewrite.rewrite(graph, plan, scope, residence)
+
+
+def rewrite(graph, plan, scope, residence):
+    """Programs for every partition of the plan, copied under `scope`/p<index> in one import.
+
+    `residence` must be a session-handle residence (see `supports`).
+    """
+    if not supports(residence):
+        raise TypeError(f"plan_import writes session-handle ops only, not "
+                        f"{type(residence).__name__}; use rewrite.rewrite")
+    host_copies = partition_rewrite._host_copies(graph, plan, scope)  # pylint: disable=protected-access
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    names, external = _Names(), _External(host_copies)
+    parts = [_PartitionDef(plan, p) for p in plan.partitions]
+    with clean_context(graph):
+        for part in parts:
+            part.write_transfers(graph_def, plan, names)
+            part.write_copies(graph_def, graph, plan, external)
+            part.write_keeps(graph_def, plan, names)
+        for part in parts:  # a control edge from an original: a constant after it
+            with graph.name_scope(f"{scope}/{part.prefix}_gates/"):
+                for src in dict.fromkeys(part.gates):
+                    with graph.control_dependencies([graph.get_operation_by_name(src)]):
+                        external.input_map["^" + _EXTERNAL + src] = tf.constant(0, name="gate")
+        tf.graph_util.import_graph_def(graph_def, input_map=external.input_map,
+                                       name=scope + "/")
+        return tuple(_program(graph, plan, part, scope, external, residence) for part in parts)
+
+
+def _program(graph, plan, part, scope, external, residence):
+    """The partition's Program, in `rewrite.rewrite_partition`'s order of names."""
+    p = part.partition
+
+    def inside(name):
+        return f"{scope}/{name}"
+
+    feeds = [inside(h) + ":0" for h in part.holders] + list(p.feeds)
+    feed_sources = list(p.inputs) + list(p.feeds)
+    targets = [inside(f) for f in part.frees] + list(part.originals)
+    if part.done is not None:
+        targets.append(inside(part.done))
+
+    def tensor_name(name):  # a fetch or an output: the copy's tensor, else the original
+        copy = part.tensor_of_copy(name)
+        return inside(copy) if copy is not None else name
+
+    def read_by_original(name):  # as rewrite's input_map: copy, host copy, transfer, graph
+        copy = part.tensor_of_copy(name)
+        if copy is not None:
+            return inside(copy)
+        if name in external.host_copies:
+            return external.host_copies[name].name
+        if name in part.reads:
+            return inside(part.reads[name])
+        return name
+
+    connections = tuple((read_by_original(t), t)
+                        for t in partition_rewrite.connected_inputs(plan.view, p))
+    fetches, sinks = [], []
+    for name in p.outputs:
+        transfer = plan.transfer(name)
+        if transfer.kept:
+            if name in part.keeps:
+                fetches.append(inside(part.keeps[name]))
+            else:  # an original's output: kept as rewrite keeps it
+                with clean_context(graph), graph.name_scope(f"{scope}/{part.prefix}_out/"):
+                    tensor = graph.get_tensor_by_name(name)
+                    key = (name, transfer.spans[0].readers[0])
+                    fetches.append(residence.keep(graph, name, tensor, key).name)
+            sinks.append((HANDLE, name))
+        if transfer.swapped:
+            fetches.append(tensor_name(name))
+            sinks.append((HOST, name))
+    for name in p.fetches:
+        fetches.append(tensor_name(name))
+        sinks.append((RESULT, name))
+    return Program(p.index, tuple(feeds), tuple(feed_sources), tuple(fetches), tuple(sinks),
+                   tuple(targets), connections)

@@ -1,0 +1,255 @@
+"""Rewrite: copy each partition of a plan into the session's graph.
+
+A partition becomes a copy of its ops, imported with `import_graph_def`
+under its own name scope.  The user's ops are never changed; the copies
+read them through `input_map`:
+
+    fed tensor x:0        -> the original x:0 (the executor feeds it)
+    state source w        -> the original w (same variable, same state)
+    constant c, original r -> the original (see analyse: originals)
+    transfer h:0          -> read by a ticket placeholder (GetSessionTensor of a
+                             session handle, or a staging key: see residence),
+                             fed the producer's ticket or one the prefetcher uploaded
+
+An original (see analyse) runs as the user's op; where it reads a computed
+tensor, the callable connects the tensor the partition has (a copy's output
+or a transfer's GetSessionTensor) to the original's input:
+
+    copy: p3/dropout/Shape:0 --tensor_connection--> dropout/Shape:0 -> RandomUniform
+
+The connection cuts the input's data edge like a feed, so the user's Shape
+and everything before it stay out of the call, and the random op's kernel
+(one per op name and session) keeps drawing from its one stream.
+
+Control edges from ops outside the partition are dropped: those ops ran in
+an earlier partition, and keeping the edge would make Session.run run them
+again.  A NoOp joins the partition's sinks so one target runs every op.
+Outputs kept on the device are fetched as tickets (GetSessionHandle, or a
+staging key on a distributed session), and the last reader of each device
+copy frees it in-graph (DeleteSessionTensor, MapUnstage), so no extra
+Session.run is spent on freeing.  Outputs
+swapped to host are fetched as values.
+"""
+
+import contextlib
+import dataclasses
+
+import tensorflow as tf
+
+from tfmem.run import graph_growth
+from tfmem.plan.analyse import split_tensor_name
+
+_DONE = "tfmem_partition_done"
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The names one partition's Session call feeds, fetches and runs."""
+    index: int
+    feeds: tuple  # graph tensor names, in call order
+    feed_sources: tuple  # per feed: the request's fed tensor or the transfer's name
+    fetches: tuple  # graph tensor names
+    fetch_sinks: tuple  # per fetch: (HANDLE | HOST | RESULT, tensor name)
+    targets: tuple  # op names
+    connections: tuple = ()  # (from tensor, to tensor): what the originals read instead
+
+
+HANDLE, HOST, RESULT = "handle", "host", "result"
+
+
+def keep_colocation_within(node, members):
+    """Keep only the colocation constraints (`_class` "loc:@op") naming ops in `members`:
+    a constraint on an op outside the copy cannot be met where the copy is imported."""
+    if "_class" in node.attr:
+        inside = [c for c in node.attr["_class"].list.s if c.decode()[5:] in members]
+        if inside:
+            node.attr["_class"].list.s[:] = inside
+        else:
+            del node.attr["_class"]
+
+
+@contextlib.contextmanager
+def clean_context(graph):
+    """Add ops at top level, free of the caller's control, device and colocation scopes
+    (also to a finalized graph: see graph_growth)."""
+    with graph_growth.additions_allowed(graph), \
+            graph.as_default(), graph.name_scope(None), graph.control_dependencies(None), \
+            graph.device(None), graph.colocate_with(None, ignore_existing=True):
+        yield
+
+
+def _canonical(name):
+    return name if ":" in name else name + ":0"
+
+
+def _partition_graph_def(graph, view, ops, originals):
+    """NodeDefs of the partition's copied ops, with the view's control edges.
+
+    Control edges come from the view (analysis may have moved some); those
+    from outside the partition are dropped, except from `originals` (run as
+    the user's op in this partition), which the caller maps with a gate.
+    """
+    members = set(ops)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    consumed = set()
+    for name in ops:
+        node = graph_def.node.add()
+        node.CopyFrom(graph.get_operation_by_name(name).node_def)
+        data = [inp for inp in node.input if not inp.startswith("^")]
+        control = [src for src in view.nodes[name].control_inputs
+                   if src in members or src in originals]
+        consumed.update(split_tensor_name(_canonical(inp))[0] for inp in data)
+        consumed.update(control)
+        del node.input[:]
+        node.input.extend(data + ["^" + src for src in control])
+        keep_colocation_within(node, members)
+    done = graph_def.node.add(name=_DONE if _DONE not in members else _DONE + "_", op="NoOp")
+    done.input.extend("^" + name for name in ops if name not in consumed)
+    return graph_def, done.name
+
+
+def _transfer_inputs(graph, plan, partition, residence):
+    """Feed points for the partition's transfers: input_map entries, feeds, deleters.
+
+    The residence decides where a kept tensor waits (see residence): the
+    partition feeds a ticket (a session handle, a staging key) and reads the
+    tensor by it.
+    """
+    input_map, feeds, sources, targets = {}, [], [], []
+    for name in partition.inputs:
+        info = plan.view.tensor(name)
+        stem = split_tensor_name(name)[0].replace("/", "_")
+        transfer = plan.transfer(name)
+        key = (name, transfer.span_of(partition.index).readers[0])
+        value, holder, deleter = residence.read(graph, name, info, key,
+                                                transfer.frees_at(partition.index), stem)
+        if info.shape is not None:
+            value.set_shape(info.shape)
+        if deleter is not None:
+            targets.append(deleter.name)
+        feeds.append(holder.name)
+        input_map[name] = value
+        sources.append(name)
+    return input_map, feeds, sources, targets
+
+
+def _host_copies(graph, plan, scope):
+    """One copy of each constant the placement reads from the host (its original stayed)."""
+    if not plan.placement.copied:
+        return {}
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    for name, device in plan.placement.copied.items():
+        node = graph_def.node.add()
+        node.CopyFrom(graph.get_operation_by_name(name).node_def)
+        node.device = device
+        node.attr.pop("_class", None)
+    names = [f"{name}:0" for name in plan.placement.copied]
+    with clean_context(graph):
+        copies = tf.graph_util.import_graph_def(graph_def, return_elements=names,
+                                                name=scope + "/host")
+    return dict(zip(names, copies))
+
+
+def _originals_map(graph, view, copied, originals, input_map):
+    """Map what the copies read from outside the copies (feeds, sources, originals).
+
+    A control edge from an original is mapped to a gate: a constant that
+    depends on the original, since input_map can only name a tensor.
+    """
+    for name in copied:
+        node = view.nodes[name]
+        for tensor in node.inputs:
+            if tensor not in input_map and split_tensor_name(tensor)[0] not in copied:
+                input_map[tensor] = graph.get_tensor_by_name(tensor)
+        for src in node.control_inputs:
+            if src in originals and "^" + src not in input_map:
+                with graph.control_dependencies([graph.get_operation_by_name(src)]):
+                    input_map["^" + src] = tf.constant(0, name="gate")
+
+
+def connected_inputs(view, partition):
+    """Computed tensors the partition's originals read: each is connected, not fed.
+
+    An input made by another original of the same partition is a real edge
+    of the user's graph, and fed tensors and sources are read where they are.
+    """
+    originals = [op for op in partition.ops if op in view.originals]
+    tensors = []
+    for name in originals:
+        for tensor in view.nodes[name].inputs:
+            producer = split_tensor_name(tensor)[0]
+            if tensor in view.feeds or producer in view.sources or producer in originals:
+                continue
+            tensors.append(tensor)
+    return tuple(dict.fromkeys(tensors))
+
+
+def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
+    """Copy one partition into `graph` under `scope`; return its Program."""
+    view = plan.view
+    copied = [op for op in partition.ops if op not in view.originals]
+    originals = [op for op in partition.ops if op in view.originals]
+    with clean_context(graph):
+        with graph.name_scope(scope + "_in/"):
+            input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition,
+                                                                        residence)
+        input_map.update(host_copies)
+        feeds += partition.feeds
+        feed_sources += partition.feeds
+        # Fed tensors, sources and the partition's originals are read where they are.
+        with graph.name_scope(scope + "_gates/"):
+            _originals_map(graph, view, set(copied), set(originals), input_map)
+        targets += originals
+
+        connected = connected_inputs(view, partition)
+        tensors = {}
+        if copied:
+            graph_def, done = _partition_graph_def(graph, view, copied, set(originals))
+            wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches + connected)
+                      if split_tensor_name(t)[0] in copied]
+            read = {t for op in copied for t in view.nodes[op].inputs}  # not originals' reads
+            imported = tf.graph_util.import_graph_def(
+                graph_def, input_map={k: v for k, v in input_map.items()
+                                      if k in read or k.startswith("^")},
+                return_elements=wanted + [done], name=scope)
+            tensors = dict(zip(wanted, imported[:-1]))
+            targets.append(imported[-1].name)
+        connections = tuple((tensors[t].name if t in tensors else input_map[t].name, t)
+                            for t in connected)
+
+        fetches, sinks = [], []
+        with graph.name_scope(scope + "_out/"):
+            for name in partition.outputs:
+                tensor = tensors[name] if name in tensors else graph.get_tensor_by_name(name)
+                transfer = plan.transfer(name)
+                residence.produced(name, tensor)
+                if transfer.kept:
+                    key = (name, transfer.spans[0].readers[0])
+                    fetches.append(residence.keep(graph, name, tensor, key).name)
+                    sinks.append((HANDLE, name))
+                if transfer.swapped:
+                    fetches.append(tensor.name)
+                    sinks.append((HOST, name))
+        for name in partition.fetches:
+            fetches.append(tensors[name].name if name in tensors else name)
+            sinks.append((RESULT, name))
+    return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
+                   tuple(sinks), tuple(targets), connections)
+
+
+def rewrite(graph, plan, scope, residence):
+    """Programs for every partition of the plan, copied under `scope`/p<index>.
+
+    `residence` keeps the plan's cross-partition tensors on the device (see residence).
+    """
+    host_copies = _host_copies(graph, plan, scope)
+    programs = []
+    for p in plan.partitions:
+        read = {t for name in p.ops if name not in plan.view.originals
+                for t in plan.view.nodes[name].inputs}
+        used = {t: c for t, c in host_copies.items() if t in read}
+        programs.append(rewrite_partition(graph, plan, p, f"{scope}/p{p.index}", used,
+                                          residence))
+    return tuple(programs)

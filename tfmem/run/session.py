@@ -1,0 +1,521 @@
+"""TFMemSession: a drop-in wrapper of a Session that runs requests in partitions.
+
+    tfs = TFMemSession(sess, partition_size=200)
+    _, loss = tfs.run([train_op, loss], feed_dict={x: batch})
+
+`run` takes what `Session.run` takes and returns what it returns.  Each
+distinct request (what is fetched, run and fed) is planned once; the plan
+is copied into the session's graph and compiled into callables once, and
+later steps only run the executor loop.  Variable state lives in the
+wrapped session, so the plain session keeps working beside the wrapper.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import logging
+import numbers
+import time
+
+import psutil
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import session as tf_session
+
+from tfmem.run import accelerator, sampling
+from tfmem.memory import budget
+from tfmem.plan.analyse import analyse
+from tfmem.run.buffers import HostBufferPool
+from tfmem.run.compile_stats import CompileStats
+from tfmem.errors import HostMemoryError
+from tfmem.run.execute import Executor
+from tfmem.plan.place import place
+from tfmem.run.placement_pass import Record, place_state_on_host
+from tfmem.plan.build import make_plan
+from tfmem.run.plan_cache import PlanCache
+from tfmem.run.prefetch import Prefetcher
+from tfmem.run.request import Request
+from tfmem.memory.scratch import calibrate
+from tfmem.run.session_interface import SessionInterfaceMethods
+from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.simulate import simulate
+from tfmem.plan.streams import StreamLedger
+from tfmem.run.trace import Timeline, write_chrome_trace
+from tfmem.plan.swap import SwapPolicy
+from tfmem.run import plan_import, remote, residence as residences
+from tfmem.plan import updates
+from tfmem import tf_private
+
+log = logging.getLogger(__name__)
+
+
+HOST_MARGIN = 0.1  # share of available host memory tfmem leaves free
+
+
+def _check_partition_size(value):
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"partition_size must be a positive integer (the most ops "
+                         f"one partition runs) or 'auto', got {value!r}")
+    return int(value)
+
+
+def _budget_of(session, budget_value):
+    """The device-memory budget in bytes: given, or the emulated cap / the GPU's memory."""
+    if budget_value is not None:
+        return budget.parse_bytes(budget_value)
+    limit = accelerator.device_capacity(session)
+    if limit:
+        return limit
+    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
+                     "on a session without an accelerator or an emulated cap")
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Planning allocates a few objects per op and frees none of them; the cyclic
+    collector would scan them again every few hundred ops (a third of the time
+    of planning a 100k-op graph)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Device and host memory of the last step, measured and predicted (bytes)."""
+    device_peak: int | None  # TensorFlow's allocator peak; None where it keeps none
+    predicted_device_peak: int  # the simulator's prediction for the plan
+    device_budget: int | None
+    host_buffers: int  # host bytes tfmem holds for swapped tensors
+    predicted_host_peak: int
+    host_rss: int
+    host_available: int
+    # Per partition, kernel scratch included: the simulator's peaks, and TensorFlow's
+    # measured ones (None where it keeps no figures).
+    predicted_partition_peaks: tuple = ()
+    partition_peaks: tuple | None = None
+    # The last step, and the step whose measured figures (device_peak, partition_peaks)
+    # these are: the plan's last measured one (None: none measured; see sampling).
+    step: int = 0
+    measured_step: int | None = None
+
+
+@dataclasses.dataclass
+class _Runtime:
+    """What every plan of one session shares at run time."""
+    device: str  # the device whose memory tfmem manages ("GPU:0", or "CPU:0")
+    pool: HostBufferPool
+    prefetcher: Prefetcher
+    residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
+    measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
+    remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
+
+
+class TFMemSession(SessionInterfaceMethods):
+    """Runs `Session.run` requests of `sess` as sequences of partitions.
+
+    A `SessionInterface`, accepted wherever TensorFlow accepts a session (see
+    session_interface for what is partitioned and what goes straight through).
+
+    partition_size: the most ops one partition runs.
+    swap: "auto" swaps a cross-partition tensor to host memory when its next
+        reader is more than `swap_distance` partitions away; "all" swaps
+        every one, "none" keeps all on the device.  On a CPU session with no
+        emulated cap and no budget the device memory is host memory, and
+        "auto" acts as "none".
+    swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
+    prefetch: how many partitions ahead of its reader a swapped tensor is
+        uploaded again (0: just before the reader, with no overlap).
+    place_state_on_host: on a session with an accelerator, set the device of
+        variables and of constants of at least swap_min_bytes (with the ops
+        TensorFlow colocates with them) to the host CPU before the session
+        places them; what could not move is listed in plan.placement (see
+        placement_pass).  False leaves every op where the graph puts it.
+    accelerator_device: the device the placement pass moves state off; None
+        takes the session's first GPU or TPU.  Tests on a CPU-only machine name
+        a second CPU device here ('CPU:1' with ConfigProto(device_count={"CPU": 2})).
+    trace: a path; each step's timeline is written there as a Chrome trace.
+    device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
+        the partition size and swap distance: the fewest partitions whose
+        predicted peak fits (one, at plain speed, when the whole step fits).
+        partition_size="auto" does the same with the emulated cap or the
+        accelerator's memory as the budget.
+    atomic_updates: run every variable update of a step in its last partition,
+        so a failed step applies all or none (see updates).  None: on for a
+        session on TensorFlow's distributed runtime, off for a local one.
+    measure: which steps read TensorFlow's allocator figures (where it keeps
+        them), which costs allocation tracking on the step: "sample" the first
+        steps of each plan until their figures agree, then one in 50 (and every
+        step again after a re-plan or when a sample moved); "every" each step;
+        "off" none (budget mode then learns nothing).  See sampling.
+    """
+
+    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
+                 swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
+                 device_memory_budget=None, accelerator_device=None, atomic_updates=None,
+                 measure="sample"):
+        if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
+            raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
+        self._partition_size = _check_partition_size(partition_size)
+        self._measure = sampling.check_mode(measure)
+        self._steps = 0  # partitioned steps run, for StepStats.step
+        self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
+        if device_memory_budget is not None or partition_size == "auto":
+            remote.check_budget_source(sess, device_memory_budget is not None)
+            self._partition_size = "auto"
+            self._budget = _budget_of(sess, device_memory_budget)
+        else:
+            self._budget = None
+        self._session = sess
+        self._plans = PlanCache()  # each request planned once, compiled once
+        self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
+            if place_state_on_host else None
+        self._placed = Record()  # the placement pass's decisions on this session's graph
+        device = accelerator.memory_device(sess)
+        remote_info = remote.describe(sess)
+        measurable = (device != "CPU:0" or accelerator.emulated_memory_mib() is not None) and \
+            (remote_info is None or remote_info.allocator_local)
+        self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
+                                else bool(atomic_updates))
+        if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
+            # The "device" is host memory itself: a host copy would free nothing.
+            self._policy = dataclasses.replace(self._policy, mode="none")
+            log.info("swap='auto' on a CPU session without a memory cap or budget: "
+                     "cross-partition tensors stay where they are (swap='all' forces swaps)")
+        self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
+                                 residences.for_session(sess, device), measure_device=measurable,
+                                 remote_info=remote_info)
+        self._trace_path = trace  # where each step's Chrome trace goes, or None
+        self._streams = StreamLedger()  # which plan draws each seeded random stream
+        self.last_step = None  # StepStats of the last run
+        self.last_compile = None  # CompileStats of the last request planned and compiled
+        self._last_entry = None
+        self._step_listeners = []  # called as f(tfs, entry, stats) after every step
+        self._interactive = None
+        if (isinstance(sess, tf_session.InteractiveSession)
+                and not getattr(sess, "tfmem_routes_run", False)):
+            # As InteractiveSession does for itself: Tensor.eval() runs through tfmem.
+            self._interactive = self.as_default()
+            self._interactive.enforce_nesting = False
+            self._interactive.__enter__()
+        self._place_state()
+
+    def _place_state(self):
+        """Run the placement pass over ops it has not seen, before the session places them."""
+        if self._accelerator is not None and self.graph.version and \
+                not tf_private.is_closed(self._session):
+            place_state_on_host(self._session, self._policy.min_bytes, self._placed)
+
+    @property
+    def session(self):
+        """The wrapped session."""
+        return self._session
+
+    @contextlib.contextmanager
+    def tracing(self, path):
+        """Write each step run inside this block as a Chrome trace to `path` (the last
+        step's stays), whatever `trace=` says; tools time some steps without tracing
+        and trace others."""
+        previous, self._trace_path = self._trace_path, path
+        try:
+            yield self
+        finally:
+            self._trace_path = previous
+
+    def add_step_listener(self, listener):
+        """Call `listener(tfs, entry, stats)` after every step, from the thread that ran it
+        (`stats` is that step's StepStats)."""
+        self._step_listeners.append(listener)
+
+    @property
+    def graph(self):
+        return self._session.graph
+
+    @property
+    def partition_size(self):
+        return self._partition_size
+
+    def _check_open(self):
+        if tf_private.is_closed(self._session):
+            raise RuntimeError("Attempted to use a closed Session.")
+        if self.graph.version == 0:
+            raise RuntimeError("The Session graph is empty. Add operations to the "
+                               "graph before calling run().")
+
+    def _predict(self, plan, request):
+        """The plan's MemoryTrace for the request's fed shapes, kernel scratch included
+        (in budget mode, the prediction budget mode plans with)."""
+        return self._predict_shapes(plan, request.feed_shapes())
+
+    def _predict_shapes(self, plan, feed_shapes):
+        if self._budget is not None:
+            return budget.predict(self.graph, plan, feed_shapes, self._session)
+        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
+                        scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
+
+    def _make_plan(self, request, correction=None, view=None):
+        """(plan, predicted trace or None) for the request, with the placement pass's outcome.
+
+        `view`: the request already analysed (after the placement pass), if it was."""
+        self._place_state()
+        plan, trace = self._plan_request(request, view, correction)
+        placement = place(plan.view, self._accelerator, self._policy.min_bytes, self._placed)
+        if plan.placement != placement:  # else keep the plan: it may be a compiled one
+            plan = dataclasses.replace(plan, placement=placement)
+        if self._atomic_updates:
+            return updates.gather(plan, trace)
+        return plan, trace
+
+    def _plan_request(self, request, view, correction=None):
+        """(plan, predicted trace or None) for the request under this session's settings,
+        analysed here unless `view` is given."""
+        with _gc_paused():
+            if view is None:
+                view = analyse(request.fetch_tensors, request.targets, request.feeds)
+            if self._budget is None:
+                return make_plan(view, self._partition_size, self._policy,
+                                 self._accelerator), None
+            memory = (accelerator.device_memory(self._runtime.device)
+                      if self._runtime.measure_device else None)
+            return budget.fit(self.graph, view, request.feed_shapes(), self._budget, self._policy,
+                              self._accelerator, resident_bytes=memory["current"] if memory else 0,
+                              session=self._session, correction=correction,
+                              prefer=self._plans.compiled_plans(request.signature))
+
+    def _entry(self, request):
+        """The cached plan of the request, planned again if the graph changed what it reaches."""
+        with self._plans.lock:
+            return self._entry_locked(request)
+
+    def _entry_locked(self, request):
+        key = request.signature
+        if self._budget is not None:  # the fitting plan depends on the shapes fed
+            key += (tuple(sorted(request.feed_shapes().items())),)
+        entry = self._plans.get(key)
+        version = self.graph.version
+        if entry is not None and entry.graph_version != version:
+            # Planned again (below) only when this differs, after the placement pass
+            # has seen the new ops: then it is analysed once more, by _make_plan.
+            fresh = analyse(request.fetch_tensors, request.targets, request.feeds)
+            if fresh != entry.plan.view:
+                log.info("graph changed under a cached request; planning it again")
+                entry = None
+            else:
+                entry.graph_version = version
+        if entry is not None and entry.replan:
+            entry.replan = False
+            plan, trace = self._make_plan(request, entry.correction, entry.plan.view)
+            if (plan.partition_size, plan.policy) != (entry.plan.partition_size,
+                                                      entry.plan.policy):
+                log.info("request planned again with the corrected model: %d partitions "
+                         "(partition_size=%s), was %d", len(plan.partitions),
+                         plan.partition_size, len(entry.plan.partitions))
+                correction = entry.correction
+                entry = self._plans.add(key, plan, version, trace)
+                entry.correction = correction
+            else:  # the same plan, predicted with what was learned (gather drops a stale trace)
+                entry.trace = trace if trace is not None else budget.predict(
+                    self.graph, entry.plan, request.feed_shapes(), self._session,
+                    entry.correction.scratch)
+                if entry.schedule is not None:
+                    entry.schedule.restart()  # measure every step until it settles again
+        if entry is None:
+            started = time.perf_counter()
+            plan, trace = self._make_plan(request)
+            entry = self._plans.add(key, plan, version, trace)
+            entry.plan_time = time.perf_counter() - started
+        return entry
+
+    def simulate(self, fetches, feed_dict=None):
+        """The predicted MemoryTrace of one step of the request, without running it.
+
+        Unknown dimensions are resolved from the shapes of the fed values.
+        """
+        self._check_open()
+        request = Request(self.graph, fetches, feed_dict)
+        return self._predict(self._entry(request).plan, request)
+
+    def plan(self, fetches, feed_dict=None):
+        """The plan `run(fetches, feed_dict)` would execute, without running anything."""
+        self._check_open()
+        return self._entry(Request(self.graph, fetches, feed_dict)).plan
+
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
+        """Run like `Session.run`, one partition at a time."""
+        self._check_open()
+        request = Request(self.graph, fetches, feed_dict)
+        entry = self._entry(request)
+        self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
+        self._last_entry = entry
+        timeline = Timeline() if self._trace_path else None
+        # Session.run replaces run_metadata with the step's, and only when the step ran.
+        step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
+        if entry.schedule is None:
+            entry.schedule = sampling.MeasureSchedule(self._measure)
+        values, stats = entry.executor.run(
+            request.feed_values_by_name(), options, step_metadata, timeline,
+            measure=entry.schedule.wants())
+        self._steps += 1
+        stats = dataclasses.replace(stats, step=self._steps)
+        entry.schedule.record(stats.partition_peak_bytes)
+        if stats.measured:
+            entry.last_measured = stats
+        self.last_step = stats
+        if run_metadata is not None:
+            run_metadata.CopyFrom(step_metadata)
+        if timeline:
+            write_chrome_trace(timeline.events, self._trace_path)
+        log.debug("step: %s", stats)
+        if self._budget is not None:
+            self._learn(request, entry)
+        for listener in self._step_listeners:
+            listener(self, entry, stats)
+        return request.build_results(self._session, values)
+
+    def _learn(self, request, entry):
+        """Budget mode: when the step measured over its predicted peak, correct the model
+        and plan the request again before the next step (this one is never run again).
+        memory_report() shows every partition's measured and predicted peak."""
+        if entry.correction is None:
+            entry.correction = budget.Correction()
+        measured = self.last_step.partition_peak_bytes
+        resident = entry.executor.last_resident
+        if measured and resident is not None:
+            # What the device held beyond the request's state (other requests' variables,
+            # other sessions) is in the measured peaks, not in the predictions.
+            foreign = max(resident - entry.trace.state_bytes, 0)
+            measured = tuple(m - foreign for m in measured)
+        feed_shapes = request.feed_shapes()
+        if not entry.correction.learn(
+                entry.trace, measured, entry.executor.last_scratch,
+                lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
+                                             self._session, extra)):
+            return
+        worst = max(range(len(measured)), key=measured.__getitem__)
+        log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
+                 "model now takes the kernel scratch this step measured (%d ops) and scales "
+                 "predictions by %.2f; planning the request again for the next step",
+                 measured[worst] / (1 << 20), worst, entry.trace.peak_device / (1 << 20),
+                 len(entry.correction.scratch), entry.correction.factor)
+        entry.replan = True  # planned at the start of the next step, with fresh resident bytes
+
+    def _check_host_memory(self, trace):
+        """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
+        available = psutil.virtual_memory().available
+        needed = trace.peak_host - self._runtime.pool.capacity_bytes
+        if needed > available * (1 - HOST_MARGIN):
+            raise HostMemoryError(
+                f"the plan needs {needed / (1 << 20):.0f} MiB of host memory for swapped tensors, "
+                f"but only {available / (1 << 20):.0f} MiB is available (tfmem keeps "
+                f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
+                "swap='none', or free host memory.")
+
+    def memory_report(self):
+        """A MemoryReport of the last step: measured and predicted device and host bytes."""
+        if self.last_step is None:
+            raise RuntimeError("memory_report() describes the last step; run a step first")
+        trace = self._last_entry.trace
+        measured = self._last_entry.last_measured
+        return MemoryReport(
+            device_peak=measured.device_peak_bytes if measured else None,
+            predicted_device_peak=trace.peak_device,
+            device_budget=self._budget,
+            host_buffers=self.last_step.host_buffer_bytes,
+            predicted_host_peak=trace.peak_host,
+            host_rss=self.last_step.host_rss_bytes,
+            host_available=psutil.virtual_memory().available,
+            predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
+            partition_peaks=measured.partition_peak_bytes if measured else None,
+            step=self.last_step.step, measured_step=measured.step if measured else None)
+
+    def _compile_entry(self, entry, request):
+        """Predict the entry's memory (deferred when it swaps nothing), check the host's,
+        and give it its executor (under the plan cache's lock)."""
+        started = time.perf_counter()
+        if not entry.predicted and not any(t.swapped for t in entry.plan.transfers):
+            entry.defer_prediction(functools.partial(
+                self._predict_shapes, entry.plan, request.feed_shapes()))
+        elif entry.trace is None:
+            entry.trace = self._predict(entry.plan, request)
+        simulated = time.perf_counter() - started
+        if not entry.deferred:
+            self._check_host_memory(entry.trace)
+        entry.executor = self._executor_for(entry, simulated)
+        entry.graph_version = self.graph.version
+        entry.feed_shapes = request.feed_shapes()
+
+    def _executor_for(self, entry, simulate_time):
+        """The executor of the entry's plan: shared with an entry of the same plan, or new."""
+        shared = self._plans.executor_of(entry.plan)
+        if shared is not None:
+            self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
+            return shared
+        before = self.graph.version
+        executor, rewrite_time, extend_time, callables_time = self._compile(
+            entry.plan, None if entry.deferred else entry.trace)
+        self.last_compile = CompileStats(
+            entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
+            callables=len(entry.plan.partitions), graph_ops_before=before,
+            graph_ops_after=self.graph.version)
+        log.info("compiled: %s", self.last_compile)
+        return executor
+
+    def _compile(self, plan, trace):
+        """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
+        graph = self.graph  # finalized or not: see graph_growth
+        with graph.as_default():
+            scope = graph.unique_name("tfmem/plan", mark_as_used=True)
+        self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op
+        started = time.perf_counter()
+        residence = self._runtime.residence.for_plan(scope)
+        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
+        rewritten = time.perf_counter()
+        swapped = [t for t in plan.transfers if t.swapped]
+        log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
+                 "(%.1f MiB), predicted device peak %s",
+                 scope, plan.num_ops, len(plan.partitions), plan.partition_size, len(swapped),
+                 trace.bytes_to_host / (1 << 20) if trace else 0.0,
+                 f"{trace.peak_device / (1 << 20):.1f} MiB" if trace else "(predicted when read)")
+        extend = getattr(self._session, "_extend_graph", None)
+        if extend is not None:  # the first callable would; timed apart from the callables
+            extend()  # pylint: disable=not-callable
+        extended = time.perf_counter()
+        executor = Executor(self._session, plan, programs, self._runtime, residence)
+        return (executor, rewritten - started, extended - rewritten,
+                time.perf_counter() - extended)
+
+    @property
+    def host_buffers(self):
+        """The HostBufferPool swapped tensors wait in."""
+        return self._runtime.pool
+
+    def _leave_default(self):
+        """Leave the default-session context an InteractiveSession's wrapper entered (it
+        was entered after the session's own, so it is left before the session closes)."""
+        if self._interactive is not None:
+            interactive, self._interactive = self._interactive, None
+            interactive.__exit__(None, None, None)
+
+    def _release(self):
+        self._leave_default()
+        self._plans.clear()
+        self._runtime.prefetcher.close()
+        self._runtime.pool.clear()
+
+    def close(self):
+        """Close the wrapped session (as Session.close) and free tfmem's host buffers.
+
+        The session closes first: a callable of an open session releases itself by an
+        RPC when it is collected, which blocks for minutes against a dead distributed
+        master; a closed session's callables skip it."""
+        self._leave_default()
+        try:
+            self._session.close()
+        finally:
+            self._release()

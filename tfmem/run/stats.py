@@ -1,0 +1,70 @@
+"""Per-step statistics: what one `run` cost in transfers, memory and time."""
+
+import dataclasses
+
+from tfmem.memory.sizes import MIB
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """Figures of the last step; byte counts are exact for swapped tensors.
+
+    `peak_device_handle_bytes` counts the handles whose size is known (a
+    static shape, or a host copy).  `device_peak_bytes` is TensorFlow's own
+    allocator peak for the step, and `partition_peak_bytes` that of each
+    partition, read from the step statistics of its run (TensorFlow's
+    process-wide peak is left alone); None where TensorFlow reports none or
+    the step was not measured (`measured`; see sampling).  `step` counts the
+    session's partitioned steps from 1.
+    """
+    partitions: int = 0
+    swapped_out: int = 0
+    swapped_out_bytes: int = 0
+    swapped_in: int = 0
+    swapped_in_bytes: int = 0
+    peak_device_handles: int = 0
+    peak_device_handle_bytes: int = 0
+    device_peak_bytes: int | None = None
+    partition_peak_bytes: tuple | None = None
+    host_buffer_bytes: int = 0
+    host_rss_bytes: int = 0
+    wall_time: float = 0.0
+    prefetch_wait_time: float = 0.0
+    step: int = 0
+    measured: bool = False
+
+    def __str__(self):
+        mib = MIB
+        device = ("n/a" if self.measured else "not measured") if self.device_peak_bytes is None \
+            else f"{self.device_peak_bytes / mib:.1f} MiB"
+        return (f"{self.partitions} partitions, {self.wall_time * 1e3:.1f} ms "
+                f"(prefetch wait {self.prefetch_wait_time * 1e3:.1f} ms); swapped out "
+                f"{self.swapped_out} ({self.swapped_out_bytes / mib:.1f} MiB), in "
+                f"{self.swapped_in} ({self.swapped_in_bytes / mib:.1f} MiB); device peak "
+                f"{device}; handles peak {self.peak_device_handles} "
+                f"({self.peak_device_handle_bytes / mib:.1f} MiB); host buffers "
+                f"{self.host_buffer_bytes / mib:.1f} MiB; host RSS {self.host_rss_bytes / mib:.0f} MiB")
+
+
+# StepStats' figures that the swap manager counts while a step runs.
+TRANSFER_COUNTERS = ("swapped_out", "swapped_out_bytes", "swapped_in", "swapped_in_bytes",
+                     "peak_device_handles", "peak_device_handle_bytes", "prefetch_wait_time")
+
+
+class TransferCounts:
+    """One step's transfer counters: StepStats' fields of those names (TRANSFER_COUNTERS),
+    starting at their defaults, kept by the swap manager while the step runs."""
+
+    def __init__(self):
+        for field in dataclasses.fields(StepStats):
+            if field.name in TRANSFER_COUNTERS:
+                setattr(self, field.name, field.default)
+
+    def on_device(self, handles, nbytes):
+        """Raise the handle peaks to `handles` live handles holding `nbytes`."""
+        self.peak_device_handles = max(self.peak_device_handles, handles)
+        self.peak_device_handle_bytes = max(self.peak_device_handle_bytes, nbytes)
+
+    def step_stats(self, **figures):
+        """The step's StepStats: these counters and the executor's other `figures`."""
+        return StepStats(**figures, **{name: getattr(self, name) for name in TRANSFER_COUNTERS})

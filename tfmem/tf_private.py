@@ -1,0 +1,109 @@
+"""Every private TensorFlow attribute tfmem reads or calls, in one place.
+
+tfmem needs a few things TensorFlow has no public API for: session callables
+built from `CallableOptions`, `Session.run`'s own fetch handler and feed
+expansions, a tensor's cached static shape, a graph's functions, setting an
+op's device.  Each is one small function here, so that a TensorFlow upgrade
+that renames one breaks this file and nothing else.  Checked on TensorFlow
+2.21.  TensorFlow is imported on first call, never when tfmem is imported.
+"""
+
+
+def _client_session():
+    from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
+    return tf_session
+
+
+# Sessions -------------------------------------------------------------------
+
+def makes_callables(session):
+    """Whether `session` builds callables from CallableOptions (a BaseSession does)."""
+    return hasattr(session, "_make_callable_from_options")
+
+
+def make_callable(session, callable_options):
+    """A raw session callable: `call(*feed_values, run_metadata=None)`."""
+    return session._make_callable_from_options(callable_options)  # pylint: disable=protected-access
+
+
+def is_closed(session):
+    """Whether `close()` was called on `session` (False for objects that do not say)."""
+    return getattr(session, "_closed", False)
+
+
+def session_run(session, options, feeds, fetches, targets, metadata):
+    """`Session.run`'s C path: TF_SessionRun with TF_Output feeds/fetches and TF_Operation targets."""
+    return session._call_tf_sessionrun(  # pylint: disable=protected-access
+        options, feeds, fetches, targets, metadata)
+
+
+def fetch_handler(graph, fetches, feeds_by_ref):
+    """`Session.run`'s fetch handler: its checks and the structure of what it returns."""
+    return _client_session()._FetchHandler(graph, fetches, feeds_by_ref)  # pylint: disable=protected-access
+
+
+def feed_expansions():
+    """(key type, fetch fn, feed fn, feed-for-partial-run fn) registered with `Session.run`."""
+    return _client_session()._REGISTERED_EXPANSIONS  # pylint: disable=protected-access
+
+
+def convert_to_numpy_obj(np_dtype, value):
+    """`Session.run`'s conversion of a Python number fed for a tensor of `np_dtype`."""
+    return _client_session()._convert_to_numpy_obj(np_dtype, value)  # pylint: disable=protected-access
+
+
+# Graphs, ops and tensors ------------------------------------------------------
+
+def static_shape(tensor):
+    """(dims, unknown_rank) of `tensor` as the graph caches it, without building a TensorShape."""
+    return tensor._shape  # pylint: disable=protected-access
+
+
+def graph_function(graph, name):
+    """The function `name` defined in `graph` (or its outer graphs), or None."""
+    return graph._get_function(name)  # pylint: disable=protected-access
+
+
+def unfinalize(graph):
+    """Let ops be added to a finalized graph again (see run/graph_growth.py)."""
+    graph._unsafe_unfinalize()  # pylint: disable=protected-access
+
+
+def set_device(op, device):
+    """Set the device of an existing op (the placement pass's sole mutation of user ops)."""
+    op._set_device(device)  # pylint: disable=protected-access
+
+
+def declared_input_types(op):
+    """The input dtypes `op` declares (reference dtypes included), not its inputs' dtypes."""
+    return op._input_types  # pylint: disable=protected-access
+
+
+def is_ref_dtype(dtype):
+    """Whether `dtype` is a TF1 reference dtype (`float32_ref`)."""
+    return dtype._is_ref_dtype  # pylint: disable=protected-access
+
+
+def tf_output(tensor):
+    """The C API's TF_Output for a graph tensor."""
+    return tensor._as_tf_output()  # pylint: disable=protected-access
+
+
+def c_op(op):
+    """The C API's TF_Operation of a graph op."""
+    return op._c_op  # pylint: disable=protected-access
+
+
+# tf.function and Keras ----------------------------------------------------------
+
+def canonical_inputs(tf_function, args, kwargs):
+    """What a `tf.function`'s own call does first: defaults filled in, numpy made tensors."""
+    from tensorflow.python.eager.polymorphic_function import function_type_utils  # pylint: disable=import-outside-toplevel
+    return function_type_utils.canonicalize_function_inputs(
+        args, kwargs, tf_function._function_type,  # pylint: disable=protected-access
+        tf_function._default_values, tf_function._is_pure)  # pylint: disable=protected-access
+
+
+def keras_autoconvert_optionals(model, step):
+    """Keras 3's wrapper of a train step that turns optional inputs into tensors."""
+    return model._autoconvert_optionals(step)  # pylint: disable=protected-access
