@@ -218,18 +218,22 @@ def test_unplannable_request_runs_plainly_and_is_counted():
         counter = tf1.Variable(0, use_resource=True, name="counter")
         with tf.control_dependencies([counter.assign_add(1).op]):
             handle = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[], shared_name="v")
+        # Two runs: the assignment's control input reads `counter`, which must be
+        # initialised first (one run would race the two, in plain TensorFlow too).
         init = [tf1.global_variables_initializer(),
                 tf.raw_ops.AssignVariableOp(resource=handle, value=2.0)]
         out = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32) * 3.0
     with tf1.Session(graph=g) as plain:
-        plain.run(init)
+        for op in init:
+            plain.run(op)
         expected = plain.run(out)
         with pytest.raises(tfmem.UnsupportedGraphError):
             tfmem.TFMemSession(plain, partition_size=2).run(out)
     from tfmem import autowrap  # pylint: disable=import-outside-toplevel
     with autowrap.install(partition_size=2) as installation:
         with tf1.Session(graph=g) as sess:
-            sess.run(init)
+            for op in init:
+                sess.run(op)
             assert sess.run(out) == expected
     totals = installation.recorder.totals()[0]
     assert totals.plain_runs >= 1 and "has inputs" in totals.plain_reasons[0]
