@@ -65,7 +65,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -78,6 +77,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tfmem  # noqa: E402  (imports no TensorFlow: children set the cap first)
+from tfmem.cli import child_env  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_cost  # noqa: E402  (section (e): what measuring steps costs)
@@ -585,18 +585,12 @@ def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, p
 def _run_child(kind, cap_mib, settings, timeout=900):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--cap", str(cap_mib),
            "--child-settings", json.dumps(settings)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # oneDNN crashed at the cap (README)
-    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
-        env.pop(name, None)
+    # The user's kernel path if set, else oneDNN off: it crashed at the cap (README).
+    env = child_env.self_capping_env(child_env.onednn_from_env(default=False))
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+    out, proc, tail = child_env.run_json_child(cmd, env, timeout)
+    if out is None:
         return dict(kind=kind, failed=True, returncode=proc.returncode, stderr_tail=tail)
-    out = json.loads(lines[-1])
     out["failed"] = False
     out["process_s"] = time.perf_counter() - started
     return out

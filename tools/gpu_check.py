@@ -29,11 +29,11 @@ import ctypes
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tfmem.cli import child_env  # noqa: E402  (imports no TensorFlow)
 
 MIB = 1 << 20
 NO_GPU_EXIT = 2
@@ -176,17 +176,11 @@ def run_worker(system, cap_mib, args, trace_path=None):
     cmd += ["--cap", str(cap_mib)] if cap_mib else []
     cmd += ["--cpu-stand-in"] if args.cpu_stand_in else []
     cmd += ["--trace", trace_path] if trace_path else []
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               TF_ENABLE_ONEDNN_OPTS=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "0"))
-    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
-        env.pop(name, None)  # the worker sets its own cap
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False,
-                          timeout=args.timeout)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        return dict(system=system, cap_mib=cap_mib, failed=True,
-                    error="\n".join(proc.stderr.strip().splitlines()[-10:]))
-    return dict(json.loads(lines[-1]), failed=False)
+    env = child_env.self_capping_env(child_env.onednn_from_env(default=False))
+    result, _, tail = child_env.run_json_child(cmd, env, args.timeout)
+    if result is None:
+        return dict(system=system, cap_mib=cap_mib, failed=True, error=tail)
+    return dict(result, failed=False)
 
 
 def checks(plain, plain_capped, tfmem_run):

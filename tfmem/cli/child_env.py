@@ -17,8 +17,10 @@ measured in a fresh process started with an environment from `child_env`:
   capped allocator was full, so capped plain baselines run without it.
 """
 
+import json
 import os
 import signal
+import subprocess
 
 from tfmem.memory.emulated import LIMIT_MB, USE_BFC
 ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
@@ -64,3 +66,27 @@ def describe_exit(returncode):
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit {returncode}"
+
+
+def self_capping_env(onednn):
+    """A copy of os.environ for a child that sets its own cap (`emulate_accelerator`):
+    no inherited allocator settings, the kernel path written explicitly."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env[ONEDNN] = "1" if onednn else "0"
+    for name in (USE_BFC, LIMIT_MB):
+        env.pop(name, None)
+    return env
+
+
+def run_json_child(cmd, env, timeout):
+    """Run a child that prints its result as its last JSON line on stdout.
+
+    Returns (result dict or None, the finished process, the last 15 lines of its
+    stderr): None when it exited non-zero or printed no JSON line."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+    if proc.returncode != 0 or not lines:
+        return None, proc, tail
+    return json.loads(lines[-1]), proc, tail

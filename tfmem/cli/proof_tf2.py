@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import tfmem
+from tfmem.cli import child_env
 from tfmem.cli.proof import losses_match
 from tfmem.memory.sizes import MIB, mib
 
@@ -146,18 +146,12 @@ def _run_subprocess(system, device_memory, timeout=600, **settings):
            "--device-memory", str(device_memory)]
     for key, value in settings.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
-    for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
-        env.pop(name, None)  # the child sets its own cap
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          check=False)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+    result, proc, tail = child_env.run_json_child(
+        cmd, child_env.self_capping_env(onednn=False), timeout)
+    if result is None:
         return dict(system=system, device_memory_mib=device_memory, failed=True,
                     returncode=proc.returncode, stderr_tail=tail, command=cmd)
-    result = json.loads(lines[-1])
     result.update(failed=False, process_seconds=time.perf_counter() - started)
     return result
 
