@@ -116,6 +116,7 @@ class _Step:
     run_metadata: object  # the caller's RunMetadata, or None
     timeline: object  # a trace.Timeline, or trace.NO_TIMELINE
     measure: bool  # read the device peak of each partition
+    inputs: dict  # what partitions feed by source name: `feeds` and the residence's
     results: dict = dataclasses.field(default_factory=dict)  # requested tensor -> value
     peaks: list = dataclasses.field(default_factory=list)  # per partition: peak bytes or None
 
@@ -129,7 +130,6 @@ class Executor:
         self._programs = programs
         self._runtime = runtime  # the session-wide pool, prefetcher and device
         self._residence = residence  # where the plan's kept tensors wait (see residence)
-        self._one_step = threading.Lock() if residence.serial_steps else contextlib.nullcontext()
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._schedule = Schedule(plan)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
@@ -189,7 +189,7 @@ class Executor:
         started = time.perf_counter()
         swaps = step.swaps
         swaps.start_uploads(index)
-        args = [step.feeds[s] if s in step.feeds else swaps.handle_for(s, index)
+        args = [step.inputs[s] if s in step.inputs else swaps.handle_for(s, index)
                 for s in program.feed_sources]
         peak = None
         record = self._process_peak() if step.measure else None
@@ -249,22 +249,22 @@ class Executor:
                   and options.trace_level >= config_pb2.RunOptions.SOFTWARE_TRACE)
         measure = runtime.measure_device and (measure or traced)
         callables = self._callables_for(options, run_metadata, measure)
-        swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
-                            self._residence, timeline)
+        keys = self._residence.for_step()  # the step's own tickets (see residence)
+        swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
+                            runtime.prefetcher, keys, timeline)
         started = time.perf_counter()
-        step = _Step(feeds, swaps, run_metadata, timeline, measure)
+        step = _Step(feeds, swaps, run_metadata, timeline, measure, keys.inputs(feeds))
         self.last_scratch = {}
         self.last_resident = None
         if measure:
             memory = accelerator.device_memory(runtime.device)
             self.last_resident = memory["current"] if memory else None
-        with self._one_step:  # staging keys are per plan: one step at a time, abort included
-            try:
-                with _deferred_interrupts() as deliver_interrupt:
-                    self._run_partitions(callables, step, deliver_interrupt)
-            except BaseException:
-                swaps.abort()
-                raise
+        try:
+            with _deferred_interrupts() as deliver_interrupt:
+                self._run_partitions(callables, step, deliver_interrupt)
+        except BaseException:
+            swaps.abort()
+            raise
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(

@@ -10,30 +10,34 @@ only pass tickets along and never look inside.  Two residences exist:
 * `WorkerStaging` (a session on TensorFlow's gRPC runtime, which has no
   session state, so GetSessionHandle fails there): the tensor waits in a
   staging area (MapStage) on the device that produced it, in that task's
-  resource manager, under an integer key fixed per device copy; the ticket
-  is the key.  Readers peek; the last reader unstages, which frees it.
-  Keys are fixed per plan, so steps of one plan run one at a time (see
-  `PlanStaging.serial_steps` for why, and what lifting that would take).
+  resource manager, under an integer key of its own step; the ticket is
+  the key.  Readers peek; the last reader unstages, which frees it.  Each
+  step feeds a fresh key base to the partitions and uploads that stage, so
+  steps of one plan may run concurrently too (see `StepKeys`).
 
-    producer partition         reader partitions
-    t -> MapStage(key k)  ..  MapPeek(k) -> ...   MapUnstage(k) -> ...  (freed)
+    producer partition                  reader partitions
+    t -> MapStage(key base+k)  ..  MapPeek(key) -> ...   MapUnstage(key) -> ...  (freed)
 
 A residence is asked, while a partition is copied into the graph, for the
 ops that keep an output (`keep`) and read an input (`read`); the executor
 asks it for the upload callables of swapped tensors (`upload_options`) and,
-when a step fails, to drop what the step still holds (`release`).
+when a step fails, to drop what the step still holds (`release`).  Per step,
+`for_step()` gives what that step feeds (`inputs`, `bind`) and releases.
 Measured against fetching every kept tensor to the client and feeding it
 back: see experiments/distributed.py --residence.
 """
 
+import functools
 import itertools
 import logging
 import threading
 import uuid
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
+from tfmem.errors import TFMemError
 from tfmem.run.remote import is_distributed, reachable, target_of
 from tfmem.run.rewrite import clean_context
 from tfmem import tf_private
@@ -69,7 +73,7 @@ def _upload_copy(device, host):
 class SessionHandles:
     """Kept tensors as session handles; one object serves every plan of a session."""
 
-    serial_steps = False
+    step_feeds = ()  # (placeholder, source) pairs a partition that keeps tensors feeds
 
     def __init__(self, session, device):
         self._session = session
@@ -79,6 +83,18 @@ class SessionHandles:
 
     def for_plan(self, scope):  # pylint: disable=unused-argument
         return self
+
+    def for_step(self):
+        """Every step's handles are its own: one object serves every step."""
+        return self
+
+    @staticmethod
+    def inputs(feeds):
+        return feeds
+
+    @staticmethod
+    def bind(batches):
+        return batches
 
     def produced(self, name, tensor):
         """Noted for every output of a partition; handles need nothing."""
@@ -151,57 +167,68 @@ class WorkerStaging:
         return PlanStaging(self._session, self._device, f"{self._prefix}_{next(self._plans)}")
 
 
-class PlanStaging:
-    """The staging areas of one plan: one per dtype, one key per device copy."""
+STEP_KEY = "tfmem:step_key"  # the feed source of a step's key base (see StepKeys)
+KEYS_PER_STEP = 1 << 20  # a plan stages at most this many device copies per step
 
-    # Steps of one plan run one at a time (the executor holds a lock), for two reasons:
-    # * keys are constants of the plan's graph, so two steps at once would stage
-    #   different tensors at one key of one area, and MapStage at a key already there
-    #   does not fail (checked on TF 2.21: the area still holds one tensor): a reader
-    #   gets the other step's tensor, or waits for a key another step unstaged (with
-    #   this lock off, three threads running one plan all ended in DeadlineExceeded:
-    #   tests/test_distributed.py, check_concurrent_steps_of_one_plan_equal_plain);
-    # * a failed step empties the plan's areas (MapClear), which would drop what a
-    #   concurrent step staged, and its readers would wait in MapPeek to the deadline.
-    # Lifting it takes per-step keys (a key base fed to every partition and upload
-    # that stages, added to the fixed key; tickets already carry keys to readers) and a
-    # release that unstages only the failed step's keys: a new feed in rewrite and in
-    # the prefetcher's upload callables, beyond this module.  Other plans still overlap.
-    serial_steps = True
+
+class PlanStaging:
+    """The staging areas of one plan: one per dtype, one key offset per device copy.
+
+    A step's key of a device copy is the step's base (fed) plus the copy's offset,
+    so concurrent steps of the plan never share a key.  Each key has a release op
+    that stages a placeholder value at it and unstages it: that removes what the
+    key held, or nothing, without waiting (MapUnstage of an absent key waits, and
+    a second MapStage at a key leaves the first tensor: checked on TF 2.21).  A
+    failed step runs the release of every key of its own base and touches no
+    other step's tensors.
+    """
 
     def __init__(self, session, device, name):
         self._session = session
         self._device = device
         self._name = name
-        self._keys = {}  # (tensor, first reader) -> int key
+        self._keys = {}  # (tensor, first reader) -> int key offset
         self._homes = {}  # tensor -> the op its device copies are colocated with
-        self._clears = []  # ops that empty the plan's areas, one per home and dtype
-        self._cleared = set()
-        self._clear_call = None
+        self._base = None  # the step's key base, fed to every call that stages
+        self._releases = []  # per key: the op removing what a step staged there
+        self._release_call = None
+        self._steps = itertools.count(1)
         self._lock = threading.Lock()
+
+    @property
+    def step_feeds(self):
+        return ((self._base_of(self._session.graph).name, STEP_KEY),)
+
+    def _base_of(self, graph):
+        if self._base is None:
+            with clean_context(graph), graph.name_scope(f"tfmem/steps_{self._name}/"):
+                self._base = tf.compat.v1.placeholder(tf.int64, [], name="step_key")
+        return self._base
 
     def _area(self, dtype):
         return f"{self._name}_{tf.as_dtype(dtype).name}"
 
-    def _key(self, key):
+    def _offset(self, key):
+        if key not in self._keys and len(self._keys) >= KEYS_PER_STEP:
+            raise TFMemError(f"a plan stages more than {KEYS_PER_STEP} device copies per "
+                             "step on a distributed session; use a larger partition_size")
         return self._keys.setdefault(key, len(self._keys))
 
     def _stage(self, graph, tensor, home, key):
-        """Stage `tensor` at `key`, colocated with `home`; return the ticket (the key)."""
+        """Stage `tensor` at the step's `key`, colocated with `home`; return the ticket."""
         dtype = tensor.dtype.base_dtype
+        base = self._base_of(graph)
+        with graph.colocate_with(base.op):  # key arithmetic stays on the host
+            number = tf.math.add(base, tf.constant(self._offset(key), tf.int64), name="key")
         with graph.colocate_with(home):
-            number = tf.constant(self._key(key), tf.int64, name="key")
             stage = tf.raw_ops.MapStage(key=number, indices=[0], values=[tensor],
                                         dtypes=[dtype], shared_name=self._area(dtype),
                                         name="stage")
-            if (home.name, dtype) not in self._cleared:
-                self._cleared.add((home.name, dtype))
-                with clean_context(graph), graph.name_scope("tfmem/release/"), \
-                        graph.colocate_with(home):
-                    self._clears.append(tf.raw_ops.MapClear(
-                        dtypes=[dtype], shared_name=self._area(dtype)).name)
-            with graph.control_dependencies([stage]):
-                return tf.identity(number, name="ticket")
+        with clean_context(graph), graph.name_scope(f"tfmem/release_{self._name}/"), \
+                graph.colocate_with(home):
+            self._releases.append(_remove_op(number, dtype, self._area(dtype)).name)
+        with graph.colocate_with(base.op), graph.control_dependencies([stage]):
+            return tf.identity(number, name="ticket")
 
     def produced(self, name, tensor):
         """Every partition output: its uploads are colocated with its producer."""
@@ -219,9 +246,10 @@ class PlanStaging:
         return value, holder, None
 
     def upload_options(self, keys, dtypes):
-        """CallableOptions that stage host arrays at `keys` and fetch their tickets."""
+        """CallableOptions that stage host arrays at `keys` and fetch their tickets; the
+        step's key base is fed first (see StepKeys.bind)."""
         graph = self._session.graph
-        feeds, fetches = [], []
+        feeds, fetches = [self._base_of(graph).name], []
         with clean_context(graph), graph.name_scope(f"tfmem/upload_{self._name}/"):
             for key, dtype in zip(keys, dtypes):
                 home = self._homes[key[0]]
@@ -233,9 +261,13 @@ class PlanStaging:
         return _with_deadline(config_pb2.CallableOptions(feed=feeds, fetch=fetches),
                               UPLOAD_DEADLINE_MS)
 
-    def release(self, tickets):
-        """Empty the plan's areas after a failed step (steps of a plan never overlap)."""
-        if not self._clears:
+    def for_step(self):
+        """The keys of a new step."""
+        return StepKeys(self, next(self._steps) * KEYS_PER_STEP)
+
+    def release(self, base, tickets):
+        """Remove whatever the step of key `base` still has staged, and nothing else."""
+        if not self._releases:
             return
         if not reachable(target_of(self._session)):
             log.warning("the session's master %s is gone: %d staged tensors were not "
@@ -243,12 +275,49 @@ class PlanStaging:
                         target_of(self._session), len(tickets))
             return
         with self._lock:
-            if self._clear_call is None:
-                self._clear_call = tf_private.make_callable(
-                    self._session, _with_deadline(config_pb2.CallableOptions(target=self._clears),
-                                                  RELEASE_DEADLINE_MS))
+            if self._release_call is None:
+                self._release_call = tf_private.make_callable(
+                    self._session, _with_deadline(config_pb2.CallableOptions(
+                        feed=[self._base.name], target=self._releases), RELEASE_DEADLINE_MS))
         try:
-            self._clear_call()
+            self._release_call(np.int64(base))
         except tf.errors.OpError as err:
-            log.warning("could not empty tfmem's staging areas after a failed step "
-                        "(%d tensors): %s", len(tickets), err.message.splitlines()[0])
+            log.warning("could not remove a failed step's staged tensors (%d tickets): %s",
+                        len(tickets), err.message.splitlines()[0])
+
+
+def _placeholder_value(dtype):
+    """A small value of `dtype` to stage where a step's tensor may be."""
+    if dtype == tf.variant:
+        return tf.raw_ops.EmptyTensorList(element_shape=tf.constant(-1, tf.int32),
+                                          max_num_elements=-1, element_dtype=tf.float32)
+    return tf.zeros([0], dtype)
+
+
+def _remove_op(key, dtype, area):
+    """Stage a placeholder value at `key`, then unstage the key: whatever it held is gone."""
+    stage = tf.raw_ops.MapStage(key=key, indices=[0], values=[_placeholder_value(dtype)],
+                                dtypes=[dtype], shared_name=area, name="fill")
+    with tf.control_dependencies([stage]):
+        return tf.raw_ops.MapUnstage(key=key, indices=[0], dtypes=[dtype], shared_name=area,
+                                     name="remove")[0].op
+
+
+class StepKeys:
+    """One step's staging keys: its base, fed to the calls that stage, and its release."""
+
+    def __init__(self, staging, base):
+        self._staging = staging
+        self.base = base
+        self._fed = np.int64(base)
+
+    def inputs(self, feeds):
+        """The step's feeds by source name, with its key base."""
+        return {**feeds, STEP_KEY: self._fed}
+
+    def bind(self, batches):
+        """The plan's upload callables, fed this step's key base first."""
+        return {index: functools.partial(batch, self._fed) for index, batch in batches.items()}
+
+    def release(self, tickets):
+        self._staging.release(self.base, tickets)

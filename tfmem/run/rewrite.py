@@ -235,6 +235,10 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
         for name in partition.fetches:
             fetches.append(tensors[name].name if name in tensors else name)
             sinks.append((RESULT, name))
+        if any(kind == HANDLE for kind, _ in sinks):  # e.g. a staging step's key base
+            for placeholder, source in residence.step_feeds:
+                feeds.append(placeholder)
+                feed_sources.append(source)
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
                    tuple(sinks), tuple(targets), connections)
 
