@@ -108,7 +108,9 @@ def shared_cluster(private_network):  # pylint: disable=unused-argument,redefine
     """The checks that leave their cluster intact share one (each has its own variables)."""
     return _in_private_network(check_partitioned_steps_equal_a_plain_distributed_session,
                                check_auto_partition_size_needs_a_budget_for_a_remote_worker,
-                               check_concurrent_steps_of_one_plan_equal_plain)
+                               check_concurrent_steps_of_one_plan_equal_plain,
+                               check_steps_of_one_plan_overlap_while_one_waits,
+                               check_a_failing_step_removes_only_its_own_staged_tensors)
 
 
 def test_the_cluster_refuses_to_start_outside_a_private_network():
@@ -207,9 +209,9 @@ def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
 def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     """Three threads run one plan at once; each step's values are plain TensorFlow's.
 
-    On a distributed session the steps of one plan take turns (staging keys are
-    fixed per plan: see residence.PlanStaging); without that, two steps staged at
-    one key and read each other's tensors.
+    On a distributed session each step stages at keys of its own (see
+    residence.PlanStaging); with keys fixed per plan and no lock, two steps staged at
+    one key and read each other's tensors (all three threads ended in DeadlineExceeded).
     """
     graph, x, loss, _, init, weights = _mlp(cluster.spec, "concurrent")
     with graph.as_default(), graph.device(WORKER):
@@ -247,6 +249,174 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
 
 def test_concurrent_steps_of_one_plan_equal_plain(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_concurrent_steps_of_one_plan_equal_plain)
+
+
+def _staged_counter(sess):
+    """A function returning how many tensors every staging area of the session's graph
+    holds now (MapSize beside each area's MapStage ops); made before steps overlap."""
+    graph = sess.graph
+    sizes = {}
+    with graph.as_default():
+        for op in graph.get_operations():
+            if op.type == "MapStage":
+                area = (op.get_attr("shared_name"), tuple(op.get_attr("dtypes")),
+                        tuple(op.colocation_groups()))
+                if area not in sizes:
+                    with graph.colocate_with(op), tf.control_dependencies(None):
+                        sizes[area] = tf.raw_ops.MapSize(dtypes=list(area[1]),
+                                                         shared_name=area[0])
+        assert sizes, "the plan stages nothing: the check would prove nothing"
+        total = tf.add_n(list(sizes.values()))
+    return lambda: int(sess.run(total, options=tf1.RunOptions(timeout_in_ms=STEP_DEADLINE_MS)))
+
+
+def _wait_for(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.2)
+
+
+def _gated_forward(spec, scope):
+    """An MLP whose middle waits on a queue item (the same value for every step), with
+    its gradients: a step blocks there with its forward activations staged."""
+    graph, x, loss, _, init, weights = _mlp(spec, scope, depth=2)
+    with graph.as_default(), graph.device(WORKER), tf1.variable_scope(scope + "_gated"):
+        gate = tf1.FIFOQueue(8, tf.float32, shapes=[[48, 48]], shared_name=scope + "_gate")
+        h = tf.tanh(loss + x)
+        with tf.control_dependencies([h]):  # dequeued after the first layers ran
+            item = gate.dequeue()
+        for i in range(2):
+            h = tf.tanh(h @ (item + float(i)))
+        gated_loss = tf.reduce_mean(tf.square(h))
+        grads = tf.gradients(gated_loss, weights)
+        fill = gate.enqueue(tf.fill([48, 48], 0.01))
+    return graph, x, gated_loss, grads, init, fill
+
+
+def check_steps_of_one_plan_overlap_while_one_waits(cluster):
+    """A step waiting in a late partition does not hold up another step of its plan.
+
+    Step A blocks on an empty queue, its early partitions' tensors staged on the
+    worker; step B of the same plan starts and blocks there too, with its own
+    tensors staged beside A's (a per-plan lock held B back: the staged count stayed
+    at A's).  Two queue items later both finish, each with plain TensorFlow's values.
+    """
+    graph, x, loss, grads, init, fill = _gated_forward(cluster.spec, "overlap")
+    sess = _session(cluster.target("worker", 0), graph)
+    sess.run(init)
+    data = _batches(3)
+    sess.run(fill)
+    expected = sess.run([loss, grads], {x: data[0]})
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
+                             swap_distance=1)
+    sess.run(fill)
+    tfs.run([loss, grads], {x: data[0]})  # plan and compile before the threads
+    staged = _staged_counter(sess)
+    assert staged() == 0
+    got, errors = {}, []
+
+    def work(name):
+        try:
+            got[name] = tfs.run([loss, grads], {x: data[0]})
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    first = threading.Thread(target=work, args=("first",))
+    first.start()
+    _wait_for(lambda: staged() > 0, 60, "the first step to stage its tensors and wait")
+    time.sleep(1)
+    one_step = staged()
+    second = threading.Thread(target=work, args=("second",))
+    second.start()
+    _wait_for(lambda: staged() >= 2 * one_step, 30,
+              f"the second step to stage beside the first ({one_step} tensors each)")
+    sess.run(fill)
+    sess.run(fill)
+    for thread in (first, second):
+        thread.join(timeout=2 * STEP_DEADLINE_MS / 1000)
+    assert not first.is_alive() and not second.is_alive()
+    assert not errors, errors
+    for name in ("first", "second"):
+        np.testing.assert_allclose(got[name][0], expected[0], rtol=1e-5, atol=1e-6)
+        for want, have in zip(expected[1], got[name][1]):
+            np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
+    assert staged() == 0
+    tfs.close()
+
+
+def _mlp_with_check(spec, scope):
+    """An MLP whose middle multiplies by a fed scale and checks it is finite: a NaN
+    scale fails the step in a middle partition, after forward tensors were staged."""
+    graph, x, _, _, init, weights = _mlp(spec, scope, depth=1)
+    with graph.as_default(), graph.device(WORKER), tf1.variable_scope(scope + "_checked"):
+        scale = tf1.placeholder(tf.float32, [], name="scale")
+        h = tf.tanh(x @ weights[0])
+        h = tf.debugging.check_numerics(h * scale, "the fed scale")
+        for i in range(3):
+            h = tf.tanh(h @ (weights[0] * float(i + 1)))
+        loss = tf.reduce_mean(tf.square(h - 0.5))
+        grads = tf.gradients(loss, weights)
+    return graph, x, scale, loss, grads, init
+
+
+def check_a_failing_step_removes_only_its_own_staged_tensors(cluster):
+    """Steps failing mid-way beside good steps of the same plan: each failure raises
+    TensorFlow's error and removes its own staged tensors; the good steps keep theirs
+    and return plain TensorFlow's values; after many steps no area holds a tensor."""
+    graph, x, scale, loss, grads, init = _mlp_with_check(cluster.spec, "failing")
+    sess = _session(cluster.target("worker", 0), graph)
+    sess.run(init)
+    data = _batches(12)
+    expected = [sess.run([loss, grads], {x: batch, scale: 1.0}) for batch in data]
+    tfs = tfmem.TFMemSession(sess, partition_size=5, swap="all", swap_min_bytes=0,
+                             swap_distance=1)
+    tfs.run([loss, grads], {x: data[0], scale: 1.0})
+    assert tfs.last_step.partitions > 4 and tfs.last_step.peak_device_handles > 0
+    staged = _staged_counter(sess)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="the fed scale"):
+        tfs.run([loss, grads], {x: data[0], scale: np.nan})
+    assert staged() == 0  # alone: the failed step left nothing
+    got, errors, failures = {}, [], []
+
+    def good():
+        try:
+            for i, batch in enumerate(data):
+                got[i] = tfs.run([loss, grads], {x: batch, scale: 1.0})
+        except Exception as err:  # pylint: disable=broad-except
+            errors.append(err)
+
+    def bad():
+        for batch in data:
+            try:
+                tfs.run([loss, grads], {x: batch, scale: np.nan})
+            except tf.errors.InvalidArgumentError as err:
+                failures.append(err)
+            except Exception as err:  # pylint: disable=broad-except
+                errors.append(err)
+
+    threads = [threading.Thread(target=good), threading.Thread(target=bad)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not errors, errors
+    assert len(failures) == len(data)
+    for i, want in enumerate(expected):
+        np.testing.assert_allclose(got[i][0], want[0], rtol=1e-5, atol=1e-6)
+        for want_grad, have_grad in zip(want[1], got[i][1]):
+            np.testing.assert_allclose(have_grad, want_grad, rtol=1e-5, atol=1e-6)
+    assert staged() == 0  # nothing staged is left after 12 good and 13 failed steps
+    tfs.close()
+
+
+def test_steps_of_one_plan_overlap_while_one_waits(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_steps_of_one_plan_overlap_while_one_waits)
+
+
+def test_a_failing_step_removes_only_its_own_staged_tensors(shared_cluster):  # pylint: disable=redefined-outer-name
+    _passes(shared_cluster, check_a_failing_step_removes_only_its_own_staged_tensors)
 
 
 def test_atomic_updates_on_a_local_session_equal_plain(sessions):
