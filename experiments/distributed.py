@@ -2,6 +2,7 @@
 
     python experiments/distributed.py                 # the three runs below, ~2-4 min here
     python experiments/distributed.py --residence     # where a kept tensor should wait
+    python experiments/distributed.py --keys          # per-step staging keys vs constant ones
 
 Every task is a separate process on this machine: the ps is a plain
 TensorFlow server, and each worker runs its own server and its own training
@@ -41,6 +42,7 @@ It prints, per worker, throughput and what limited it, and a RESULT line.
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -308,8 +310,11 @@ def residence_main(args):
                 out = tf.reduce_sum(tf.raw_ops.GetSessionTensor(handle=holder, dtype=tf.float32))
                 with tf.control_dependencies([out.op]):
                     free = [tf.raw_ops.DeleteSessionTensor(handle=holder).name]
-            elif kind == "staging":
+            elif kind.startswith("staging"):
                 key = tf.constant(1, tf.int64)
+                if kind == "staging per step":  # a fed base plus the copy's offset
+                    base = tf1.placeholder(tf.int64, [])
+                    key = base + key
                 stage = tf.raw_ops.MapStage(key=key, indices=[0], values=[y], dtypes=[tf.float32],
                                             shared_name="bench")
                 with tf.control_dependencies([stage]):
@@ -323,18 +328,20 @@ def residence_main(args):
                 holder = tf1.placeholder(tf.float32, [n])
                 out = tf.reduce_sum(tf.raw_ops.DeepCopy(x=holder))
                 free = []
-        return graph, (config_pb2.CallableOptions(feed=[x.name], fetch=[ticket.name]),
+        produce_feeds = [x.name] + ([base.name] if kind == "staging per step" else [])
+        return graph, (config_pb2.CallableOptions(feed=produce_feeds, fetch=[ticket.name]),
                        config_pb2.CallableOptions(feed=[holder.name], fetch=[out.name],
                                                   target=free))
 
-    print("| tensor | session handle (local) | staging on the worker | fetch to client + feed |")
-    print("|---|---|---|---|")
+    print("| tensor | session handle (local) | staging on the worker, constant key | "
+          "staging, per-step key | fetch to client + feed |")
+    print("|---|---|---|---|---|")
     for mib in args.sizes:
         n = mib * MIB // 4
         seed = np.float32(1.0)
         cells = []
         for kind, target in (("handle", ""), ("staging", server.target),
-                             ("client", server.target)):
+                             ("staging per step", server.target), ("client", server.target)):
             graph, (produce_opts, consume_opts) = build(kind, n)
             with tf1.Session(target, graph=graph) as sess:
                 produce = sess._make_callable_from_options(produce_opts)  # pylint: disable=protected-access
@@ -342,7 +349,8 @@ def residence_main(args):
                 times = []
                 for i in range(args.repeats + 2):
                     start = time.perf_counter()
-                    ticket = produce(seed)[0]
+                    ticket = produce(*([seed, np.int64(i << 20)] if kind == "staging per step"
+                                       else [seed]))[0]
                     consume(np.array(ticket) if kind == "client" else ticket)
                     if i >= 2:
                         times.append(time.perf_counter() - start)
@@ -351,11 +359,152 @@ def residence_main(args):
     os._exit(0)  # pylint: disable=protected-access
 
 
+# --------------------------------------------------------------------------
+# what per-step staging keys cost (keys measurement)
+
+BASELINE_REVISION = "2d64030"  # the last commit whose staging keys were constants of a plan
+KEYS_RESULT = "TFMEM-KEYS-RESULT"
+
+
+def keys_client(args):
+    """One client of a one-worker-one-ps cluster: steps/s of plain TensorFlow and of tfmem
+    (whichever tfmem PYTHONPATH gives) on one plan, from 1 and from 2 threads."""
+    exit_when_orphaned_or_after(args.lifetime)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import threading  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tfmem  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    spec = json.loads(args.cluster)
+    graph = tf.Graph()
+    rng = np.random.RandomState(0)
+    with graph.as_default(), graph.device(tf1.train.replica_device_setter(
+            worker_device="/job:worker/task:0", cluster=spec)):
+        x = tf1.placeholder(tf.float32, [args.batch, args.width], name="x")
+        h, weights = x, []
+        for i in range(args.depth):
+            weights.append(tf1.get_variable(
+                f"w{i}", initializer=(rng.randn(args.width, args.width)
+                                      / np.sqrt(args.width)).astype(np.float32),
+                use_resource=True))
+            h = tf.tanh(h @ weights[-1])
+        loss = tf.reduce_mean(tf.square(h - 0.25))
+        fetches = [loss, tf.gradients(loss, weights)]  # no updates: threads may overlap
+        init = tf1.global_variables_initializer()
+    sess = tf1.Session(f"grpc://{spec['worker'][0]}", graph=graph, config=tf1.ConfigProto(
+        operation_timeout_in_ms=int(args.step_timeout * 1000)))
+    sess.run(init)
+    batch = rng.randn(args.batch, args.width).astype(np.float32)
+
+    def rate(runner, threads):
+        for _ in range(2):
+            runner.run(fetches, {x: batch})  # warm: planned, compiled, caches filled
+        def work():
+            for _ in range(args.steps):
+                runner.run(fetches, {x: batch})
+        started = time.perf_counter()
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+        return threads * args.steps / (time.perf_counter() - started)
+
+    report = {"tfmem": os.path.dirname(tfmem.__file__), "plain": {}, "tfmem_rates": {},
+              "ratios": {}}
+    for swap in ("none", "all"):
+        tfs = tfmem.TFMemSession(sess, partition_size=args.partition_size, swap=swap,
+                                 swap_min_bytes=0, swap_distance=1)
+        tfs.run(fetches, {x: batch})
+        report[f"partitions_{swap}"] = tfs.last_step.partitions
+        report[f"staged_{swap}"] = tfs.last_step.peak_device_handles
+        for threads in (1, 2):
+            # Plain and tfmem alternate, so that the machine's load weighs on both alike.
+            pairs = [(rate(sess, threads), rate(tfs, threads)) for _ in range(args.repeats)]
+            key = f"{swap}/{threads}"
+            report["plain"][key] = float(np.median([p for p, _ in pairs]))
+            report["tfmem_rates"][key] = float(np.median([t for _, t in pairs]))
+            report["ratios"][key] = float(np.median([t / p for p, t in pairs]))
+    print(KEYS_RESULT, json.dumps(report), flush=True)
+    os._exit(0)  # pylint: disable=protected-access
+
+
+def _baseline_tree(revision, into):
+    """The tfmem package at `revision` of this repository, extracted under `into`."""
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(repo), "archive", revision, "tfmem"],
+                             check=True, capture_output=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True, timeout=60)
+    return into
+
+
+def keys_main(args):
+    """Per-step staging keys (this tree) against constant keys (BASELINE_REVISION), each
+    arm a client process of its own on one fresh one-worker-one-ps cluster."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+    here = Path(__file__).resolve().parent
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="tfmem-keys-") as old, \
+            LocalCluster({"ps": 1, "worker": 1}, lifetime=args.time_limit,
+                         env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0",
+                                  TF_CPP_MIN_LOG_LEVEL="2"),
+                         allow_all_interfaces=args.allow_all_interfaces) as cluster:
+        cluster.start_servers()
+        arms = ((f"constant keys ({args.baseline})", _baseline_tree(args.baseline, old)),
+                ("per-step keys (this tree)", str(here.parent)))
+        for label, path in arms * args.rounds:  # the arms alternate
+            command = [sys.executable, os.path.abspath(__file__), "--role", "keys-client",
+                       "--cluster", json.dumps(cluster.spec), "--lifetime",
+                       str(args.time_limit), "--steps", str(args.steps), "--batch",
+                       str(args.batch), "--width", str(args.width), "--depth",
+                       str(args.depth), "--partition-size", str(args.partition_size),
+                       "--repeats", str(args.repeats), "--step-timeout", str(args.step_timeout)]
+            env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
+                       PYTHONPATH=os.pathsep.join([path, str(here)]))
+            out = subprocess.run(command, env=env, capture_output=True, text=True,
+                                 timeout=args.time_limit, check=False).stdout
+            found = [json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+                     if line.startswith(KEYS_RESULT)]
+            if not found:
+                print(f"the {label} client failed:\n{out[-4000:]}")
+                return 1
+            runs.append((label, found[0]))
+    first = runs[0][1]
+    print(f"MLP depth {args.depth}, width {args.width}, batch {args.batch}; fetches loss and "
+          f"gradients (no updates); partition_size={args.partition_size}: "
+          f"{first['partitions_none']} partitions; {args.steps} steps per thread, medians of "
+          f"{args.repeats} alternations of plain and tfmem; {args.rounds} client(s) per arm")
+    print("| tfmem | swap | threads | plain TF steps/s | tfmem steps/s | tfmem / plain |")
+    print("|---|---|---|---|---|---|")
+    for label, report in runs:
+        for key, value in report["tfmem_rates"].items():
+            swap, threads = key.split("/")
+            print(f"| {label} | {swap} ({report[f'staged_{swap}']} staged at most) | "
+                  f"{threads} | {report['plain'][key]:.1f} | {value:.1f} | "
+                  f"{report['ratios'][key]:.2f} |")
+    for key in first["ratios"]:
+        ratio = {label: [r["ratios"][key] for name, r in runs if name == label]
+                 for label, _ in arms}
+        old_ratio, new_ratio = (statistics.median(v) for v in ratio.values())
+        print(f"RESULT swap={key.split('/')[0]} threads={key.split('/')[1]}: tfmem/plain "
+              f"{old_ratio:.2f} with constant keys, {new_ratio:.2f} with per-step keys "
+              f"(per-step / constant = {new_ratio / old_ratio:.2f})")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--role", choices=["driver", "worker"], default="driver")
+    parser.add_argument("--role", choices=["driver", "worker", "keys-client"], default="driver")
     parser.add_argument("--residence", action="store_true",
                         help="measure where a kept tensor should wait, then exit")
+    parser.add_argument("--keys", action="store_true",
+                        help="measure per-step staging keys against constant ones, then exit")
+    parser.add_argument("--baseline", default=BASELINE_REVISION,
+                        help="the revision whose tfmem stages at constant keys (--keys)")
+    parser.add_argument("--partition-size", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="client processes per arm, alternating (--keys)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--workers", type=int, default=2)
@@ -377,7 +526,8 @@ def main(argv=None):
                              "listen on every interface of this machine while they run")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-    if args.role == "worker" and not (args.allow_all_interfaces or in_private_network()):
+    if args.role in ("worker", "keys-client") and not (args.allow_all_interfaces
+                                                       or in_private_network()):
         print("error: a worker starts its own server, which would listen on every "
               "interface here: start workers from the driver", file=sys.stderr)
         return 2
@@ -393,8 +543,12 @@ def main(argv=None):
                       "machine. Pass --allow-all-interfaces to run there anyway.",
                       file=sys.stderr)
                 return 2
+    if args.role == "keys-client":
+        return keys_client(args)
     if args.residence:
         return residence_main(args)
+    if args.keys:
+        return keys_main(args)
     if args.role == "worker":
         return worker_main(args)
     return driver(args)
