@@ -176,6 +176,9 @@ class AllocationLog:
         if buffer is not None:
             self.step.append(("free", buffer))
 
+    def holds(self, key):
+        return key in self._buffer
+
     def rename(self, key, new_key):
         if key in self._buffer:
             self._buffer[new_key] = self._buffer.pop(key)
