@@ -73,8 +73,9 @@ SIZES = (100000, 200, 50, 20)
 PATHS = {"eigen": "0", "onednn": "1"}  # TF_ENABLE_ONEDNN_OPTS of each kernel path
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE of it, the worst within
-# BAND_WORST_TOLERANCE.  Two grid runs on 2026-11-22 (session 5) read every Eigen
-# configuration within 9.2 % and every oneDNN one within 12.4 %, except:
+# BAND_WORST_TOLERANCE.  Three runs on 2026-11-22 (session 5, load 10-14 on 2 cores)
+# read every Eigen median within 9.5 % (worst steps 9.5 %) and every oneDNN one
+# within 10.1 % (worst steps 12.6 %), except:
 BAND_TOLERANCE = {"eigen": 0.12, "onednn": 0.15}
 BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.18}
 # the oneDNN pool net in one partition (and at 200, the same plan): 4.0, 5.1 or
