@@ -17,6 +17,11 @@ Shape, Size and Rank read no data: TensorFlow runs them as soon as their
 input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
 feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
 reported in `unknown_tensors`.
+
+Every allocation and free is also logged in order and replayed through
+TensorFlow's BFC allocator policy (`allocator.py`): `device_peak_chunks` is the
+peak in the chunks that allocator reports, which can exceed the bytes requested
+(a chunk less than twice a request is handed out whole).
 """
 
 import dataclasses
