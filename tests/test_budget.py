@@ -162,6 +162,8 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     # Budget mode predicts with device copies held to the end of each partition.
     assert trace == budget.predict(model.graph, plan, feed_shapes)
     assert trace.peak_device >= simulate(plan, shapes, scratch=kernel_scratch).peak_device
+    # ... and in BFC chunks where the allocator replay reads more than the requests.
+    assert all(p.device_peak >= p.device_peak_chunks for p in trace.partitions)
     assert 1 < len(plan.partitions)
     size = plan.partition_size
     assert size < len(view.nodes)
@@ -170,7 +172,7 @@ def test_fit_picks_the_largest_partition_size_that_fits():
         bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
                             dataclasses.replace(policy, swap_distance=distance), placement)
         assert simulate(bigger, shapes, early_frees=False, scratch=kernel_scratch,
-                        slack=slack).peak_device > limit, distance
+                        slack=slack, chunks=True).peak_device > limit, distance
 
 
 # ---------------------------------------------------------------------------

@@ -71,6 +71,20 @@ MODELS = {
 }
 SIZES = (100000, 200, 50, 20)
 PATHS = {"eigen": "0", "onednn": "1"}  # TF_ENABLE_ONEDNN_OPTS of each kernel path
+# The band between the two predicted figures (requested bytes, BFC chunks): the
+# median step must lie within BAND_TOLERANCE of it, the worst within
+# BAND_WORST_TOLERANCE.  Three runs on 2026-11-22 (session 5, load 10-14 on 2 cores)
+# read every Eigen median within 9.5 % (worst steps 9.5 %) and every oneDNN one
+# within 10.1 % (worst steps 12.6 %), except:
+BAND_TOLERANCE = {"eigen": 0.12, "onednn": 0.15}
+BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.18}
+# the oneDNN pool net in one partition (and at 200, the same plan): 4.0, 5.1 or
+# 5.9 MiB from process to process for one plan, in plain TensorFlow too, against
+# 3.7 MiB in both figures.  Which chunks it gets depends on the order the executor
+# ran the first steps in (it orders ops by measured cost), not on anything a plan
+# decides: no prediction of one figure can be within 10 % of all three.
+BAND_GAPS = {("onednn", "pool", size): 0.40 for size in SIZES}
+
 # Steps 2..STEPS are measured (the first warms caches): accuracy is judged on the
 # median step, and the worst step separately.  Five judged steps (was three): one
 # step whose allocations the prefetch thread or the load interleaved differently
@@ -104,7 +118,8 @@ for key, (builder, kwargs, batch) in configs.items():
         feed = model.feed(batch)
         fetches = [model.train, model.loss]
         peaks, tfmem_peaks, foreign = [], [], []
-        state = tfs.simulate(fetches, feed).state_bytes
+        trace = tfs.simulate(fetches, feed)
+        state = trace.state_bytes
         for _ in range(steps):
             # Bytes the allocator holds beyond this request's state when the step starts
             # (what earlier sessions of this process left, kernel library caches): not
@@ -125,6 +140,7 @@ for key, (builder, kwargs, batch) in configs.items():
                             measured=sorted(own[1:])[(steps - 1) // 2],  # median
                             worst=max(own[1:]),
                             predicted=report.predicted_device_peak,
+                            predicted_chunks=trace.peak_device_chunks,
                             planned=planned.peak_device,
                             report_peak=report.device_peak,
                             partition_peaks=report.partition_peaks,
@@ -134,6 +150,18 @@ for key, (builder, kwargs, batch) in configs.items():
         del tfs, sess, model, feed
 print(json.dumps(results))
 """
+
+
+def _band_error(row, measured):
+    """How far `measured` lies outside the band between the simulator's two figures
+    (bytes requested, and the same allocations replayed in BFC chunks), relative to
+    it: 0 inside, negative below (under-predicted), positive above."""
+    low, high = sorted((row["predicted"], row["predicted_chunks"]))
+    if measured > high:
+        return (high - measured) / measured
+    if measured < low:
+        return (low - measured) / measured
+    return 0.0
 
 
 def _measure(path, onednn):
@@ -166,10 +194,14 @@ def accuracy():
     for row in rows:
         row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
         row["worst_error"] = (row["predicted"] - row["worst"]) / row["worst"]
+        row["band_error"] = _band_error(row, row["measured"])
+        row["band_worst_error"] = _band_error(row, row["worst"])
         table[row["path"], row["model"], row["partition_size"]] = row
         print(f"  {row['path']:>6} {row['model']:>6} partition_size={row['partition_size']:<6} "
               f"partitions={row['partitions']:<3} predicted {row['predicted'] / MIB:6.1f} MiB "
+              f"(in chunks {row['predicted_chunks'] / MIB:6.1f}) "
               f"measured {row['measured'] / MIB:6.1f} MiB  error {row['error']:+6.1%} "
+              f"(band {row['band_error']:+6.1%}) "
               f"(worst step {row['worst_error']:+6.1%}; budget mode's bound "
               f"{row['planned'] / MIB:.1f} MiB)  "
               f"(steps {', '.join(f'{p / MIB:.1f}' for p in row['peaks'])}, of which not "
@@ -237,6 +269,26 @@ def test_predicted_peak_of_the_worst_step_within_tolerance(accuracy, path):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_measured_peak_lies_in_the_band_of_requested_and_chunk_figures(accuracy, path):
+    """The measured median (and worst) step lies between the requested-bytes figure and
+    the BFC chunk replay's, within BAND_TOLERANCE (BAND_WORST_TOLERANCE): the chunk
+    replay is what brings the oneDNN conv nets (2.5 MiB outputs in 4 MiB chunks) in."""
+    failures = []
+    for (p, m, s), r in accuracy.items():
+        if p != path:
+            continue
+        gap = BAND_GAPS.get((p, m, s), 0)
+        if abs(r["band_error"]) > max(BAND_TOLERANCE[p], gap) \
+                or abs(r["band_worst_error"]) > max(BAND_WORST_TOLERANCE[p], gap):
+            failures.append(
+                f"{m} partition_size={s}: predicted {r['predicted'] / MIB:.2f} MiB requested, "
+                f"{r['predicted_chunks'] / MIB:.2f} MiB in chunks; measured "
+                f"{r['measured'] / MIB:.2f} MiB ({r['band_error']:+.1%}), worst "
+                f"{r['worst'] / MIB:.2f} MiB ({r['band_worst_error']:+.1%})")
+    assert not failures, "\n".join(failures)
+
+
 def test_budget_modes_bound_plus_margin_covers_the_worst_step(accuracy):
     """Budget mode plans with device copies held to the end of each partition, to
     (1 - margin) of the budget: on the kernel path capped runs use (oneDNN off, which
@@ -280,6 +332,12 @@ def test_trace_has_a_partition_per_plan_partition_and_peak_above_state(swap):
     for p in trace.partitions:
         assert p.device_peak >= p.device_before >= trace.state_bytes
         assert p.device_peak >= p.device_after >= trace.state_bytes
+        # The BFC replay holds the same allocations, each in a chunk at least as large.
+        assert p.device_peak_chunks >= p.device_peak
+    assert trace.peak_device_chunks == max(p.device_peak_chunks for p in trace.partitions)
+    bound = simulate(plan, chunks=True)
+    assert [p.device_peak for p in bound.partitions] == [
+        max(p.device_peak, p.device_peak_chunks) for p in trace.partitions]
     assert trace.peak_device == max(p.device_peak for p in trace.partitions)
     assert trace.peak_partition in range(len(plan.partitions))
     assert str(trace).startswith("predicted device peak")
@@ -379,3 +437,4 @@ def test_training_graphs_have_no_tensor_of_unknown_size(name):
             [model.train, model.loss], model.feed(batch))
     assert trace.unknown_tensors == 0
     assert trace.peak_device > trace.state_bytes
+    assert trace.peak_device_chunks >= trace.peak_device

@@ -17,11 +17,17 @@ Shape, Size and Rank read no data: TensorFlow runs them as soon as their
 input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
 feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
 reported in `unknown_tensors`.
+
+Every allocation and free is also logged in order and replayed through
+TensorFlow's BFC allocator policy (`allocator.py`): `device_peak_chunks` is the
+peak in the chunks that allocator reports, which can exceed the bytes requested
+(a chunk less than twice a request is handed out whole).
 """
 
 import dataclasses
 import heapq
 
+from tfmem.memory.allocator import AllocationLog, replay
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name, tensor_bytes
 from tfmem.plan.optypes import SHAPE_ONLY, reads_state
@@ -54,6 +60,9 @@ class PartitionMemory:
     to_host: int  # bytes swapped out after the run
     to_device: int  # bytes the prefetcher uploads while it runs
     scratch: int = 0  # the largest kernel scratch of one of its ops (counted in the peak)
+    # The peak in the allocator's chunks (allocator.replay): what TensorFlow's BFC
+    # allocator reports in use, a chunk often larger than its request.
+    device_peak_chunks: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +75,11 @@ class MemoryTrace:
     @property
     def peak_device(self):
         return max((p.device_peak for p in self.partitions), default=self.state_bytes)
+
+    @property
+    def peak_device_chunks(self):
+        """The predicted peak in BFC allocator chunks (TensorFlow's in-use figure)."""
+        return max((p.device_peak_chunks for p in self.partitions), default=self.state_bytes)
 
     @property
     def peak_partition(self):
@@ -162,13 +176,15 @@ def _dependency_order(view, ops):
     return order + [name for name in ops if name not in ordered]
 
 
-def _working_set(view, partition, size, keep_until_end, freed_inside, scratch):
+def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
     to their bytes: they are released after their last reader, not at the end.
     `scratch` maps op names to the bytes their kernel allocates besides its outputs,
-    held while it runs, with its inputs and outputs alive.
+    held while it runs, with its inputs and outputs alive.  `events` (an
+    `AllocationLog`), when given, records every allocation and free in order, for
+    the allocator replay.
     """
     order = _dependency_order(view, partition.ops)
     last_read = {}
@@ -184,6 +200,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch):
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
             nbytes = 0 if node.type in ALIASING else size(tensor)
+            reuse = None
             if nbytes and node.type in FORWARDING:
                 reuse = next((t for t in dying if live[t] == nbytes), None)
                 if reuse is not None:
@@ -191,16 +208,26 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch):
                     current -= live.pop(reuse)
             live[tensor] = nbytes
             current += nbytes
+            if events is not None:
+                events.produce(tensor, nbytes, reuse)
+        if events is not None and scratch.get(name):
+            events.scratch(scratch[name])
         peak = max(peak, current + scratch.get(name, 0))
         for tensor in dying:
             current -= live.pop(tensor)
+            if events is not None:
+                events.release(tensor)
         for tensor in dict.fromkeys(node.inputs):
             if tensor in freed_inside and last_read.get(tensor) == step:
                 current -= freed_inside.pop(tensor)
+                if events is not None:
+                    events.release(tensor)
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
             if tensor not in last_read and tensor not in keep_until_end:
                 current -= live.pop(tensor)
+                if events is not None:
+                    events.release(tensor)
     return peak
 
 
@@ -210,7 +237,7 @@ def state_bytes(view, size):
         size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
 
 
-def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
+def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
@@ -219,26 +246,42 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
     after its last reader there (what usually happens); without, at the
     partition's end, the bound budget mode plans with (TensorFlow's executor may
     run the deleter late, and the prediction misses other memory: see budget).
+
+    Each partition's `device_peak_chunks` replays the step's allocations through
+    TensorFlow's BFC policy (`allocator.replay`), `slack` added as well.  With
+    `chunks`, each `device_peak` is the larger of the two figures (budget mode's
+    bound: the replayed order is one the executor may take, not the only one).
     """
     view = plan.view
     size = TensorSizes(view, shapes)
     schedule = Schedule(plan)
     state = state_bytes(view, size)
+    log = AllocationLog()
+    for name, node in view.sources.items():
+        log.allocate_state(name, node.state_bytes + (size(f"{name}:0") if node.type == "Const"
+                                                     else 0))
     live, host, uploads_left = {}, {}, dict(schedule.upload_count)
     trace = []
     for index, partition in enumerate(plan.partitions):
+        log.partition(index)
         to_device = 0
         for tensor, reader in schedule.uploads[index]:
             live[(tensor, reader)] = size(tensor)
+            log.allocate((tensor, reader), size(tensor))
             to_device += size(tensor)
         before = state + sum(live.values())
         keep_until_end = set(partition.outputs) | set(partition.fetches)
         freed_inside = {key[0]: live[key] for key in schedule.frees[index]
                         if key in live and early_frees}
+        for key in schedule.frees[index]:
+            if key in live and early_frees:
+                log.rename(key, key[0])
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
-                                     scratch or {})
+                                     scratch or {}, log)
         for key in schedule.frees[index]:
             live.pop(key, None)
+            log.release(key)
+            log.release(key[0])
         for tensor, reader in [k for k in schedule.uploads[index]]:
             uploads_left[tensor] -= 1
             if uploads_left[tensor] == 0:
@@ -250,9 +293,14 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
                 producer = view.nodes[split_tensor_name(tensor)[0]]
                 live[schedule.kept[tensor]] = (
                     0 if reads_state(producer, view.sources) else size(tensor))
+                if not log.holds(tensor):  # an aliasing op's: the buffer it views
+                    log.allocate(tensor, live[schedule.kept[tensor]])
+                log.rename(tensor, schedule.kept[tensor])
             if transfer.swapped:
                 host[tensor] = size(tensor)
                 to_host += size(tensor)
+        for tensor in keep_until_end:
+            log.release(tensor)
         after = state + sum(live.values())
         # An aliasing op's kept output holds a buffer the working set saw die.
         peak = max(peak, after) + slack
@@ -260,4 +308,10 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0):
             if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
                                      sum(host.values()), to_host, to_device, kernel))
+    replayed = replay(log)
+    trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack)
+             for p in trace]
+    if chunks:
+        trace = [dataclasses.replace(p, device_peak=max(p.device_peak, p.device_peak_chunks))
+                 for p in trace]
     return MemoryTrace(tuple(trace), state, len(size.unknown))

@@ -1,0 +1,92 @@
+"""The BFC allocator replay against TensorFlow's own BFC allocator, and its invariants.
+
+TensorFlow's figures come from a fresh process (the allocator is chosen when
+TensorFlow starts) that makes a fixed sequence of eager allocations and frees
+and reads the allocator's in-use and peak bytes after each one.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from hypothesis import given, settings, strategies as st
+
+from tfmem.memory.allocator import BFCModel, rounded
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+# (name, bytes) to allocate, or (name, None) to free: regions grow (2.5 MiB needs a
+# 4 MiB region, handed out whole), chunks split (3 MiB from an 8 MiB region), freed
+# chunks coalesce and are reused best-fit.
+SEQUENCE = [("a", int(2.5 * MIB)), ("b", 3 * MIB), ("c", 700 << 10), ("d", int(1.2 * MIB)),
+            ("a", None), ("e", 1 * MIB), ("c", None), ("f", 600 << 10), ("e", None),
+            ("g", int(3.5 * MIB)), ("b", None), ("h", 5 * MIB), ("d", None), ("i", 100 << 10),
+            ("f", None), ("j", 9 * MIB)]
+
+SCRIPT = r"""
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tfmem
+tfmem.emulate_accelerator(8192)
+import tensorflow as tf
+sequence = json.loads(sys.argv[1])
+tensors, figures = {}, []
+for name, nbytes in sequence:
+    if nbytes is None:
+        del tensors[name]
+    else:
+        tensors[name] = tf.fill([nbytes // 4], 1.0)
+    info = tf.config.experimental.get_memory_info("CPU:0")
+    figures.append([info["current"], info["peak"]])
+print(json.dumps(figures))
+"""
+
+
+def _tensorflow_figures():
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SEQUENCE)], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_replay_gives_tensorflows_in_use_and_peak_bytes_after_every_step():
+    measured = _tensorflow_figures()
+    model, handles, replayed = BFCModel(), {}, []
+    for name, nbytes in SEQUENCE:
+        if nbytes is None:
+            model.free(handles.pop(name))
+        else:
+            # An eager fill holds a small scalar while it allocates its output.
+            scalar = model.allocate(4)
+            handles[name] = model.allocate(nbytes)
+            model.free(scalar)
+        replayed.append([model.in_use, model.peak])
+    assert replayed == measured
+    # The sequence is worth checking: some chunks were handed out larger than asked.
+    requested = sum(n for name, n in SEQUENCE if n and name in handles)
+    assert model.in_use > requested
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6 * MIB)), min_size=1, max_size=60))
+def test_chunks_cover_requests_and_coalesce_back_into_regions(operations):
+    model, live = BFCModel(), []
+    for allocate, nbytes in operations:
+        if allocate or not live:
+            handle = model.allocate(nbytes)
+            live.append((handle, nbytes))
+            chunk = model.chunk_of(handle)
+            # A chunk is the rounded request, or one too small to split (< twice it).
+            assert rounded(nbytes) <= chunk < 2 * rounded(nbytes) or chunk == rounded(nbytes)
+        else:
+            handle, _ = live.pop(nbytes % len(live))
+            model.free(handle)
+        assert model.requested == sum(n for _, n in live)
+        assert model.requested <= model.in_use <= model.peak <= model.pool
+    for handle, _ in live:
+        model.free(handle)
+    assert model.in_use == model.requested == 0
+    # Every region is one free chunk again.
+    assert len(model._free) == model.regions  # pylint: disable=protected-access
+    assert sum(size for size, _ in model._free) == model.pool  # pylint: disable=protected-access

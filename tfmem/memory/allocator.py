@@ -1,0 +1,217 @@
+"""Allocator: a replay of TensorFlow's BFC allocator policy over an allocation sequence.
+
+The simulator counts bytes *requested*; TensorFlow's BFC allocator (the GPU
+allocator, and the emulated accelerator's `TF_CPU_ALLOCATOR_USE_BFC`) counts
+the *chunks* it hands out, and a chunk can be much larger than its request:
+
+    request 2.5 MiB, free regions hold 2 MiB  ->  grow a 4 MiB region
+    4 MiB < 2 x 2.5 MiB: not split            ->  the whole 4 MiB chunk is in use
+
+The policy replayed here is bfc_allocator.cc's (TensorFlow 2.21, CPU path:
+allow_growth, no region coalescing, no garbage collection):
+
+- every request is rounded up to a multiple of 256 bytes;
+- the free chunk chosen is the smallest that fits, the lowest address among
+  equals (bins by size, each ordered by size then address);
+- it is split when it is at least twice the rounded request, or when the
+  remainder is 128 MiB or more; otherwise the whole chunk is handed out;
+- a freed chunk merges with its free neighbours in the same region;
+- when nothing fits, a new region is taken: its size starts at 2 MiB and
+  doubles until the request fits, and doubles again after every region that
+  did not have to grow for its request.
+
+`BFCModel` is pure Python and fed by the simulator's allocate/free sequence.
+Which chunk a request gets depends on every allocation the process made
+before (TensorFlow's executor orders concurrent ops by measured cost, so the
+sequence varies from process to process): the replay gives the figure of one
+plausible order, not a bound.
+"""
+
+import bisect
+
+MIN_ALLOCATION = 256
+INITIAL_REGION = 2 << 20
+MAX_INTERNAL_FRAGMENTATION = 128 << 20
+_REGION_SPACING = 1 << 48  # regions never touch: BasicCPUAllocator does not coalesce them
+
+
+def rounded(nbytes):
+    """The request size BFC works with: `nbytes` rounded up to 256 bytes."""
+    return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
+
+
+class BFCModel:
+    """Chunks of a BFC allocator: `allocate` returns a handle, `free` takes it back.
+
+    `in_use` and `peak` are in chunk bytes, TensorFlow's `bytes_in_use` and
+    `peak_bytes_in_use`; `requested` is the sum of live requests.
+    """
+
+    def __init__(self, initial_region=INITIAL_REGION):
+        self.region_bytes = rounded(initial_region)
+        self.regions = 0
+        self.pool = 0  # bytes of all regions
+        self.in_use = 0
+        self.peak = 0
+        self.requested = 0
+        self._size = {}  # chunk address -> size
+        self._used = {}  # chunk address -> requested bytes, for chunks in use
+        self._end = {}  # chunk end address -> chunk address (to find the left neighbour)
+        self._free = []  # sorted (size, address) of free chunks
+
+    def allocate(self, nbytes):
+        """Hand out a chunk for `nbytes`; its address is the handle (None for 0 bytes)."""
+        if nbytes <= 0:
+            return None
+        need = rounded(nbytes)
+        index = bisect.bisect_left(self._free, (need, -1))
+        if index == len(self._free):
+            self._extend(need)
+            index = bisect.bisect_left(self._free, (need, -1))
+        size, address = self._free.pop(index)
+        if size >= 2 * need or size - need >= MAX_INTERNAL_FRAGMENTATION:
+            self._drop_chunk(address)
+            self._set_chunk(address, need)
+            self._set_chunk(address + need, size - need)
+            bisect.insort(self._free, (size - need, address + need))
+            size = need
+        self._used[address] = nbytes
+        self.in_use += size
+        self.requested += nbytes
+        self.peak = max(self.peak, self.in_use)
+        return address
+
+    def free(self, address):
+        """Return a chunk; it merges with the free chunks next to it in its region."""
+        if address is None:
+            return
+        self.requested -= self._used.pop(address)
+        size = self._drop_chunk(address)
+        self.in_use -= size
+        right = address + size
+        if right in self._size and right not in self._used:
+            self._remove_free(right)
+            size += self._drop_chunk(right)
+        left = self._end.get(address)
+        if left is not None and left not in self._used:
+            self._remove_free(left)
+            size += self._drop_chunk(left)
+            address = left
+        self._set_chunk(address, size)
+        bisect.insort(self._free, (size, address))
+
+    def chunk_of(self, address):
+        """The chunk bytes behind a handle."""
+        return self._size[address]
+
+    # -- internals
+
+    def _drop_chunk(self, address):
+        size = self._size.pop(address)
+        del self._end[address + size]
+        return size
+
+    def _set_chunk(self, address, size):
+        self._size[address] = size
+        self._end[address + size] = address
+
+    def _remove_free(self, address):
+        index = bisect.bisect_left(self._free, (self._size[address], address))
+        del self._free[index]
+
+    def _extend(self, need):
+        grew = False
+        while need > self.region_bytes:
+            self.region_bytes *= 2
+            grew = True
+        start = (self.regions + 1) * _REGION_SPACING
+        self.regions += 1
+        self.pool += self.region_bytes
+        self._set_chunk(start, self.region_bytes)
+        bisect.insort(self._free, (self.region_bytes, start))
+        if not grew:
+            self.region_bytes *= 2
+
+
+class AllocationLog:
+    """The allocate/free sequence of one simulated step, by buffer.
+
+    The simulator names buffers by tensor (or by its own keys for transfers);
+    a forwarded or kept tensor hands its buffer on under a new name.
+    `state` holds the allocations made before the step (variables, constants);
+    `step` the step's, with `("partition", index)` marks where each partition starts.
+    """
+
+    def __init__(self):
+        self.state = []
+        self.step = []
+        self._buffer = {}
+        self._next = 0
+
+    def allocate(self, key, nbytes, into=None):
+        """A new buffer of `nbytes` for `key` (nothing for 0 bytes)."""
+        if nbytes <= 0:
+            return
+        self._next += 1
+        self._buffer[key] = self._next
+        (self.step if into is None else into).append(("alloc", self._next, nbytes))
+
+    def allocate_state(self, key, nbytes):
+        self.allocate(key, nbytes, into=self.state)
+
+    def produce(self, tensor, nbytes, reuse=None):
+        """An op's output: a new buffer, or the dying input `reuse` forwarded."""
+        if reuse is not None and reuse in self._buffer:
+            self._buffer[tensor] = self._buffer.pop(reuse)
+        else:
+            self.allocate(tensor, nbytes)
+
+    def scratch(self, nbytes):
+        """A kernel's scratch, held while the kernel runs."""
+        self.allocate(None, nbytes)
+        self.release(None)
+
+    def release(self, key):
+        buffer = self._buffer.pop(key, None)
+        if buffer is not None:
+            self.step.append(("free", buffer))
+
+    def holds(self, key):
+        return key in self._buffer
+
+    def rename(self, key, new_key):
+        if key in self._buffer:
+            self._buffer[new_key] = self._buffer.pop(key)
+
+    def partition(self, index):
+        self.step.append(("partition", index))
+
+
+def replay(log, steps=2, initial_region=INITIAL_REGION):
+    """{partition index: peak chunk bytes in use} in the last of `steps` replays of
+    the step after its state, on an allocator that starts empty.
+
+    The first steps leave the regions and free chunks a steady-state step meets.
+    """
+    model = BFCModel(initial_region)
+    handles = {}
+    for _, buffer, nbytes in log.state:
+        handles[buffer] = model.allocate(nbytes)
+    peaks = {}
+    for number in range(steps):
+        last = number == steps - 1
+        current = None
+        for event in log.step:
+            kind = event[0]
+            if kind == "partition":
+                current = event[1]
+                if last:
+                    peaks[current] = model.in_use
+                continue
+            if kind == "alloc":
+                handles[event[1]] = model.allocate(event[2])
+            else:
+                model.free(handles.pop(event[1], None))
+            if last and current is not None:
+                peaks[current] = max(peaks[current], model.in_use)
+    return peaks
