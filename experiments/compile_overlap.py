@@ -23,10 +23,12 @@ builds the callable's graph in `CreateGraphs` under `graph_state_lock_`
 calls `CheckGraphCreated`, which takes the same mutex.  A partition cannot
 start while a callable's graph is being built.
 
-    TF_ENABLE_ONEDNN_OPTS=0 python experiments/compile_overlap.py --callables 20
+    TF_ENABLE_ONEDNN_OPTS=0 python experiments/compile_overlap.py --callables 20 \
+        --out experiments/results/compile-overlap.json
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -42,6 +44,7 @@ from tensorflow.core.protobuf import config_pb2  # noqa: E402
 import tfmem  # noqa: E402
 from tfmem.cli import models  # noqa: E402
 from tfmem import tf_private  # noqa: E402
+from tfmem.cli import provenance  # noqa: E402
 
 
 def _options(feeds, fetch, target=None):
@@ -152,6 +155,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--intra", type=int, default=0, help="intra-op threads (0: default)")
     parser.add_argument("--inter", type=int, default=0, help="inter-op threads (0: default)")
+    parser.add_argument("--out", help="write the rows and their provenance to this JSON file")
     args = parser.parse_args(argv)
     print(f"TensorFlow {tf.__version__}, oneDNN {os.environ['TF_ENABLE_ONEDNN_OPTS']}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; threads intra {args.intra} "
@@ -164,6 +168,11 @@ def main(argv=None):
           f"{statistics.median(r['probe_slow_during'] for r in rows):.0%} while making")
     print(f"median overlap {statistics.median(r['overlap'] for r in rows):.2f} "
           f"(1.0: serialised, 2.0: perfect); load {os.getloadavg()[0]:.1f}")
+    if args.out:
+        kernel = "oneDNN" if os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1" else "Eigen (oneDNN off)"
+        with open(args.out, "w", encoding="utf-8") as out:
+            json.dump(dict(provenance=provenance.provenance(kernel), settings=vars(args),
+                           rows=rows), out, indent=1)
 
 
 if __name__ == "__main__":
