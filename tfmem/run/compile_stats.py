@@ -20,9 +20,6 @@ class CompileStats:
     graph_ops_before: int = 0
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
-    # made during the first step (compile_ahead): seconds it waited for them, else None;
-    # callables_time is then the making thread's time, overlapped with the partitions' runs
-    callables_waited: float | None = None
 
     def __str__(self):
         if self.reused:
@@ -31,10 +28,5 @@ class CompileStats:
         return (f"planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
                 f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
                 f"{self.callables} callables "
-                f"{self.callables_time:.2f} s{self._ahead()}; session graph {self.graph_ops_before} -> "
+                f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")
-
-    def _ahead(self):
-        if self.callables_waited is None:
-            return ""
-        return f" (made while the first step ran, which waited {self.callables_waited:.2f} s)"

@@ -19,7 +19,7 @@ import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.run import accelerator, c_path, compile_ahead, remote
+from tfmem.run import accelerator, c_path, remote
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.run.rewrite import HANDLE, HOST
@@ -131,17 +131,12 @@ class Executor:
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._one_step = threading.Lock() if residence.serial_steps else contextlib.nullcontext()
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
-        # the first step makes its callables while it runs them (see compile_ahead)
-        self._ahead = runtime.compile_ahead and len(programs) > 1
-        self._ahead_lock = threading.Lock()  # entering and settling compile_ahead's callables
-        self.ahead_times = None  # (making, waited) seconds of callables made ahead, until read
         self._schedule = Schedule(plan)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(self._schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
-        if not self._ahead:
-            self._callables_for(None, measure=runtime.measure_device)
+        self._callables_for(None, measure=runtime.measure_device)
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         self._process = psutil.Process()
@@ -165,26 +160,8 @@ class Executor:
                     return tf_private.make_callable(self._session, callable_options)
                 return c_path.RunPathCallable(self._session, callable_options)
 
-            with self._ahead_lock:
-                if self._ahead:
-                    self._ahead = False  # the first step's only
-                    self._callables[key] = compile_ahead.CallablesAhead(make, self._programs)
-                    return compile_ahead.enter(self._callables[key])
-            self._callables[key] = compile_ahead.make_in_order(make, self._programs)
-        with self._ahead_lock:
-            return compile_ahead.enter(self._callables[key])
-
-    def stop_compiling(self):
-        """Stop a first step's thread making callables (the session closes)."""
-        compile_ahead.stop_all(self._callables)
-
-    def with_ahead_times(self, compiled):
-        """`compiled` (CompileStats of this executor's plan, or None) with the times of the
-        callables its first step made ahead, once; else `compiled` unchanged."""
-        times, self.ahead_times = self.ahead_times, None
-        if times is None or compiled is None or compiled.reused:
-            return compiled
-        return dataclasses.replace(compiled, callables_time=times[0], callables_waited=times[1])
+            self._callables[key] = [make(p) for p in self._programs]
+        return self._callables[key]
 
     def _run_partitions(self, callables, step, deliver_interrupt):
         for index, (program, call) in enumerate(zip(self._programs, callables)):
@@ -288,11 +265,6 @@ class Executor:
             except BaseException:
                 swaps.abort()
                 raise
-            finally:
-                with self._ahead_lock:
-                    times = compile_ahead.settle(self._callables, callables)
-                    if times is not None:
-                        self.ahead_times = times
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(

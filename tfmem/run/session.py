@@ -115,7 +115,6 @@ class _Runtime:
     residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
-    compile_ahead: bool = False  # a plan's first step makes callables while it runs (compile_ahead)
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -155,15 +154,12 @@ class TFMemSession(SessionInterfaceMethods):
         steps of each plan until their figures agree, then one in 50 (and every
         step again after a re-plan or when a sample moved); "every" each step;
         "off" none (budget mode then learns nothing).  See sampling.
-    compile_ahead: the first step of a plan makes its partitions' callables in a
-        background thread and runs each partition once its callable exists (see
-        compile_ahead).  Off on TensorFlow's distributed runtime.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
                  device_memory_budget=None, accelerator_device=None, atomic_updates=None,
-                 measure="sample", compile_ahead=True):
+                 measure="sample"):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = _check_partition_size(partition_size)
@@ -194,8 +190,7 @@ class TFMemSession(SessionInterfaceMethods):
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
                                  residences.for_session(sess, device), measure_device=measurable,
-                                 remote_info=remote_info,
-                                 compile_ahead=bool(compile_ahead) and not remote.is_distributed(sess))
+                                 remote_info=remote_info)
         self._trace_path = trace  # where each step's Chrome trace goes, or None
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
@@ -366,7 +361,6 @@ class TFMemSession(SessionInterfaceMethods):
         values, stats = entry.executor.run(
             request.feed_values_by_name(), options, step_metadata, timeline,
             measure=entry.schedule.wants())
-        self.last_compile = entry.executor.with_ahead_times(self.last_compile)
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
         entry.schedule.record(stats.partition_peak_bytes)
@@ -510,9 +504,6 @@ class TFMemSession(SessionInterfaceMethods):
 
     def _release(self):
         self._leave_default()
-        for entry in list(self._plans.entries.values()):
-            if entry.executor is not None:
-                entry.executor.stop_compiling()
         self._plans.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
