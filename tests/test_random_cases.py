@@ -47,6 +47,46 @@ def v1_control_flow():
             tf1.enable_control_flow_v2()
 
 
+INTERLEAVING_CONFIGS = [  # partition size, swap
+    (1, "all"), (1, "none"), (3, "all"), (3, "none"), (200, "all"), (200, "none")]
+
+# Who runs each call on the mixed session and which request: three plans of
+# tfmem (different fetches, hence different plans) between plain calls.
+SEQUENCE = [("tfmem", 0), ("tfmem", 1), ("plain", 0), ("tfmem", 2), ("tfmem", 0),
+            ("plain", 1), ("tfmem", 1), ("tfmem", 3), ("tfmem", 2)]
+
+
+def _interleave(g, init, feed_of, requests, partition_size, swap, state=(),
+                sequence=SEQUENCE):
+    """Run `sequence` on a mixed session (tfmem and plain calls) and on a fresh plain one
+    with the same seeds; every call, and the `state` after, must match bit for bit.
+    Returns the plan of the first request."""
+    mixed, reference = new_session(g), new_session(g)
+    tfs = _tfmem(mixed, partition_size, swap)
+    names = list(requests)
+    try:
+        if init is not None:
+            mixed.run(init)
+            reference.run(init)
+        plans = set()
+        for step, (who, which) in enumerate(sequence):
+            fetches, feed = requests[names[which % len(names)]], feed_of(step)
+            if who == "tfmem":
+                plan = tfs.plan(fetches, feed)
+                tfmem.validate(plan)
+                plans.add(id(plan))
+            runner = tfs.run if who == "tfmem" else mixed.run
+            _same(reference.run(fetches, feed), runner(fetches, feed),
+                  f"step {step} {who} {names[which % len(names)]}")
+        assert len(plans) >= 2  # several plans drew from the same ops
+        if state:
+            _same(reference.run(list(state)), mixed.run(list(state)), "state after")
+        return tfs.plan(requests[names[0]], feed_of(0))
+    finally:
+        tfs.close()
+        reference.close()
+
+
 def _random_ops(graph):
     return {op.name for op in graph.get_operations() if op.type in optypes.RANDOM_STREAM}
 
@@ -81,41 +121,32 @@ def _feed(x, step, batch=3):
 
 
 @pytest.mark.parametrize("seeding", list(SEEDINGS))
-@pytest.mark.parametrize("partition_size,swap", CONFIGS)
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
 def test_random_op_with_its_own_control_input(seeding, partition_size, swap):
-    """One request draws plain TensorFlow's numbers; a second plan drawing is refused."""
+    """The random op runs as the user's op with its control input (`bump`) in one call:
+    requests of different plans and plain calls interleave and draw plain TensorFlow's
+    numbers, and `bump` runs once per step (the counter says so)."""
     g, x, counter, out, other, count, init = _control_input_model(seeding)
-    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
-    try:
-        plain.run(init)
-        tfs.run(init)
-        for step in range(4):
-            feed = _feed(x, step)
-            _same(plain.run([out, count], feed), tfs.run([out, count], feed), f"step {step}")
-        assert len(tfs.plan(out, _feed(x, 0)).partitions) > 1 or partition_size == 100000
-        with pytest.raises(tfmem.UnsupportedGraphError) as err:
-            tfs.run([out, other], _feed(x, 4))
-        message = str(err.value)
-        assert "'r/RandomUniform'" in message and "control inputs of its own (bump)" in message
-        assert "tf.identity" in message  # what to change
-        # Refused before anything ran: the counter and the stream are where plain's are.
-        _same(plain.run([counter]), tfs.session.run([counter]), "counter")
-        feed = _feed(x, 5)
-        _same(plain.run([out, count], feed), tfs.run([out, count], feed), "after the refusal")
-    finally:
-        plain.close()
-        tfs.close()
+    requests = {"out+count": [out, count], "out+other": [out, other], "other": [other],
+                "count": [count]}
+    plan = _interleave(g, init, lambda step: _feed(x, step), requests, partition_size, swap,
+                       state=[counter])
+    assert {"r/RandomUniform", "bump"} <= plan.view.originals
+    home = {op: p.index for p in plan.partitions for op in p.ops}
+    assert home["r/RandomUniform"] == home["bump"]
+    assert len(plan.partitions) > 1 or partition_size == 200
 
 
-def test_unseeded_random_op_with_a_control_input_may_draw_in_several_plans():
-    """No seed, no reference numbers: copies get fresh kernel seeds and never repeat."""
+def test_unseeded_random_op_with_a_control_input_never_repeats_across_plans():
+    """No seed, no reference numbers: one kernel, one stream, no draw repeats."""
     g, x, _, out, other, _, init = _control_input_model(None)
     tfs = _tfmem(new_session(g), 2, "none")
     try:
         tfs.run(init)
         feed = _feed(x, 0)
-        draws = [tfs.run(other, feed), tfs.run([out, other], feed)[1], tfs.run(other, feed)]
-        assert len({d.tobytes() for d in draws}) == 3
+        draws = [tfs.run(other, feed), tfs.run([out, other], feed)[1], tfs.session.run(other, feed),
+                 tfs.run(other, feed), tfs.run([out, other], feed)[1]]
+        assert len({d.tobytes() for d in draws}) == len(draws)
     finally:
         tfs.close()
 
@@ -182,30 +213,86 @@ def test_random_ops_in_a_v1_cond_and_after_v1_control_flow(v1_control_flow, sour
 
 
 @pytest.mark.parametrize("source", ["python", "graph_def"])
-@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (100000, "all")])
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
 def test_random_op_in_a_v1_while_loop(v1_control_flow, source, partition_size, swap):
-    """The loop's random op stays a copy: one request matches, a second plan is refused."""
+    """The whole loop frame runs as the user's ops, its Enters' inputs connected: requests
+    of different plans and plain calls interleave and draw plain TensorFlow's numbers."""
     g, x, out, other = _v1_model(loop_draws=True)
     if source == "graph_def":
         g, x, out, other = _imported(g)
-    in_loop = "while/random_uniform/RandomUniform"
-    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
+    requests = {"both": [out, other], "other": [other], "out": [out], "other+out": [other, out]}
+    plan = _interleave(g, None, lambda step: _signed_feed(x, step), requests, partition_size,
+                       swap)
+    frame = {op.name for op in g.get_operations() if op.name.startswith("while/")}
+    assert _random_ops(g) <= plan.view.originals
+    assert frame & set(plan.view.nodes) <= plan.view.originals
+    assert len({p.index for p in plan.partitions if frame & set(p.ops)}) == 1  # one call
+    assert len(plan.partitions) > 1 or partition_size == 200
+
+
+def _v1_loop_training_model():
+    """Dropout and noise inside a v1 while loop, trained through it: the gradient loop
+    pops the forward loop's per-step stacks, so both loops run in one call."""
+    rs = np.random.RandomState(0)
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(21)
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.Variable(rs.standard_normal((4, 4)).astype(np.float32) * 0.5, name="w",
+                         use_resource=True)
+
+        def body(i, acc):
+            h = tf.tanh(tf.matmul(acc, w))
+            h = tf.nn.dropout(h, rate=0.3, seed=2)
+            return i + 1, h + tf.random.normal(tf.shape(h), stddev=0.01, seed=3)
+
+        _, acc = tf1.while_loop(lambda i, a: i < 3, body, [tf.constant(0), x * 2.0])
+        loss = tf.reduce_mean(tf.square(acc - 0.5), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        spread = tf.reduce_max(acc, name="spread")
+        init = tf1.global_variables_initializer()
+    assert {"StackV2", "StackPushV2", "StackPopV2"} <= {o.type for o in g.get_operations()}
+    return g, x, w, loss, train, spread, init
+
+
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
+def test_random_ops_in_a_trained_v1_while_loop(v1_control_flow, partition_size, swap):
+    g, x, w, loss, train, spread, init = _v1_loop_training_model()
+    requests = {"train": [train, loss], "loss": [loss], "spread": [spread, loss],
+                "train+spread": [train, spread]}
+
+    def feed_of(step):
+        rs = np.random.RandomState(step)
+        return {x: rs.standard_normal((2 + step % 3, 4)).astype(np.float32)}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[w])
+    assert _random_ops(g) <= plan.view.originals
+
+
+@pytest.mark.parametrize("model", ["loop", "trained loop"])
+def test_unseeded_random_ops_in_a_v1_while_loop_never_repeat_across_plans(v1_control_flow,
+                                                                           model):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf1.Variable(np.eye(3, dtype=np.float32), name="w", use_resource=True)
+        _, acc = tf1.while_loop(
+            lambda i, a: i < 2,
+            lambda i, a: (i + 1, tf.matmul(a, w) + tf.random.uniform(tf.shape(a))), [0, x])
+        drawn = tf.identity(acc, name="drawn")
+        total = tf.reduce_sum(acc, name="total")
+        extra = [tf1.train.GradientDescentOptimizer(0.1).minimize(total)] \
+            if model == "trained loop" else []
+        init = tf1.global_variables_initializer()
+    tfs = _tfmem(new_session(g), 2, "all")
     try:
-        plan = tfs.plan([out, other], _signed_feed(x, 0))
-        assert in_loop not in plan.view.originals
-        assert _random_ops(g) - {in_loop} <= plan.view.originals
-        for step in range(4):
-            feed = _signed_feed(x, step)
-            _same(plain.run([out, other], feed), tfs.run([out, other], feed), f"step {step}")
-        with pytest.raises(tfmem.UnsupportedGraphError) as err:
-            tfs.run([other], _signed_feed(x, 4))
-        assert f"'{in_loop}'" in str(err.value)
-        assert "enable_control_flow_v2" in str(err.value)
-        assert "inside a v1 while loop" in str(err.value)
-        feed = _signed_feed(x, 5)
-        _same(plain.run([out, other], feed), tfs.run([out, other], feed), "after the refusal")
+        tfs.run(init)
+        feed = {x: np.zeros((2, 3), np.float32)}
+        draws = [tfs.run(drawn, feed), tfs.run([total, drawn] + extra, feed)[1],
+                 tfs.session.run(drawn, feed), tfs.run(drawn, feed),
+                 tfs.run([total, drawn] + extra, feed)[1]]
+        assert len({d.tobytes() for d in draws}) == len(draws)
     finally:
-        plain.close()
         tfs.close()
 
 

@@ -234,19 +234,64 @@ def _drop_unobservable(nodes, keep):
     return kept
 
 
-def _originals(nodes, sources, fed, control_on_sources, draws):
-    """The stateful nodes that run as the user's own op (see the module docstring)."""
+def _run_together(nodes, sources, fed, frames, draw):
+    """The ops that run as the user's ops with the random op `draw`, or None if they cannot.
+
+    Running the user's op runs every op its control edges reach, and a control
+    edge cannot be cut: each such op joins (sources are idempotent; a fed
+    placeholder is fed to the call).  A member inside a v1 while loop brings
+    its outermost frame (`frames`: op -> frame, frame -> ops): the loop runs
+    as the user's ops, the inputs of its Enters connected.  A run-bound input
+    (a TensorArray's or stack's handle) dies with the run that made it, and
+    is not connected: its producer joins.  Other data inputs are connected.
+    """
+    frame_of, frame_ops = frames
+    members, stack = set(), [draw]
+    while stack:
+        name = stack.pop()
+        if name in members:
+            continue
+        members.add(name)
+        node = nodes[name]
+        if name in frame_of:
+            stack.extend(frame_ops[frame_of[name]])
+        for src in node.control_inputs:
+            if src in nodes:
+                stack.append(src)
+            elif src not in sources and src + ":0" not in fed:
+                return None  # not reached by analysis: cannot happen for a valid request
+        for tensor in node.inputs:
+            producer, index = split_tensor_name(tensor)
+            if producer in nodes and tensor not in fed and \
+                    nodes[producer].outputs[index].run_bound:
+                stack.append(producer)
+    return members
+
+
+def _drawing_together(nodes, sources, fed, draws):
+    """Every op that runs as the user's op because a random op needs it (`_run_together`)."""
+    frames = ({}, {})
+    if any(node.type in optypes.ENTER for node in nodes.values()):
+        frame_of = streams_of.loop_frames(nodes)
+        frame_ops = {}
+        for name, frame in frame_of.items():
+            frame_ops.setdefault(frame, []).append(name)
+        frames = (frame_of, frame_ops)
+    together = set()
+    for draw in draws:
+        if draw not in together:
+            together |= _run_together(nodes, sources, fed, frames, draw) or set()
+    return together
+
+
+def _originals(nodes, sources, fed, control_on_sources, together):
+    """The nodes that run as the user's own op (see the module docstring)."""
     def reads_given(node):
         return all(t in fed or split_tensor_name(t)[0] in sources for t in node.inputs)
 
-    streams = [name for name, node in nodes.items()
-               if name in draws and name in control_on_sources and not reads_given(node)]
-    if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
-        in_loops = streams_of.loop_bodies(nodes)
-        streams = [name for name in streams if name not in in_loops]
     given = [name for name, node in nodes.items()
              if node.stateful and name in control_on_sources and reads_given(node)]
-    return frozenset(given + streams)
+    return frozenset(given) | frozenset(name for name in together if name in nodes)
 
 
 def analyse(fetch_tensors, target_ops, fed_tensors):
@@ -283,8 +328,9 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
-    nodes = _drop_unobservable(nodes, keep)
-    originals = _originals(nodes, sources, fed, control_on_sources, draws)
+    together = _drawing_together(nodes, sources, fed, draws)
+    nodes = _drop_unobservable(nodes, keep | together)
+    originals = _originals(nodes, sources, fed, control_on_sources, together)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
         originals=originals,

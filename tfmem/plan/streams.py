@@ -73,6 +73,43 @@ def loop_bodies(nodes):
     return {name for name, d in depth.items() if d > 0 and nodes[name].type not in optypes.EXIT}
 
 
+def loop_frames(nodes):
+    """Op name -> frame name of the outermost v1 while loop it belongs to, for the view's
+    nodes inside one (its Enters, body, Merges, Switches, NextIterations and Exits).
+
+    The same pass as `loop_bodies`, carrying the name of the Enter that opened
+    the outermost frame; an Exit belongs to the frame it closes.
+    """
+    consumers = {name: [] for name in nodes}
+    indegree = dict.fromkeys(nodes, 0)
+    for name, node in nodes.items():
+        producers = [t.rpartition(":")[0] for t in node.inputs] + list(node.control_inputs)
+        for src in dict.fromkeys(p for p in producers if p in nodes):
+            if nodes[src].type in optypes.NEXT_ITERATION:
+                continue
+            indegree[name] += 1
+            consumers[src].append(name)
+    depth, frame_of = dict.fromkeys(nodes, 0), {}
+    ready = [name for name, count in indegree.items() if count == 0]
+    while ready:
+        name = ready.pop()
+        node = nodes[name]
+        if node.type in optypes.ENTER:
+            if depth[name] == 0:
+                frame_of[name] = node.frame
+            depth[name] += 1
+        elif node.type in optypes.EXIT:
+            depth[name] = max(depth[name] - 1, 0)
+        for reader in consumers[name]:
+            if depth[name] > 0:
+                depth[reader] = max(depth[reader], depth[name])
+                frame_of.setdefault(reader, frame_of[name])
+            indegree[reader] -= 1
+            if indegree[reader] == 0:
+                ready.append(reader)
+    return frame_of
+
+
 def _seeded(op):
     """True when the op's numbers are fixed by a seed (graph or op level)."""
     if op.type not in optypes.RANDOM_STREAM:
