@@ -1,12 +1,14 @@
-"""Random ops in the places issue 11 left open: own control inputs, v1 control flow, dropout.
+"""Random ops in the places issue 11 left for last: own control inputs, v1 control flow.
 
-Every case runs a partitioned step (partition sizes down to 1, swap on and
-off, several steps) beside a plain `Session.run` of the same graph in a
-fresh session with the same seeds, and must match it bit for bit.  Where
-tfmem cannot keep plain TensorFlow's stream (a random op that stays a copy,
-drawn from by a second plan), it must refuse with an error naming the op,
-and leave the session's state as it was.
+Every case alternates requests that need different plans (other fetches,
+other feed shapes) with plain `Session.run` calls on the same session, at
+partition sizes 1, 3 and 200, swap on and off, over several steps, beside a
+fresh plain session with the same seeds running the same sequence: every
+call must match bit for bit, and state a step changes (a counter bumped by
+the random op's control input, trained weights) must too.
 """
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import tensorflow as tf
 
 import tfmem
 from tfmem.plan import optypes
+from tfmem.plan.streams import StreamLedger
 from conftest import new_session
 
 tf1 = tf.compat.v1
@@ -137,6 +140,38 @@ def test_random_op_with_its_own_control_input(seeding, partition_size, swap):
     assert len(plan.partitions) > 1 or partition_size == 200
 
 
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (200, "all")])
+def test_random_op_under_a_chain_of_reference_variable_updates(partition_size, swap):
+    """v1 (reference) variables: the random op's control input updates the reference the
+    update before it returned.  A reference edge cannot be connected (a connection is a
+    value): the op that makes the reference runs as the user's op too."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(4)
+        x = tf1.placeholder(tf.float32, [None, 2], name="x")
+        step = tf1.Variable(0.0, use_resource=False, name="step")
+        scale = tf.reduce_mean(tf.abs(x))
+        first = tf1.assign_add(step, scale, name="first")  # a float_ref output
+        second = tf1.assign_add(first, 1.0, name="second")
+        shape = tf.shape(x)
+        with tf.control_dependencies([second]):  # the random op itself gets the edge
+            r = tf.random.uniform(shape, seed=9, name="r")
+        out = tf.reduce_sum(x * r, name="out")
+        top = tf.reduce_max(r, name="top")
+        with tf.control_dependencies([second]):
+            seen = tf.identity(step.read_value(), name="seen")
+        init = tf1.global_variables_initializer()
+    assert g.get_operation_by_name("second").inputs[0].dtype == tf.float32._as_ref
+    assert [c.name for c in r.op.control_inputs] == ["second"]
+    requests = {"out+seen": [out, seen], "top": [top], "out": [out], "top+out": [top, out]}
+
+    def feed_of(i):
+        return {x: np.arange((2 + i % 2) * 2, dtype=np.float32).reshape(-1, 2) - i}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[step])
+    assert {"r/RandomUniform", "first", "second"} <= plan.view.originals
+
+
 def test_unseeded_random_op_with_a_control_input_never_repeats_across_plans():
     """No seed, no reference numbers: one kernel, one stream, no draw repeats."""
     g, x, _, out, other, _, init = _control_input_model(None)
@@ -149,6 +184,32 @@ def test_unseeded_random_op_with_a_control_input_never_repeats_across_plans():
         assert len({d.tobytes() for d in draws}) == len(draws)
     finally:
         tfs.close()
+
+
+def test_the_stream_guard_refuses_a_second_plan_drawing_from_a_copy():
+    """Every random op now runs as the user's op; should a seeded one ever run as a copy,
+    the session's StreamLedger refuses a second plan drawing from it, naming the op."""
+    g, x, _, out, other, _, _ = _control_input_model("graph+op")
+    tfs = _tfmem(new_session(g), 3, "none")
+    try:
+        real = [tfs.plan(fetches, _feed(x, 0)) for fetches in ([out], [other])]
+    finally:
+        tfs.close()
+    drawn = "r/RandomUniform"
+
+    def as_copy(plan):
+        return dataclasses.replace(plan, view=dataclasses.replace(
+            plan.view, originals=plan.view.originals - {drawn}))
+
+    ledger = StreamLedger()  # the user's op in both plans: one stream
+    ledger.claim(g, real[0], "a")
+    ledger.claim(g, real[1], "b")
+    for first, second in [(as_copy(real[0]), as_copy(real[1])), (real[0], as_copy(real[1])),
+                          (as_copy(real[0]), real[1])]:
+        ledger = StreamLedger()
+        ledger.claim(g, first, "a")
+        with pytest.raises(tfmem.UnsupportedGraphError, match=f"'{drawn}' .*second stream"):
+            ledger.claim(g, second, "b")
 
 
 # ---------------------------------------------------------------- v1 control flow
@@ -370,10 +431,11 @@ def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
 
 
 @pytest.mark.parametrize("source", ["python", "graph_def"])
-def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source):
-    """Loop bodies are found through nested frames: an inner loop's Exit does not leave the
-    outer loop.  The op there stays a copy (and matches for one request); after the outer
-    loop, the random op runs as the user's."""
+@pytest.mark.parametrize("partition_size,swap", [(1, "none"), (3, "all"), (200, "none")])
+def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source,
+                                                                        partition_size, swap):
+    """Frames are found through nested loops: an inner loop's Exit does not leave the outer
+    loop, so the random op there brings the whole outer frame (inner loop included)."""
     g = tf.Graph()
     with g.as_default():
         tf1.set_random_seed(1)
@@ -384,21 +446,18 @@ def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_contr
             return i + 1, inner + tf.random.uniform(tf.shape(inner), seed=2, name="mid")
 
         _, acc = tf1.while_loop(lambda i, a: i < 2, outer, [0, x])
-        out = tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"),
-                            name="out")
+        tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"), name="out")
+        tf.reduce_max(acc, name="top")
     if source == "graph_def":
         copy = tf.Graph()
         with copy.as_default():
             tf1.import_graph_def(g.as_graph_def(), name="")
-        g, x, out = copy, copy.get_tensor_by_name("x:0"), copy.get_tensor_by_name("out:0")
-    plain, tfs = new_session(g), _tfmem(new_session(g), 4, "all")
-    try:
-        plan = tfs.plan(out, {x: np.ones((2, 3), np.float32)})
-        assert "after/RandomStandardNormal" in plan.view.originals
-        assert "while/mid/RandomUniform" not in plan.view.originals
-        for step in range(3):
-            feed = {x: np.full((2 + step, 3), step + 1.0, np.float32)}
-            _same([plain.run(out, feed)], [tfs.run(out, feed)], f"step {step}")
-    finally:
-        plain.close()
-        tfs.close()
+        g = copy
+    x, out, top = (g.get_tensor_by_name(n) for n in ("x:0", "out:0", "top:0"))
+    requests = {"out": [out], "top": [top], "both": [top, out]}
+    plan = _interleave(g, None, lambda step: {x: np.full((2 + step % 2, 3), step + 1.0,
+                                                         np.float32)},
+                       requests, partition_size, swap)
+    assert {"after/RandomStandardNormal", "while/mid/RandomUniform"} <= plan.view.originals
+    inner = {n for n in plan.view.nodes if n.startswith("while/while/")}
+    assert inner and inner <= plan.view.originals

@@ -38,12 +38,23 @@ dropout's `Shape` of an activation:
 Its partition's callable connects the copies' tensors to the op's inputs
 (`CallableOptions.tensor_connection`, see `rewrite`), which cuts the op's data
 edges the way a feed does, so the copies' values reach the user's op and
-nothing upstream of it runs twice.  Control edges cannot be cut that way, so
-an original's control inputs must all be state sources (idempotent to run
-again).  Random ops in v1 cond branches and after v1 control flow are
-originals too: a connected dead tensor is dead for the user's op as well,
-which then skips its draw exactly as in plain TensorFlow.  Random ops inside
-a v1 while frame stay copies (see `streams`, which guards their streams).
+nothing upstream of it runs twice.  Control edges cannot be cut that way:
+running the user's op runs every op its control edges reach.  Those ops
+therefore run as the user's ops too, in the same call (`units` keeps them
+together), where they run once, as in plain TensorFlow:
+
+    copies:     h -> Sum           h -> Shape
+                       | connected        | connected
+    originals:        bump  .......>  RandomUniform     (.......> control edge)
+
+A random op inside a v1 while loop brings its whole outermost loop frame
+(Enter ... Exit): the loop runs as the user's ops, the tensors its Enters
+read from outside are connected.  A run-bound input (a reference returned by
+a v1 variable's update, a stack's or TensorArray's handle) is not connected:
+a connection passes a value, so a reference input would refuse it; its
+producer runs as the user's op too.  Random ops in v1 cond branches and after v1 control
+flow are originals as well: a connected dead tensor is dead for the user's
+op too, which then skips its draw exactly as in plain TensorFlow.
 """
 
 import dataclasses
@@ -242,8 +253,9 @@ def _run_together(nodes, sources, fed, frames, draw):
     placeholder is fed to the call).  A member inside a v1 while loop brings
     its outermost frame (`frames`: op -> frame, frame -> ops): the loop runs
     as the user's ops, the inputs of its Enters connected.  A run-bound input
-    (a TensorArray's or stack's handle) dies with the run that made it, and
-    is not connected: its producer joins.  Other data inputs are connected.
+    (a reference, a handle) is not connected (a connection passes a value,
+    which a reference input refuses): its producer joins.  Other data inputs
+    are connected.
     """
     frame_of, frame_ops = frames
     members, stack = set(), [draw]
