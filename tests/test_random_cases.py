@@ -8,11 +8,14 @@ call must match bit for bit, and state a step changes (a counter bumped by
 the random op's control input, trained weights) must too.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tfmem
 from tfmem.plan import optypes
@@ -39,8 +42,9 @@ def _same(expected, got, what):
         assert e.tobytes() == g.tobytes(), f"{what}[{i}]: {e} != {g}"
 
 
-@pytest.fixture
-def v1_control_flow():
+@contextlib.contextmanager
+def _v1_graphs():
+    """Build graphs with control flow v1; the global toggle is restored afterwards."""
     was_v2 = tf1.control_flow_v2_enabled()
     tf1.disable_control_flow_v2()
     try:
@@ -48,6 +52,12 @@ def v1_control_flow():
     finally:
         if was_v2:
             tf1.enable_control_flow_v2()
+
+
+@pytest.fixture
+def v1_control_flow():
+    with _v1_graphs():
+        yield
 
 
 INTERLEAVING_CONFIGS = [  # partition size, swap
@@ -60,12 +70,14 @@ SEQUENCE = [("tfmem", 0), ("tfmem", 1), ("plain", 0), ("tfmem", 2), ("tfmem", 0)
 
 
 def _interleave(g, init, feed_of, requests, partition_size, swap, state=(),
-                sequence=SEQUENCE):
+                sequence=SEQUENCE, min_plans=2):
     """Run `sequence` on a mixed session (tfmem and plain calls) and on a fresh plain one
     with the same seeds; every call, and the `state` after, must match bit for bit.
+    `swap` None: `partition_size` is TFMemSession's keyword arguments.
     Returns the plan of the first request."""
     mixed, reference = new_session(g), new_session(g)
-    tfs = _tfmem(mixed, partition_size, swap)
+    tfs = _tfmem(mixed, partition_size, swap) if swap is not None else \
+        tfmem.TFMemSession(mixed, **partition_size)
     names = list(requests)
     try:
         if init is not None:
@@ -81,7 +93,7 @@ def _interleave(g, init, feed_of, requests, partition_size, swap, state=(),
             runner = tfs.run if who == "tfmem" else mixed.run
             _same(reference.run(fetches, feed), runner(fetches, feed),
                   f"step {step} {who} {names[which % len(names)]}")
-        assert len(plans) >= 2  # several plans drew from the same ops
+        assert len(plans) >= min_plans  # several plans drew from the same ops
         if state:
             _same(reference.run(list(state)), mixed.run(list(state)), "state after")
         return tfs.plan(requests[names[0]], feed_of(0))
@@ -461,3 +473,38 @@ def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_contr
     assert {"after/RandomStandardNormal", "while/mid/RandomUniform"} <= plan.view.originals
     inner = {n for n in plan.view.nodes if n.startswith("while/while/")}
     assert inner and inner <= plan.view.originals
+
+
+# ---------------------------------------------------------------- any interleaving
+
+def _case(name):
+    """(graph, init, feed for a step, requests, state) of one of this file's cases."""
+    if name == "control input":
+        g, x, counter, out, other, count, init = _control_input_model("graph+op")
+        return g, init, lambda step: _feed(x, step), \
+            {"a": [out, count], "b": [other], "c": [out, other], "d": [count]}, [counter]
+    if name == "v1 loop":
+        g, x, out, other = _v1_model(loop_draws=True)
+        return g, None, lambda step: _signed_feed(x, step), \
+            {"a": [out, other], "b": [other], "c": [out], "d": [other, out]}, []
+    g, x, w, loss, train, spread, init = _v1_loop_training_model()
+    return g, init, lambda step: {x: np.full((2 + step % 3, 4), 0.1 * step, np.float32)}, \
+        {"a": [train, loss], "b": [loss], "c": [spread], "d": [train, spread]}, [w]
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(["control input", "v1 loop", "trained v1 loop"]),
+       sequence=st.lists(st.tuples(st.sampled_from(["tfmem", "plain"]), st.integers(0, 3)),
+                         min_size=3, max_size=8),
+       config=st.sampled_from([{"partition_size": 1, "swap": "all", "swap_min_bytes": 0},
+                               {"partition_size": 3, "swap": "none"},
+                               {"partition_size": 200, "swap": "all", "swap_min_bytes": 0},
+                               {"device_memory_budget": "1GiB"}]))
+def test_any_interleaving_draws_plain_tensorflows_numbers(case, sequence, config):
+    """Random sequences of requests (any of four fetch sets, feed shapes changing with the
+    step) and plain calls, in every session mode, budget mode's per-shape plans included."""
+    with _v1_graphs():
+        g, init, feed_of, requests, state = _case(case)
+    _interleave(g, init, feed_of, requests, config, None, state=state, sequence=sequence,
+                min_plans=0)
