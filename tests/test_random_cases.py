@@ -342,6 +342,52 @@ def test_random_ops_in_a_trained_v1_while_loop(v1_control_flow, partition_size, 
     assert _random_ops(g) <= plan.view.originals
 
 
+def _v1_recurrent_model():
+    """A recurrent net as tf.compat.v1 builds one: a v1 while loop over TensorArrays with
+    dropout in its body; a noise draw waits (control edge) for a stateless identity of the
+    loss, and training goes through both."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(5)
+        x = tf1.placeholder(tf.float32, [None, 5, 3], name="x")
+        w = tf1.Variable(np.eye(3, dtype=np.float32) * 0.7, name="w", use_resource=True)
+        steps = tf.transpose(x, [1, 0, 2])
+        inputs = tf1.TensorArray(tf.float32, size=5).unstack(steps)
+
+        def body(t, h, outputs):
+            h = tf.tanh(tf.matmul(inputs.read(t), w) + tf.matmul(h, w))
+            h = tf.nn.dropout(h, rate=0.25, seed=7)
+            return t + 1, h, outputs.write(t, h)
+
+        _, h, outputs = tf1.while_loop(lambda t, h, o: t < 5, body,
+                                       [0, tf.zeros_like(steps[0]),
+                                        tf1.TensorArray(tf.float32, size=5)])
+        sequence = outputs.stack()
+        loss = tf.reduce_mean(tf.square(sequence)) + tf.reduce_mean(h)
+        shape = tf.shape(h)
+        with tf.control_dependencies([tf.identity(loss)]):
+            noise = tf.random.normal(shape, seed=3, name="noise")
+        train = tf1.train.AdamOptimizer(0.05).minimize(loss + tf.reduce_mean(noise))
+        init = tf1.global_variables_initializer()
+    return g, x, w, loss, noise, sequence, train, init
+
+
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (200, "all")])
+def test_dropout_in_a_v1_recurrent_loop_over_tensor_arrays(v1_control_flow, partition_size,
+                                                           swap):
+    g, x, w, loss, noise, sequence, train, init = _v1_recurrent_model()
+    requests = {"train+noise": [train, noise], "train": [train, loss], "noise": [loss, noise],
+                "sequence": [sequence]}
+
+    def feed_of(step):
+        rs = np.random.RandomState(step)
+        return {x: rs.standard_normal((2 + step % 2, 5, 3)).astype(np.float32)}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[w])
+    assert _random_ops(g) <= plan.view.originals
+    assert "noise/RandomStandardNormal" in plan.view.originals
+
+
 @pytest.mark.parametrize("model", ["loop", "trained loop"])
 def test_unseeded_random_ops_in_a_v1_while_loop_never_repeat_across_plans(v1_control_flow,
                                                                            model):
