@@ -470,9 +470,10 @@ def test_dropout_in_a_training_step_at_sizes_that_cut_next_to_it():
     assert cuts == {"first", "last"}, cuts
 
 
-def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
-    """Budget mode keys plans by fed shapes; a new shape reuses the copies, so the one
-    stream of a random op with a control input of its own continues, as in plain TensorFlow."""
+def test_budget_mode_serves_new_batch_sizes_with_one_stream():
+    """Budget mode keys plans by fed shapes and serves a new shape from an earlier plan's
+    copies; the random op with a control input of its own keeps its one stream, and its
+    control input runs once per step, as in plain TensorFlow."""
     g, x, _, out, _, count, init = _control_input_model("graph+op")
     plain = new_session(g)
     tfs = tfmem.TFMemSession(new_session(g), device_memory_budget="1GiB")
