@@ -52,9 +52,10 @@ A random op inside a v1 while loop brings its whole outermost loop frame
 read from outside are connected.  A run-bound input (a reference returned by
 a v1 variable's update, a stack's or TensorArray's handle) is not connected:
 a connection passes a value, so a reference input would refuse it; its
-producer runs as the user's op too.  Random ops in v1 cond branches and after v1 control
-flow are originals as well: a connected dead tensor is dead for the user's
-op too, which then skips its draw exactly as in plain TensorFlow.
+producer runs as the user's op too.  Random ops in v1 cond branches and
+after v1 control flow are originals as well: a connected dead tensor is dead
+for the user's op too, which then skips its draw exactly as in plain
+TensorFlow.
 """
 
 import dataclasses
