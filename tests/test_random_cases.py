@@ -184,6 +184,31 @@ def test_random_op_under_a_chain_of_reference_variable_updates(partition_size, s
     assert {"r/RandomUniform", "first", "second"} <= plan.view.originals
 
 
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (200, "none")])
+def test_random_op_waiting_for_a_fed_placeholder(partition_size, swap):
+    """A control input on a fed placeholder: the partition running the user's op is fed
+    it, though none of its ops reads it by a data edge."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(6)
+        x = tf1.placeholder(tf.float32, [None, 2], name="x")
+        gate = tf1.placeholder(tf.float32, [], name="gate")
+        shape = tf.shape(tf.tanh(x))
+        with tf.control_dependencies([gate]):
+            r = tf.random.uniform(shape, seed=2, name="r")
+        out = tf.reduce_sum(r * x, name="out")
+        top = tf.reduce_max(r * gate, name="top")
+    assert [c.name for c in r.op.control_inputs] == ["gate"]
+    requests = {"out": [out], "top": [top], "both": [top, out]}
+
+    def feed_of(step):
+        return {x: np.ones((2 + step % 2, 2), np.float32) * step, gate: np.float32(step)}
+
+    plan = _interleave(g, None, feed_of, requests, partition_size, swap)
+    home = next(p for p in plan.partitions if "r/RandomUniform" in p.ops)
+    assert "gate:0" in home.feeds and "r/RandomUniform" in plan.view.originals
+
+
 def test_unseeded_random_op_with_a_control_input_never_repeats_across_plans():
     """No seed, no reference numbers: one kernel, one stream, no draw repeats."""
     g, x, _, out, other, _, init = _control_input_model(None)

@@ -297,6 +297,21 @@ def _drawing_together(nodes, sources, fed, draws):
     return together
 
 
+def _keep_fed_waits(nodes, walked, together, fed):
+    """Give back the control edges from fed placeholders that dropping took from the ops run
+    together with a random op: running the user's op needs them fed (see `build`)."""
+    for name in together:
+        if name not in nodes:
+            continue
+        waits = tuple(src for src in walked[name].control_inputs
+                      if src not in walked and src + ":0" in fed
+                      and src not in nodes[name].control_inputs)
+        if waits:
+            nodes[name] = dataclasses.replace(
+                nodes[name], control_inputs=nodes[name].control_inputs + waits)
+    return nodes
+
+
 def _originals(nodes, sources, fed, control_on_sources, together):
     """The nodes that run as the user's own op (see the module docstring)."""
     def reads_given(node):
@@ -342,7 +357,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     together = _drawing_together(nodes, sources, fed, draws)
-    nodes = _drop_unobservable(nodes, keep | together)
+    nodes = _keep_fed_waits(_drop_unobservable(nodes, keep | together), nodes, together, fed)
     originals = _originals(nodes, sources, fed, control_on_sources, together)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
