@@ -1,19 +1,25 @@
-"""Random ops in the places issue 11 left open: own control inputs, v1 control flow, dropout.
+"""Random ops in the places issue 11 left for last: own control inputs, v1 control flow.
 
-Every case runs a partitioned step (partition sizes down to 1, swap on and
-off, several steps) beside a plain `Session.run` of the same graph in a
-fresh session with the same seeds, and must match it bit for bit.  Where
-tfmem cannot keep plain TensorFlow's stream (a random op that stays a copy,
-drawn from by a second plan), it must refuse with an error naming the op,
-and leave the session's state as it was.
+Every case alternates requests that need different plans (other fetches,
+other feed shapes) with plain `Session.run` calls on the same session, at
+partition sizes 1, 3 and 200, swap on and off, over several steps, beside a
+fresh plain session with the same seeds running the same sequence: every
+call must match bit for bit, and state a step changes (a counter bumped by
+the random op's control input, trained weights) must too.
 """
+
+import contextlib
+import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tfmem
 from tfmem.plan import optypes
+from tfmem.plan.streams import StreamLedger
 from conftest import new_session
 
 tf1 = tf.compat.v1
@@ -36,8 +42,9 @@ def _same(expected, got, what):
         assert e.tobytes() == g.tobytes(), f"{what}[{i}]: {e} != {g}"
 
 
-@pytest.fixture
-def v1_control_flow():
+@contextlib.contextmanager
+def _v1_graphs():
+    """Build graphs with control flow v1; the global toggle is restored afterwards."""
     was_v2 = tf1.control_flow_v2_enabled()
     tf1.disable_control_flow_v2()
     try:
@@ -45,6 +52,54 @@ def v1_control_flow():
     finally:
         if was_v2:
             tf1.enable_control_flow_v2()
+
+
+@pytest.fixture
+def v1_control_flow():
+    with _v1_graphs():
+        yield
+
+
+INTERLEAVING_CONFIGS = [  # partition size, swap
+    (1, "all"), (1, "none"), (3, "all"), (3, "none"), (200, "all"), (200, "none")]
+
+# Who runs each call on the mixed session and which request: three plans of
+# tfmem (different fetches, hence different plans) between plain calls.
+SEQUENCE = [("tfmem", 0), ("tfmem", 1), ("plain", 0), ("tfmem", 2), ("tfmem", 0),
+            ("plain", 1), ("tfmem", 1), ("tfmem", 3), ("tfmem", 2)]
+
+
+def _interleave(g, init, feed_of, requests, partition_size, swap, state=(),
+                sequence=SEQUENCE, min_plans=2):
+    """Run `sequence` on a mixed session (tfmem and plain calls) and on a fresh plain one
+    with the same seeds; every call, and the `state` after, must match bit for bit.
+    `swap` None: `partition_size` is TFMemSession's keyword arguments.
+    Returns the plan of the first request."""
+    mixed, reference = new_session(g), new_session(g)
+    tfs = _tfmem(mixed, partition_size, swap) if swap is not None else \
+        tfmem.TFMemSession(mixed, **partition_size)
+    names = list(requests)
+    try:
+        if init is not None:
+            mixed.run(init)
+            reference.run(init)
+        plans = set()
+        for step, (who, which) in enumerate(sequence):
+            fetches, feed = requests[names[which % len(names)]], feed_of(step)
+            if who == "tfmem":
+                plan = tfs.plan(fetches, feed)
+                tfmem.validate(plan)
+                plans.add(id(plan))
+            runner = tfs.run if who == "tfmem" else mixed.run
+            _same(reference.run(fetches, feed), runner(fetches, feed),
+                  f"step {step} {who} {names[which % len(names)]}")
+        assert len(plans) >= min_plans  # several plans drew from the same ops
+        if state:
+            _same(reference.run(list(state)), mixed.run(list(state)), "state after")
+        return tfs.plan(requests[names[0]], feed_of(0))
+    finally:
+        tfs.close()
+        reference.close()
 
 
 def _random_ops(graph):
@@ -81,43 +136,117 @@ def _feed(x, step, batch=3):
 
 
 @pytest.mark.parametrize("seeding", list(SEEDINGS))
-@pytest.mark.parametrize("partition_size,swap", CONFIGS)
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
 def test_random_op_with_its_own_control_input(seeding, partition_size, swap):
-    """One request draws plain TensorFlow's numbers; a second plan drawing is refused."""
+    """The random op runs as the user's op with its control input (`bump`) in one call:
+    requests of different plans and plain calls interleave and draw plain TensorFlow's
+    numbers, and `bump` runs once per step (the counter says so)."""
     g, x, counter, out, other, count, init = _control_input_model(seeding)
-    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
-    try:
-        plain.run(init)
-        tfs.run(init)
-        for step in range(4):
-            feed = _feed(x, step)
-            _same(plain.run([out, count], feed), tfs.run([out, count], feed), f"step {step}")
-        assert len(tfs.plan(out, _feed(x, 0)).partitions) > 1 or partition_size == 100000
-        with pytest.raises(tfmem.UnsupportedGraphError) as err:
-            tfs.run([out, other], _feed(x, 4))
-        message = str(err.value)
-        assert "'r/RandomUniform'" in message and "control inputs of its own (bump)" in message
-        assert "tf.identity" in message  # what to change
-        # Refused before anything ran: the counter and the stream are where plain's are.
-        _same(plain.run([counter]), tfs.session.run([counter]), "counter")
-        feed = _feed(x, 5)
-        _same(plain.run([out, count], feed), tfs.run([out, count], feed), "after the refusal")
-    finally:
-        plain.close()
-        tfs.close()
+    requests = {"out+count": [out, count], "out+other": [out, other], "other": [other],
+                "count": [count]}
+    plan = _interleave(g, init, lambda step: _feed(x, step), requests, partition_size, swap,
+                       state=[counter])
+    assert {"r/RandomUniform", "bump"} <= plan.view.originals
+    home = {op: p.index for p in plan.partitions for op in p.ops}
+    assert home["r/RandomUniform"] == home["bump"]
+    assert len(plan.partitions) > 1 or partition_size == 200
 
 
-def test_unseeded_random_op_with_a_control_input_may_draw_in_several_plans():
-    """No seed, no reference numbers: copies get fresh kernel seeds and never repeat."""
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (200, "all")])
+def test_random_op_under_a_chain_of_reference_variable_updates(partition_size, swap):
+    """v1 (reference) variables: the random op's control input updates the reference the
+    update before it returned.  A reference edge cannot be connected (a connection is a
+    value): the op that makes the reference runs as the user's op too."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(4)
+        x = tf1.placeholder(tf.float32, [None, 2], name="x")
+        step = tf1.Variable(0.0, use_resource=False, name="step")
+        scale = tf.reduce_mean(tf.abs(x))
+        first = tf1.assign_add(step, scale, name="first")  # a float_ref output
+        second = tf1.assign_add(first, 1.0, name="second")
+        shape = tf.shape(x)
+        with tf.control_dependencies([second]):  # the random op itself gets the edge
+            r = tf.random.uniform(shape, seed=9, name="r")
+        out = tf.reduce_sum(x * r, name="out")
+        top = tf.reduce_max(r, name="top")
+        with tf.control_dependencies([second]):
+            seen = tf.identity(step.read_value(), name="seen")
+        init = tf1.global_variables_initializer()
+    assert g.get_operation_by_name("second").inputs[0].dtype == tf.float32._as_ref
+    assert [c.name for c in r.op.control_inputs] == ["second"]
+    requests = {"out+seen": [out, seen], "top": [top], "out": [out], "top+out": [top, out]}
+
+    def feed_of(i):
+        return {x: np.arange((2 + i % 2) * 2, dtype=np.float32).reshape(-1, 2) - i}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[step])
+    assert {"r/RandomUniform", "first", "second"} <= plan.view.originals
+
+
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (200, "none")])
+def test_random_op_waiting_for_a_fed_placeholder(partition_size, swap):
+    """A control input on a fed placeholder: the partition running the user's op is fed
+    it, though none of its ops reads it by a data edge."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(6)
+        x = tf1.placeholder(tf.float32, [None, 2], name="x")
+        gate = tf1.placeholder(tf.float32, [], name="gate")
+        shape = tf.shape(tf.tanh(x))
+        with tf.control_dependencies([gate]):
+            r = tf.random.uniform(shape, seed=2, name="r")
+        out = tf.reduce_sum(r * x, name="out")
+        top = tf.reduce_max(r * gate, name="top")
+    assert [c.name for c in r.op.control_inputs] == ["gate"]
+    requests = {"out": [out], "top": [top], "both": [top, out]}
+
+    def feed_of(step):
+        return {x: np.ones((2 + step % 2, 2), np.float32) * step, gate: np.float32(step)}
+
+    plan = _interleave(g, None, feed_of, requests, partition_size, swap)
+    home = next(p for p in plan.partitions if "r/RandomUniform" in p.ops)
+    assert "gate:0" in home.feeds and "r/RandomUniform" in plan.view.originals
+
+
+def test_unseeded_random_op_with_a_control_input_never_repeats_across_plans():
+    """No seed, no reference numbers: one kernel, one stream, no draw repeats."""
     g, x, _, out, other, _, init = _control_input_model(None)
     tfs = _tfmem(new_session(g), 2, "none")
     try:
         tfs.run(init)
         feed = _feed(x, 0)
-        draws = [tfs.run(other, feed), tfs.run([out, other], feed)[1], tfs.run(other, feed)]
-        assert len({d.tobytes() for d in draws}) == 3
+        draws = [tfs.run(other, feed), tfs.run([out, other], feed)[1], tfs.session.run(other, feed),
+                 tfs.run(other, feed), tfs.run([out, other], feed)[1]]
+        assert len({d.tobytes() for d in draws}) == len(draws)
     finally:
         tfs.close()
+
+
+def test_the_stream_guard_refuses_a_second_plan_drawing_from_a_copy():
+    """Every random op now runs as the user's op; should a seeded one ever run as a copy,
+    the session's StreamLedger refuses a second plan drawing from it, naming the op."""
+    g, x, _, out, other, _, _ = _control_input_model("graph+op")
+    tfs = _tfmem(new_session(g), 3, "none")
+    try:
+        real = [tfs.plan(fetches, _feed(x, 0)) for fetches in ([out], [other])]
+    finally:
+        tfs.close()
+    drawn = "r/RandomUniform"
+
+    def as_copy(plan):
+        return dataclasses.replace(plan, view=dataclasses.replace(
+            plan.view, originals=plan.view.originals - {drawn}))
+
+    ledger = StreamLedger()  # the user's op in both plans: one stream
+    ledger.claim(g, real[0], "a")
+    ledger.claim(g, real[1], "b")
+    for first, second in [(as_copy(real[0]), as_copy(real[1])), (real[0], as_copy(real[1])),
+                          (as_copy(real[0]), real[1])]:
+        ledger = StreamLedger()
+        ledger.claim(g, first, "a")
+        with pytest.raises(tfmem.UnsupportedGraphError, match=f"'{drawn}' .*second stream"):
+            ledger.claim(g, second, "b")
 
 
 # ---------------------------------------------------------------- v1 control flow
@@ -182,30 +311,132 @@ def test_random_ops_in_a_v1_cond_and_after_v1_control_flow(v1_control_flow, sour
 
 
 @pytest.mark.parametrize("source", ["python", "graph_def"])
-@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (100000, "all")])
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
 def test_random_op_in_a_v1_while_loop(v1_control_flow, source, partition_size, swap):
-    """The loop's random op stays a copy: one request matches, a second plan is refused."""
+    """The whole loop frame runs as the user's ops, its Enters' inputs connected: requests
+    of different plans and plain calls interleave and draw plain TensorFlow's numbers."""
     g, x, out, other = _v1_model(loop_draws=True)
     if source == "graph_def":
         g, x, out, other = _imported(g)
-    in_loop = "while/random_uniform/RandomUniform"
-    plain, tfs = new_session(g), _tfmem(new_session(g), partition_size, swap)
+    requests = {"both": [out, other], "other": [other], "out": [out], "other+out": [other, out]}
+    plan = _interleave(g, None, lambda step: _signed_feed(x, step), requests, partition_size,
+                       swap)
+    frame = {op.name for op in g.get_operations() if op.name.startswith("while/")}
+    assert _random_ops(g) <= plan.view.originals
+    assert frame & set(plan.view.nodes) <= plan.view.originals
+    assert len({p.index for p in plan.partitions if frame & set(p.ops)}) == 1  # one call
+    assert len(plan.partitions) > 1 or partition_size == 200
+
+
+def _v1_loop_training_model():
+    """Dropout and noise inside a v1 while loop, trained through it: the gradient loop
+    pops the forward loop's per-step stacks, so both loops run in one call."""
+    rs = np.random.RandomState(0)
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(21)
+        x = tf1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf1.Variable(rs.standard_normal((4, 4)).astype(np.float32) * 0.5, name="w",
+                         use_resource=True)
+
+        def body(i, acc):
+            h = tf.tanh(tf.matmul(acc, w))
+            h = tf.nn.dropout(h, rate=0.3, seed=2)
+            return i + 1, h + tf.random.normal(tf.shape(h), stddev=0.01, seed=3)
+
+        _, acc = tf1.while_loop(lambda i, a: i < 3, body, [tf.constant(0), x * 2.0])
+        loss = tf.reduce_mean(tf.square(acc - 0.5), name="loss")
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        spread = tf.reduce_max(acc, name="spread")
+        init = tf1.global_variables_initializer()
+    assert {"StackV2", "StackPushV2", "StackPopV2"} <= {o.type for o in g.get_operations()}
+    return g, x, w, loss, train, spread, init
+
+
+@pytest.mark.parametrize("partition_size,swap", INTERLEAVING_CONFIGS)
+def test_random_ops_in_a_trained_v1_while_loop(v1_control_flow, partition_size, swap):
+    g, x, w, loss, train, spread, init = _v1_loop_training_model()
+    requests = {"train": [train, loss], "loss": [loss], "spread": [spread, loss],
+                "train+spread": [train, spread]}
+
+    def feed_of(step):
+        rs = np.random.RandomState(step)
+        return {x: rs.standard_normal((2 + step % 3, 4)).astype(np.float32)}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[w])
+    assert _random_ops(g) <= plan.view.originals
+
+
+def _v1_recurrent_model():
+    """A recurrent net as tf.compat.v1 builds one: a v1 while loop over TensorArrays with
+    dropout in its body; a noise draw waits (control edge) for a stateless identity of the
+    loss, and training goes through both."""
+    g = tf.Graph()
+    with g.as_default():
+        tf1.set_random_seed(5)
+        x = tf1.placeholder(tf.float32, [None, 5, 3], name="x")
+        w = tf1.Variable(np.eye(3, dtype=np.float32) * 0.7, name="w", use_resource=True)
+        steps = tf.transpose(x, [1, 0, 2])
+        inputs = tf1.TensorArray(tf.float32, size=5).unstack(steps)
+
+        def body(t, h, outputs):
+            h = tf.tanh(tf.matmul(inputs.read(t), w) + tf.matmul(h, w))
+            h = tf.nn.dropout(h, rate=0.25, seed=7)
+            return t + 1, h, outputs.write(t, h)
+
+        _, h, outputs = tf1.while_loop(lambda t, h, o: t < 5, body,
+                                       [0, tf.zeros_like(steps[0]),
+                                        tf1.TensorArray(tf.float32, size=5)])
+        sequence = outputs.stack()
+        loss = tf.reduce_mean(tf.square(sequence)) + tf.reduce_mean(h)
+        shape = tf.shape(h)
+        with tf.control_dependencies([tf.identity(loss)]):
+            noise = tf.random.normal(shape, seed=3, name="noise")
+        train = tf1.train.AdamOptimizer(0.05).minimize(loss + tf.reduce_mean(noise))
+        init = tf1.global_variables_initializer()
+    return g, x, w, loss, noise, sequence, train, init
+
+
+@pytest.mark.parametrize("partition_size,swap", [(1, "all"), (3, "none"), (200, "all")])
+def test_dropout_in_a_v1_recurrent_loop_over_tensor_arrays(v1_control_flow, partition_size,
+                                                           swap):
+    g, x, w, loss, noise, sequence, train, init = _v1_recurrent_model()
+    requests = {"train+noise": [train, noise], "train": [train, loss], "noise": [loss, noise],
+                "sequence": [sequence]}
+
+    def feed_of(step):
+        rs = np.random.RandomState(step)
+        return {x: rs.standard_normal((2 + step % 2, 5, 3)).astype(np.float32)}
+
+    plan = _interleave(g, init, feed_of, requests, partition_size, swap, state=[w])
+    assert _random_ops(g) <= plan.view.originals
+    assert "noise/RandomStandardNormal" in plan.view.originals
+
+
+@pytest.mark.parametrize("model", ["loop", "trained loop"])
+def test_unseeded_random_ops_in_a_v1_while_loop_never_repeat_across_plans(v1_control_flow,
+                                                                           model):
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf1.Variable(np.eye(3, dtype=np.float32), name="w", use_resource=True)
+        _, acc = tf1.while_loop(
+            lambda i, a: i < 2,
+            lambda i, a: (i + 1, tf.matmul(a, w) + tf.random.uniform(tf.shape(a))), [0, x])
+        drawn = tf.identity(acc, name="drawn")
+        total = tf.reduce_sum(acc, name="total")
+        extra = [tf1.train.GradientDescentOptimizer(0.1).minimize(total)] \
+            if model == "trained loop" else []
+        init = tf1.global_variables_initializer()
+    tfs = _tfmem(new_session(g), 2, "all")
     try:
-        plan = tfs.plan([out, other], _signed_feed(x, 0))
-        assert in_loop not in plan.view.originals
-        assert _random_ops(g) - {in_loop} <= plan.view.originals
-        for step in range(4):
-            feed = _signed_feed(x, step)
-            _same(plain.run([out, other], feed), tfs.run([out, other], feed), f"step {step}")
-        with pytest.raises(tfmem.UnsupportedGraphError) as err:
-            tfs.run([other], _signed_feed(x, 4))
-        assert f"'{in_loop}'" in str(err.value)
-        assert "enable_control_flow_v2" in str(err.value)
-        assert "inside a v1 while loop" in str(err.value)
-        feed = _signed_feed(x, 5)
-        _same(plain.run([out, other], feed), tfs.run([out, other], feed), "after the refusal")
+        tfs.run(init)
+        feed = {x: np.zeros((2, 3), np.float32)}
+        draws = [tfs.run(drawn, feed), tfs.run([total, drawn] + extra, feed)[1],
+                 tfs.session.run(drawn, feed), tfs.run(drawn, feed),
+                 tfs.run([total, drawn] + extra, feed)[1]]
+        assert len({d.tobytes() for d in draws}) == len(draws)
     finally:
-        plain.close()
         tfs.close()
 
 
@@ -264,9 +495,10 @@ def test_dropout_in_a_training_step_at_sizes_that_cut_next_to_it():
     assert cuts == {"first", "last"}, cuts
 
 
-def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
-    """Budget mode keys plans by fed shapes; a new shape reuses the copies, so the one
-    stream of a random op with a control input of its own continues, as in plain TensorFlow."""
+def test_budget_mode_serves_new_batch_sizes_with_one_stream():
+    """Budget mode keys plans by fed shapes and serves a new shape from an earlier plan's
+    copies; the random op with a control input of its own keeps its one stream, and its
+    control input runs once per step, as in plain TensorFlow."""
     g, x, _, out, _, count, init = _control_input_model("graph+op")
     plain = new_session(g)
     tfs = tfmem.TFMemSession(new_session(g), device_memory_budget="1GiB")
@@ -283,10 +515,11 @@ def test_budget_mode_serves_new_batch_sizes_from_the_plan_that_owns_the_copy():
 
 
 @pytest.mark.parametrize("source", ["python", "graph_def"])
-def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source):
-    """Loop bodies are found through nested frames: an inner loop's Exit does not leave the
-    outer loop.  The op there stays a copy (and matches for one request); after the outer
-    loop, the random op runs as the user's."""
+@pytest.mark.parametrize("partition_size,swap", [(1, "none"), (3, "all"), (200, "none")])
+def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_control_flow, source,
+                                                                        partition_size, swap):
+    """Frames are found through nested loops: an inner loop's Exit does not leave the outer
+    loop, so the random op there brings the whole outer frame (inner loop included)."""
     g = tf.Graph()
     with g.as_default():
         tf1.set_random_seed(1)
@@ -297,21 +530,53 @@ def test_random_op_after_an_inner_v1_loop_is_still_inside_the_outer_one(v1_contr
             return i + 1, inner + tf.random.uniform(tf.shape(inner), seed=2, name="mid")
 
         _, acc = tf1.while_loop(lambda i, a: i < 2, outer, [0, x])
-        out = tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"),
-                            name="out")
+        tf.reduce_sum(acc + tf.random.normal(tf.shape(acc), seed=3, name="after"), name="out")
+        tf.reduce_max(acc, name="top")
     if source == "graph_def":
         copy = tf.Graph()
         with copy.as_default():
             tf1.import_graph_def(g.as_graph_def(), name="")
-        g, x, out = copy, copy.get_tensor_by_name("x:0"), copy.get_tensor_by_name("out:0")
-    plain, tfs = new_session(g), _tfmem(new_session(g), 4, "all")
-    try:
-        plan = tfs.plan(out, {x: np.ones((2, 3), np.float32)})
-        assert "after/RandomStandardNormal" in plan.view.originals
-        assert "while/mid/RandomUniform" not in plan.view.originals
-        for step in range(3):
-            feed = {x: np.full((2 + step, 3), step + 1.0, np.float32)}
-            _same([plain.run(out, feed)], [tfs.run(out, feed)], f"step {step}")
-    finally:
-        plain.close()
-        tfs.close()
+        g = copy
+    x, out, top = (g.get_tensor_by_name(n) for n in ("x:0", "out:0", "top:0"))
+    requests = {"out": [out], "top": [top], "both": [top, out]}
+    plan = _interleave(g, None, lambda step: {x: np.full((2 + step % 2, 3), step + 1.0,
+                                                         np.float32)},
+                       requests, partition_size, swap)
+    assert {"after/RandomStandardNormal", "while/mid/RandomUniform"} <= plan.view.originals
+    inner = {n for n in plan.view.nodes if n.startswith("while/while/")}
+    assert inner and inner <= plan.view.originals
+
+
+# ---------------------------------------------------------------- any interleaving
+
+def _case(name):
+    """(graph, init, feed for a step, requests, state) of one of this file's cases."""
+    if name == "control input":
+        g, x, counter, out, other, count, init = _control_input_model("graph+op")
+        return g, init, lambda step: _feed(x, step), \
+            {"a": [out, count], "b": [other], "c": [out, other], "d": [count]}, [counter]
+    if name == "v1 loop":
+        g, x, out, other = _v1_model(loop_draws=True)
+        return g, None, lambda step: _signed_feed(x, step), \
+            {"a": [out, other], "b": [other], "c": [out], "d": [other, out]}, []
+    g, x, w, loss, train, spread, init = _v1_loop_training_model()
+    return g, init, lambda step: {x: np.full((2 + step % 3, 4), 0.1 * step, np.float32)}, \
+        {"a": [train, loss], "b": [loss], "c": [spread], "d": [train, spread]}, [w]
+
+
+@settings(max_examples=24, deadline=None, derandomize=True, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(["control input", "v1 loop", "trained v1 loop"]),
+       sequence=st.lists(st.tuples(st.sampled_from(["tfmem", "plain"]), st.integers(0, 3)),
+                         min_size=3, max_size=8),
+       config=st.sampled_from([{"partition_size": 1, "swap": "all", "swap_min_bytes": 0},
+                               {"partition_size": 3, "swap": "none"},
+                               {"partition_size": 200, "swap": "all", "swap_min_bytes": 0},
+                               {"device_memory_budget": "1GiB"}]))
+def test_any_interleaving_draws_plain_tensorflows_numbers(case, sequence, config):
+    """Random sequences of requests (any of four fetch sets, feed shapes changing with the
+    step) and plain calls, in every session mode, budget mode's per-shape plans included."""
+    with _v1_graphs():
+        g, init, feed_of, requests, state = _case(case)
+    _interleave(g, init, feed_of, requests, config, None, state=state, sequence=sequence,
+                min_plans=0)

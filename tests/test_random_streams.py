@@ -226,12 +226,7 @@ def test_validate_rejects_an_original_with_a_control_input():
         tfs.close()
 
 
-def test_random_op_under_a_control_dependency_stays_a_copy():
-    """A control edge cannot be cut like a data edge: such an op keeps a copy per plan.
-
-    This is the documented limit of stream sharing; the result of one plan
-    still equals a fresh plain session's.
-    """
+def _control_dependency_model():
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [None, 3], name="x")
@@ -244,18 +239,51 @@ def test_random_op_under_a_control_dependency_stays_a_copy():
             [bump.name]
         out = tf.reduce_sum(r * x)
         init = tf1.global_variables_initializer()
-    plain, tfs = new_session(g), tfmem.TFMemSession(new_session(g), partition_size=2)
+    return g, x, counter, bump, out, init
+
+
+def test_random_op_under_a_control_dependency_runs_with_it_as_the_users_ops():
+    """A control edge cannot be cut like a data edge: the op it comes from runs as the
+    user's op too, in the same call, once per step (the counter says so)."""
+    g, x, counter, bump, out, init = _control_dependency_model()
+    mixed, plain = new_session(g), new_session(g)
+    tfs = tfmem.TFMemSession(mixed, partition_size=2)
     try:
         plain.run(init)
         tfs.run(init)
         feed = {x: np.ones((2, 3), np.float32)}
         plan = tfs.plan(out, feed_dict=feed)
-        assert "r/RandomUniform" in plan.view.nodes and "r/RandomUniform" not in plan.view.originals
-        for _ in range(2):
+        assert {"r/RandomUniform", bump.name} <= plan.view.originals
+        for batch in (2, 3, 2):  # plain calls on the same session in between
+            feed = {x: np.ones((batch, 3), np.float32)}
             assert_same_result(plain.run(out, feed), tfs.run(out, feed))
+            assert_same_result(plain.run(out, feed), mixed.run(out, feed))
         assert_same_result(plain.run(counter), tfs.run(counter))  # bumped once per step
     finally:
         plain.close()
+        tfs.close()
+
+
+def test_validate_rejects_a_control_input_run_in_another_partition():
+    """An original's control input may be an original only of its own partition: running
+    the user's op elsewhere would run it a second time."""
+    g, x, _, bump, out, _ = _control_dependency_model()
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=2)
+    try:
+        plan = tfs.plan(out, feed_dict={x: np.ones((2, 3), np.float32)})
+        tfmem.validate(plan)
+        home = next(p for p in plan.partitions if "r/RandomUniform" in p.ops)
+        assert home.index > 0 and bump.name in home.ops
+        # bump (reads only its variable) moved to partition 0: no other invariant breaks
+        parts = [dataclasses.replace(p, ops=(bump.name,) + p.ops) if p.index == 0 else
+                 dataclasses.replace(p, ops=tuple(o for o in p.ops if o != bump.name))
+                 if p is home else p for p in plan.partitions]
+        broken = dataclasses.replace(plan, partitions=tuple(parts), partition_size=100)
+        with pytest.raises(tfmem.InvalidPlanError) as err:
+            tfmem.validate(broken)
+        assert str(err.value).count("\n") == 1, err.value  # this one breach only
+        assert f"original 'r/RandomUniform' has control inputs ['{bump.name}']" in str(err.value)
+    finally:
         tfs.close()
 
 
@@ -283,27 +311,23 @@ def test_random_ops_in_and_after_control_flow(control_flow, partition_size):
 
     TensorFlow inlines a v2 loop's or cond's body under the caller's name, so
     the caller runs as the user's op.  In v1, random ops in cond branches and
-    after the control flow run as the user's op too; the one inside the v1
-    while loop stays a copy (the documented limit, see tfmem.plan.streams): there one
-    plan, run repeatedly, still equals a fresh plain session.
+    after the control flow run as the user's op too, and the one inside the
+    v1 while loop runs with its whole loop frame as the user's ops.
     """
     g, x, out, other = _control_flow_model()
     mixed, reference = new_session(g), new_session(g)
     tfs = tfmem.TFMemSession(mixed, partition_size=partition_size)
-    v2 = control_flow == "v2"
-    requests = [[out], [out, other], [other, out]] if v2 else [[out, other]]
+    requests = [[out], [out, other], [other, out]]
     try:
         plan = tfs.plan(requests[0], {x: np.ones((2, 3), np.float32)})
         drawing = {name for name, node in plan.view.nodes.items()
                    if node.type in tfmem.plan.optypes.RANDOM_STREAM | {"While", "If"}}
-        in_loop = set() if v2 else {"while/random_uniform/RandomUniform"}
-        assert drawing and drawing - in_loop <= plan.view.originals, drawing
-        assert not in_loop & plan.view.originals
+        assert drawing and drawing <= plan.view.originals, drawing
         for step in range(6):
             sign = 1.0 if step % 3 else -1.0  # both branches of the cond
             feed = {x: sign * np.ones((2 + step % 2, 3), np.float32)}
             fetches = requests[step % len(requests)]
-            runner = mixed.run if step == 4 and v2 else tfs.run
+            runner = mixed.run if step == 4 else tfs.run
             assert_same_result(reference.run(fetches, feed), runner(fetches, feed),
                                path=f"step {step}")
     finally:

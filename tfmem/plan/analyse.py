@@ -38,12 +38,24 @@ dropout's `Shape` of an activation:
 Its partition's callable connects the copies' tensors to the op's inputs
 (`CallableOptions.tensor_connection`, see `rewrite`), which cuts the op's data
 edges the way a feed does, so the copies' values reach the user's op and
-nothing upstream of it runs twice.  Control edges cannot be cut that way, so
-an original's control inputs must all be state sources (idempotent to run
-again).  Random ops in v1 cond branches and after v1 control flow are
-originals too: a connected dead tensor is dead for the user's op as well,
-which then skips its draw exactly as in plain TensorFlow.  Random ops inside
-a v1 while frame stay copies (see `streams`, which guards their streams).
+nothing upstream of it runs twice.  Control edges cannot be cut that way:
+running the user's op runs every op its control edges reach.  Those ops
+therefore run as the user's ops too, in the same call (`units` keeps them
+together), where they run once, as in plain TensorFlow:
+
+    copies:     h -> Sum           h -> Shape
+                       | connected        | connected
+    originals:        bump  .......>  RandomUniform     (.......> control edge)
+
+A random op inside a v1 while loop brings its whole outermost loop frame
+(Enter ... Exit): the loop runs as the user's ops, the tensors its Enters
+read from outside are connected.  A run-bound input (a reference returned by
+a v1 variable's update, a stack's or TensorArray's handle) is not connected:
+a connection passes a value, so a reference input would refuse it; its
+producer runs as the user's op too.  Random ops in v1 cond branches and
+after v1 control flow are originals as well: a connected dead tensor is dead
+for the user's op too, which then skips its draw exactly as in plain
+TensorFlow.
 """
 
 import dataclasses
@@ -234,19 +246,80 @@ def _drop_unobservable(nodes, keep):
     return kept
 
 
-def _originals(nodes, sources, fed, control_on_sources, draws):
-    """The stateful nodes that run as the user's own op (see the module docstring)."""
+def _run_together(nodes, sources, fed, frames, draw):
+    """The ops that run as the user's ops with the random op `draw`, or None if they cannot.
+
+    Running the user's op runs every op its control edges reach, and a control
+    edge cannot be cut: each such op joins (sources are idempotent; a fed
+    placeholder is fed to the call).  A member inside a v1 while loop brings
+    its outermost frame (`frames`: op -> frame, frame -> ops): the loop runs
+    as the user's ops, the inputs of its Enters connected.  A run-bound input
+    (a reference, a handle) is not connected (a connection passes a value,
+    which a reference input refuses): its producer joins.  Other data inputs
+    are connected.
+    """
+    frame_of, frame_ops = frames
+    members, stack = set(), [draw]
+    while stack:
+        name = stack.pop()
+        if name in members:
+            continue
+        members.add(name)
+        node = nodes[name]
+        if name in frame_of:
+            stack.extend(frame_ops[frame_of[name]])
+        for src in node.control_inputs:
+            if src in nodes:
+                stack.append(src)
+            elif src not in sources and src + ":0" not in fed:
+                return None  # not reached by analysis: cannot happen for a valid request
+        for tensor in node.inputs:
+            producer, index = split_tensor_name(tensor)
+            if producer in nodes and tensor not in fed and \
+                    nodes[producer].outputs[index].run_bound:
+                stack.append(producer)
+    return members
+
+
+def _drawing_together(nodes, sources, fed, draws):
+    """Every op that runs as the user's op because a random op needs it (`_run_together`)."""
+    frames = ({}, {})
+    if any(node.type in optypes.ENTER for node in nodes.values()):
+        frame_of = streams_of.loop_frames(nodes)
+        frame_ops = {}
+        for name, frame in frame_of.items():
+            frame_ops.setdefault(frame, []).append(name)
+        frames = (frame_of, frame_ops)
+    together = set()
+    for draw in draws:
+        if draw not in together:
+            together |= _run_together(nodes, sources, fed, frames, draw) or set()
+    return together
+
+
+def _keep_fed_waits(nodes, walked, together, fed):
+    """Give back the control edges from fed placeholders that dropping took from the ops run
+    together with a random op: running the user's op needs them fed (see `build`)."""
+    for name in together:
+        if name not in nodes:
+            continue
+        waits = tuple(src for src in walked[name].control_inputs
+                      if src not in walked and src + ":0" in fed
+                      and src not in nodes[name].control_inputs)
+        if waits:
+            nodes[name] = dataclasses.replace(
+                nodes[name], control_inputs=nodes[name].control_inputs + waits)
+    return nodes
+
+
+def _originals(nodes, sources, fed, control_on_sources, together):
+    """The nodes that run as the user's own op (see the module docstring)."""
     def reads_given(node):
         return all(t in fed or split_tensor_name(t)[0] in sources for t in node.inputs)
 
-    streams = [name for name, node in nodes.items()
-               if name in draws and name in control_on_sources and not reads_given(node)]
-    if streams and any(node.type in optypes.CONTROL_FLOW for node in nodes.values()):
-        in_loops = streams_of.loop_bodies(nodes)
-        streams = [name for name in streams if name not in in_loops]
     given = [name for name, node in nodes.items()
              if node.stateful and name in control_on_sources and reads_given(node)]
-    return frozenset(given + streams)
+    return frozenset(given) | frozenset(name for name in together if name in nodes)
 
 
 def analyse(fetch_tensors, target_ops, fed_tensors):
@@ -283,8 +356,9 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
-    nodes = _drop_unobservable(nodes, keep)
-    originals = _originals(nodes, sources, fed, control_on_sources, draws)
+    together = _drawing_together(nodes, sources, fed, draws)
+    nodes = _keep_fed_waits(_drop_unobservable(nodes, keep | together), nodes, together, fed)
+    originals = _originals(nodes, sources, fed, control_on_sources, together)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
         originals=originals,

@@ -153,6 +153,8 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
     built = []
     for i, ops in enumerate(partitions):
         used = [(t, split_tensor_name(t)[0]) for name in ops for t in view.nodes[name].inputs]
+        used += [(src + ":0", src) for name in ops if name in view.originals  # runs it: feed it
+                 for src in view.nodes[name].control_inputs if src + ":0" in view.feeds]
         fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
                            if split_tensor_name(t)[0] in view.sources]
         built.append(Partition(
@@ -212,15 +214,24 @@ def _partition_problems(plan, home):
     return problems
 
 
-def _original_problems(view):
-    """Originals are ops of the request with no control input a partition would re-run."""
-    problems = []
+def _original_problems(plan, home):
+    """Originals are ops of the request whose control inputs run once, in the same call.
+
+    Running the user's op runs the ops its control edges reach: each must be
+    a state source (idempotent), a fed placeholder, or an original of the
+    same partition (run there anyway, once).  Anything else would run again.
+    """
+    view, problems = plan.view, []
     for name in sorted(view.originals):
         node = view.nodes.get(name)
         if node is None:
             problems.append(f"original '{name}' is not an op of the request")
-        elif node.control_inputs:
-            problems.append(f"original '{name}' has control inputs {list(node.control_inputs)}; "
+            continue
+        again = [src for src in node.control_inputs
+                 if src not in view.sources and src + ":0" not in view.feeds
+                 and not (src in view.originals and home.get(src) == home.get(name))]
+        if again:
+            problems.append(f"original '{name}' has control inputs {again}; "
                             "running the user's op would run them again")
     return problems
 
@@ -296,13 +307,14 @@ def validate(plan):
     partition_size unless they hold a single unit; every fetch has a home.
     Stateful ops therefore run once per step; state sources, which may be
     read by several partitions, are idempotent by construction (`optypes`).
-    Originals (the user's own ops, see `analyse`) are ops of the request with
-    no control input from another op it runs: a partition running the user's
-    op would run such an input again.  One checker per invariant, below.
+    Originals (the user's own ops, see `analyse`) are ops of the request whose
+    control inputs are sources, fed, or originals of the same partition: a
+    partition running the user's op runs those inputs too, and anything else
+    would run again.  One checker per invariant, below.
     """
     home = {}  # op name -> its partition, filled by the first checker
     problems = _partition_problems(plan, home)
-    problems += _original_problems(plan.view)
+    problems += _original_problems(plan, home)
     problems += _edge_problems(plan, home)
     problems += _transfer_problems(plan, home)
     problems += _fetch_problems(plan)

@@ -1,7 +1,7 @@
 """Units: groups of ops that must run in the same partition.
 
 A partition boundary is a `Session.run` boundary, and some things do not
-survive one.  Four rules join ops into one unit:
+survive one.  Five rules join ops into one unit:
 
 1. *Run-bound edges.*  A resource handle or reference tensor made by a copied
    op (a TensorArray, a v1 loop's stack, a temporary variable) dies with the
@@ -19,7 +19,11 @@ survive one.  Four rules join ops into one unit:
                  \\                 Merge --> (unguarded again)
                   +-:0--> Mul ----+
 
-4. *Cycles.*  Joining ops can make two units depend on each other (a loop's
+4. *Originals run together.*  The user's op (an original, see `analyse`)
+   runs the ops its control edges reach in the same call, so an original
+   and the originals it has control edges from are one unit.
+
+5. *Cycles.*  Joining ops can make two units depend on each other (a loop's
    stack pushed in the forward pass and popped in the backward pass);
    strongly connected components of the unit graph become one unit.
 
@@ -143,8 +147,16 @@ def _join_frames_and_conds(view, uf):
             uf.union(outermost.setdefault(stack[0], name), name)
 
 
+def _join_originals(view, uf):
+    """Rule 4: an original with the originals its control edges come from."""
+    for name in view.originals:
+        for src in view.nodes[name].control_inputs:
+            if src in view.originals:
+                uf.union(src, name)
+
+
 def _merge_cycles(view, uf):
-    """Rule 4: units on a cycle of the unit graph become one unit."""
+    """Rule 5: units on a cycle of the unit graph become one unit."""
     graph = nx.DiGraph()
     graph.add_nodes_from({uf.find(name) for name in view.nodes})
     for node in view.nodes.values():
@@ -165,6 +177,7 @@ def units(view):
     """The view's ops grouped into units; each unit lists its ops in view order."""
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
+    _join_originals(view, uf)
     if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
         _join_frames_and_conds(view, uf)
     if uf.unions:  # single-op units of a DAG form no cycle
