@@ -19,9 +19,21 @@ survive one.  Four rules join ops into one unit:
                  \\                 Merge --> (unguarded again)
                   +-:0--> Mul ----+
 
-4. *Cycles.*  Joining ops can make two units depend on each other (a loop's
-   stack pushed in the forward pass and popped in the backward pass);
-   strongly connected components of the unit graph become one unit.
+4. *Regrouped arithmetic.*  Grappler's arithmetic optimizer rewrites a
+   tree of sums (or a chain of products) whose inner results have one
+   consumer into one AddN (or a reordered chain), sorts the AddN's inputs
+   by their producers' names, and hoists a common factor out of a sum of
+   products.  Each changes the float result in the last bits, and each
+   happens only where the whole pattern is in one function: a partition
+   boundary inside a tree, or a producer that becomes an argument named
+   otherwise, makes a partition add in another order than plain
+   TensorFlow.  So a tree joins into one unit, and a tree of three or more
+   leaves (or a sum of products or quotients) joins the leaves' producers
+   too (two leaves need nothing: a + b == b + a exactly).
+5. *Cycles.*  Joining ops can make two units depend on each other (a loop's
+   stack pushed in the forward pass and popped in the backward pass, the
+   producers of one sum with a path between them); strongly connected
+   components of the unit graph become one unit.
 
 v2 control flow (While, If) is a single op and needs none of this.
 """
@@ -91,6 +103,49 @@ def _join_run_bound_edges(view, uf):
                 uf.union(producer, node.name)
 
 
+def _family(node):
+    for family in (optypes.SUMS, optypes.PRODUCTS):
+        if node.type in family:
+            return family
+    return None
+
+
+def _join_regrouped_arithmetic(view, uf):
+    """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
+    consumers = {name: [] for name in view.nodes}
+    controlled = set()
+    for node in view.nodes.values():
+        for producer, _ in _producers(view, node):
+            consumers[producer].append(node.name)
+        controlled.update(c for c in node.control_inputs if c in view.nodes)
+    trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
+    for name in trees.parent:
+        node, users = view.nodes[name], consumers[name]
+        if len(users) == 1 and users[0] in trees.parent and \
+                _family(view.nodes[users[0]]) is _family(node) and \
+                not node.control_inputs and name not in controlled:
+            trees.union(users[0], name)
+    members = {}
+    for name in trees.parent:
+        members.setdefault(trees.find(name), []).append(name)
+    for tree in members.values():
+        inside = set(tree)
+        leaves = [(producer, tensor) for name in tree
+                  for producer, tensor in _producers(view, view.nodes[name])
+                  if producer not in inside]
+        leaves += [(None, t) for name in tree for t in view.nodes[name].inputs
+                   if split_tensor_name(t)[0] not in view.nodes]
+        for name in tree[1:]:
+            uf.union(tree[0], name)
+        hoisted = any(view.nodes[name].type in optypes.SUMS and len(leaves) > 1 and all(
+            view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
+            for p, _ in leaves if p is not None) for name in tree)
+        if len(leaves) >= 3 or hoisted:
+            for producer, _ in leaves:
+                if producer is not None:
+                    uf.union(tree[0], producer)
+
+
 def _join_frames_and_conds(view, uf):
     """Rules 2 and 3, in one pass over a topological order."""
     frames = {}  # op -> tuple of frame names, outermost first
@@ -144,7 +199,7 @@ def _join_frames_and_conds(view, uf):
 
 
 def _merge_cycles(view, uf):
-    """Rule 4: units on a cycle of the unit graph become one unit."""
+    """Rule 5: units on a cycle of the unit graph become one unit."""
     graph = nx.DiGraph()
     graph.add_nodes_from({uf.find(name) for name in view.nodes})
     for node in view.nodes.values():
@@ -165,6 +220,7 @@ def units(view):
     """The view's ops grouped into units; each unit lists its ops in view order."""
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
+    _join_regrouped_arithmetic(view, uf)
     if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
         _join_frames_and_conds(view, uf)
     if uf.unions:  # single-op units of a DAG form no cycle
