@@ -137,9 +137,10 @@ def _join_regrouped_arithmetic(view, uf):
                    if split_tensor_name(t)[0] not in view.nodes]
         for name in tree[1:]:
             uf.union(tree[0], name)
-        hoisted = any(view.nodes[name].type in optypes.SUMS and len(leaves) > 1 and all(
-            view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
-            for p, _ in leaves if p is not None) for name in tree)
+        hoisted = any(view.nodes[name].type in optypes.SUMS for name in tree) and \
+            len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
+                p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
+                for p, _ in leaves)
         if len(leaves) >= 3 or hoisted:
             for producer, _ in leaves:
                 if producer is not None:
