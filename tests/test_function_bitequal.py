@@ -5,8 +5,8 @@ Grappler optimises each partition's function on its own and the plain
 becomes one AddN whose inputs it sorts by name, a common factor is hoisted
 out of a sum of products), which changes float results in the last bits
 when a partition boundary splits the pattern (`tfmem/plan/units.py`, rule 4).
-Three training steps (an MLP and a convnet with three-term residual sums,
-SGD written by hand; a Keras model with BatchNormalization, a residual Add
+Three training steps (an MLP with three-term residual sums and a convnet
+summing three parallel convolutions, SGD written by hand; a Keras model with BatchNormalization, a residual Add
 and Adam) run as plain `tf.function` and as `tfmem.function` at several
 partition sizes, from identical variables; losses and every variable after
 every step must be bit-equal.
@@ -59,19 +59,19 @@ def mlp(seed):
 def convnet(seed):
     rng = np.random.default_rng(seed)
     kernels = [tf.Variable(rng.standard_normal((3, 3, 8, 8)).astype(np.float32) * 0.2)
-               for _ in range(4)]
+               for _ in range(6)]
     stem = tf.Variable(rng.standard_normal((3, 3, 3, 8)).astype(np.float32) * 0.2)
-    biases = [tf.Variable(np.zeros(8, np.float32)) for _ in range(4)]
+    biases = [tf.Variable(np.zeros(8, np.float32)) for _ in range(2)]
     dense = tf.Variable(rng.standard_normal((8, 10)).astype(np.float32) * 0.1)
     variables = [stem] + kernels + biases + [dense]
     velocity = [tf.Variable(tf.zeros_like(v)) for v in variables]
 
     def step(x, y):
         with tf.GradientTape() as tape:
-            skip = h = tf.nn.conv2d(x, stem, 1, "SAME")
-            for k, b in zip(kernels, biases):
-                conv = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, 1, "SAME"), b))
-                skip, h = h, conv + h + skip
+            h = tf.nn.conv2d(x, stem, 1, "SAME")
+            for block, b in enumerate(biases):  # three parallel convolutions, summed
+                a, c, d = (tf.nn.conv2d(h, k, 1, "SAME") for k in kernels[3 * block:3 * block + 3])
+                h = tf.nn.relu(tf.nn.bias_add(a + c * 0.5 + d, b))
             logits = tf.reduce_mean(h, axis=[1, 2]) @ dense
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
         for v, m, g in zip(variables, velocity, tape.gradient(loss, variables)):

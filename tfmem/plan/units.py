@@ -110,6 +110,24 @@ def _family(node):
     return None
 
 
+def _on_one_path(producers, successors, position):
+    """Whether one of `producers` reaches another: joining them would make every op on
+    the path between them one unit (a residual sum's input and its far end), so a
+    sum whose leaves lie on one path keeps its producers apart (bit-equality is lost
+    there, partitioning is not)."""
+    last = max((position.get(p, -1) for p in producers), default=-1)
+    for start in producers:
+        seen, stack = {start}, [start]
+        while stack:
+            for user in successors[stack.pop()]:
+                if user in producers:
+                    return True
+                if user not in seen and position.get(user, last + 1) <= last:
+                    seen.add(user)
+                    stack.append(user)
+    return False
+
+
 def _join_regrouped_arithmetic(view, uf):
     """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
     consumers = {name: [] for name in view.nodes}
@@ -118,6 +136,12 @@ def _join_regrouped_arithmetic(view, uf):
         for producer, _ in _producers(view, node):
             consumers[producer].append(node.name)
         controlled.update(c for c in node.control_inputs if c in view.nodes)
+    successors = {name: list(users) for name, users in consumers.items()}
+    for node in view.nodes.values():
+        for c in node.control_inputs:
+            if c in view.nodes:
+                successors[c].append(node.name)
+    position = {name: i for i, name in enumerate(_topological_order(view))}
     trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
     for name in trees.parent:
         node, users = view.nodes[name], consumers[name]
@@ -141,10 +165,10 @@ def _join_regrouped_arithmetic(view, uf):
             len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
                 p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
                 for p, _ in leaves)
-        if len(leaves) >= 3 or hoisted:
-            for producer, _ in leaves:
-                if producer is not None:
-                    uf.union(tree[0], producer)
+        producers = {p for p, _ in leaves if p is not None}
+        if (len(leaves) >= 3 or hoisted) and not _on_one_path(producers, successors, position):
+            for producer in producers:
+                uf.union(tree[0], producer)
 
 
 def _join_frames_and_conds(view, uf):
