@@ -29,7 +29,9 @@ survive one.  Four rules join ops into one unit:
    otherwise, makes a partition add in another order than plain
    TensorFlow.  So a tree joins into one unit, and a tree of three or more
    leaves (or a sum of products or quotients) joins the leaves' producers
-   too (two leaves need nothing: a + b == b + a exactly).
+   too (two leaves need nothing: a + b == b + a exactly), unless one leaf's
+   producer reaches another's (a residual sum): that would make the whole
+   path between them one unit, so there partitioning wins.
 5. *Cycles.*  Joining ops can make two units depend on each other (a loop's
    stack pushed in the forward pass and popped in the backward pass, the
    producers of one sum with a path between them); strongly connected
