@@ -18,7 +18,7 @@ FLOAT = TensorInfo(tf.float32, (4,))
 RESOURCE = TensorInfo(tf.resource, ())
 
 
-def op(name, kind="Add", inputs=(), control=(), outputs=(FLOAT,), frame=None):
+def op(name, kind="Tanh", inputs=(), control=(), outputs=(FLOAT,), frame=None):
     return OpNode(name=name, type=kind, inputs=tuple(inputs), control_inputs=tuple(control),
                   outputs=tuple(outputs), stateful=False, side_effects=False, frame=frame)
 
@@ -107,6 +107,40 @@ def test_a_v1_cond_joins_its_switch_branches_and_merge():
     assert unit_of(groups, "switch") == ("switch", "no", "yes", "merge")
     assert ("after",) in groups and ("x",) in groups and ("pred",) in groups
     check_units(v, groups)
+
+
+def test_sums_grappler_regroups_stay_whole_with_their_leaves():
+    """Rule 4: a tree of sums (one AddN after Grappler, its inputs sorted by name) is one
+    unit with its leaves' producers; two leaves, or an inner sum read twice, join nothing."""
+    leaves = [op(n) for n in "xyzw"]
+    v = view(*leaves, op("a", "AddV2", ["x:0", "y:0"]), op("b", "AddV2", ["a:0", "z:0"]),
+             op("out", "Tanh", ["b:0"]))
+    groups = units(v)
+    check_units(v, groups)
+    assert set(unit_of(groups, "b")) == {"a", "b", "x", "y", "z"}
+    assert unit_of(groups, "w") == ("w",) and unit_of(groups, "out") == ("out",)
+
+    v = view(*leaves, op("n", "AddN", ["x:0", "y:0", "z:0"]), op("two", "AddV2", ["w:0", "n:0"]))
+    groups = units(v)
+    check_units(v, groups)
+    assert set(unit_of(groups, "n")) == {"n", "x", "y", "z", "two", "w"}  # one tree, 4 leaves
+
+    v = view(*leaves, op("a", "AddV2", ["x:0", "y:0"]), op("b", "AddV2", ["a:0", "z:0"]),
+             op("c", "Tanh", ["a:0"]), op("out", "Tanh", ["b:0", "c:0"]))
+    groups = units(v)
+    check_units(v, groups)
+    assert unit_of(groups, "a") == ("a",)  # read twice: Grappler keeps it, b adds two leaves
+    assert unit_of(groups, "x") == ("x",)
+
+
+def test_a_sum_of_products_stays_with_them():
+    """Rule 4: Grappler hoists a common factor out of a sum of products (x*k + y*k)."""
+    v = view(op("x"), op("y"), op("k"), op("p", "Mul", ["x:0", "k:0"]),
+             op("q", "Mul", ["y:0", "k:0"]), op("s", "AddV2", ["p:0", "q:0"]))
+    groups = units(v)
+    check_units(v, groups)
+    assert set(unit_of(groups, "s")) == {"p", "q", "s"}
+    assert unit_of(groups, "x") == ("x",)
 
 
 def test_units_on_a_cycle_merge():

@@ -18,9 +18,11 @@ above the step's peak, so tfmem should choose one partition) the tool times:
   CPU time, less disturbed by other load on the machine).
 
 Losses of the two copies are compared on every step: the steps whose
-losses differ and the largest relative difference are printed (Grappler's
-arithmetic optimizer rewrites a partition's sums differently than the whole
-step's, so a model with many gradient sums drifts by float rounding).
+losses differ and the largest relative difference are printed (the planner
+keeps the sums Grappler's arithmetic optimizer regroups in one partition,
+which made them bit-equal with one intra-op thread; this tool leaves
+TensorFlow's default threads, where the ResNet still drifted by float
+rounding after the change: see the README's TF2 section).
 Goals: ratio <= 1.15 at partition_size 200 and <= 1.02 in budget mode,
 printed as `TARGET name=value (goal ...) ok|MISSED` lines.  The process
 runs with TF_ENABLE_ONEDNN_OPTS=0 unless set otherwise (`--onednn 1`).

@@ -71,6 +71,14 @@ CONTROL_FLOW = ENTER | EXIT | NEXT_ITERATION | SWITCH | MERGE | frozenset({
 # large tensor die early and only a small shape vector crosses a boundary.
 SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
 
+# Ops Grappler's arithmetic optimizer regroups (plan/units.py, rule 4): trees of
+# sums become one AddN, whose inputs it sorts by name; chains of one
+# associative op are reordered to minimise broadcasts; a common factor of
+# products or quotients is hoisted out of a sum.
+SUMS = frozenset({"Add", "AddV2", "AddN", "AccumulateNV2"})
+PRODUCTS = frozenset({"Mul"})
+QUOTIENTS = frozenset({"Div", "RealDiv"})
+
 # Stateful ops whose kernel keeps a random stream (Philox state seeded from the
 # op's seed/seed2 attrs) that advances on every run.
 RANDOM_STREAM = frozenset({

@@ -1,7 +1,7 @@
 """Units: groups of ops that must run in the same partition.
 
 A partition boundary is a `Session.run` boundary, and some things do not
-survive one.  Five rules join ops into one unit:
+survive one.  Six rules join ops into one unit:
 
 1. *Run-bound edges.*  A resource handle or reference tensor made by a copied
    op (a TensorArray, a v1 loop's stack, a temporary variable) dies with the
@@ -23,9 +23,23 @@ survive one.  Five rules join ops into one unit:
    runs the ops its control edges reach in the same call, so an original
    and the originals it has control edges from are one unit.
 
-5. *Cycles.*  Joining ops can make two units depend on each other (a loop's
-   stack pushed in the forward pass and popped in the backward pass);
-   strongly connected components of the unit graph become one unit.
+5. *Regrouped arithmetic.*  Grappler's arithmetic optimizer rewrites a
+   tree of sums (or a chain of products) whose inner results have one
+   consumer into one AddN (or a reordered chain), sorts the AddN's inputs
+   by their producers' names, and hoists a common factor out of a sum of
+   products.  Each changes the float result in the last bits, and each
+   happens only where the whole pattern is in one function: a partition
+   boundary inside a tree, or a producer that becomes an argument named
+   otherwise, makes a partition add in another order than plain
+   TensorFlow.  So a tree joins into one unit, and a tree of three or more
+   leaves (or a sum of products or quotients) joins the leaves' producers
+   too (two leaves need nothing: a + b == b + a exactly), unless one leaf's
+   producer reaches another's (a residual sum): that would make the whole
+   path between them one unit, so there partitioning wins.
+6. *Cycles.*  Joining ops can make two units depend on each other (a loop's
+   stack pushed in the forward pass and popped in the backward pass, the
+   producers of one sum with a path between them); strongly connected
+   components of the unit graph become one unit.
 
 v2 control flow (While, If) is a single op and needs none of this.
 """
@@ -93,6 +107,74 @@ def _join_run_bound_edges(view, uf):
         for producer, tensor in _producers(view, node):
             if view.tensor(tensor).run_bound:
                 uf.union(producer, node.name)
+
+
+def _family(node):
+    for family in (optypes.SUMS, optypes.PRODUCTS):
+        if node.type in family:
+            return family
+    return None
+
+
+def _on_one_path(producers, successors, position):
+    """Whether one of `producers` reaches another: joining them would make every op on
+    the path between them one unit (a residual sum's input and its far end), so a
+    sum whose leaves lie on one path keeps its producers apart (bit-equality is lost
+    there, partitioning is not)."""
+    last = max((position.get(p, -1) for p in producers), default=-1)
+    for start in producers:
+        seen, stack = {start}, [start]
+        while stack:
+            for user in successors[stack.pop()]:
+                if user in producers:
+                    return True
+                if user not in seen and position.get(user, last + 1) <= last:
+                    seen.add(user)
+                    stack.append(user)
+    return False
+
+
+def _join_regrouped_arithmetic(view, uf):
+    """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
+    consumers = {name: [] for name in view.nodes}
+    controlled = set()
+    for node in view.nodes.values():
+        for producer, _ in _producers(view, node):
+            consumers[producer].append(node.name)
+        controlled.update(c for c in node.control_inputs if c in view.nodes)
+    successors = {name: list(users) for name, users in consumers.items()}
+    for node in view.nodes.values():
+        for c in node.control_inputs:
+            if c in view.nodes:
+                successors[c].append(node.name)
+    position = {name: i for i, name in enumerate(_topological_order(view))}
+    trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
+    for name in trees.parent:
+        node, users = view.nodes[name], consumers[name]
+        if len(users) == 1 and users[0] in trees.parent and \
+                _family(view.nodes[users[0]]) is _family(node) and \
+                not node.control_inputs and name not in controlled:
+            trees.union(users[0], name)
+    members = {}
+    for name in trees.parent:
+        members.setdefault(trees.find(name), []).append(name)
+    for tree in members.values():
+        inside = set(tree)
+        leaves = [(producer, tensor) for name in tree
+                  for producer, tensor in _producers(view, view.nodes[name])
+                  if producer not in inside]
+        leaves += [(None, t) for name in tree for t in view.nodes[name].inputs
+                   if split_tensor_name(t)[0] not in view.nodes]
+        for name in tree[1:]:
+            uf.union(tree[0], name)
+        hoisted = any(view.nodes[name].type in optypes.SUMS for name in tree) and \
+            len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
+                p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
+                for p, _ in leaves)
+        producers = {p for p, _ in leaves if p is not None}
+        if (len(leaves) >= 3 or hoisted) and not _on_one_path(producers, successors, position):
+            for producer in producers:
+                uf.union(tree[0], producer)
 
 
 def _join_frames_and_conds(view, uf):
@@ -178,6 +260,7 @@ def units(view):
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
     _join_originals(view, uf)
+    _join_regrouped_arithmetic(view, uf)
     if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
         _join_frames_and_conds(view, uf)
     if uf.unions:  # single-op units of a DAG form no cycle

@@ -63,6 +63,7 @@ class EagerExecutor:
         self._fetched = frozenset(plan.view.fetches)
         self._outputs = [frozenset(p.outputs) for p in plan.partitions]
         self.last_resident = None  # device bytes in use when the last step started
+        self.last_peak_bounds = None  # (lower, upper) bytes around the last step's peak
 
     def _run_partition(self, function, feeds, swaps, results, timeline, peaks):
         started = time.perf_counter()
@@ -123,6 +124,7 @@ class EagerExecutor:
             swaps.abort()
             raise
         wall = time.perf_counter() - started
+        self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(
             partitions=len(self._functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,

@@ -330,12 +330,13 @@ class PartitionedFunction:
 
     def memory_report(self):
         """A FunctionMemoryReport of the last step: measured and predicted device and host
-        bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started."""
+        bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started
+        and bounds of its device peak (known also when the peak itself is not)."""
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
         traced = self._last_traced
         return function_memory_report(self.last_step, traced.trace, traced.executor.last_resident,
-                                      self._runtime.budget_bytes)
+                                      self._runtime.budget_bytes, traced.executor.last_peak_bounds)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():

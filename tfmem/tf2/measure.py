@@ -17,6 +17,12 @@ A step's peak is known when its highest partition raised the process peak,
 which is then the step's peak: every other partition stayed at or below it.
 So the first steps of a plan are measured, and a later step only when it goes
 higher than every earlier one, which is the step worth knowing about.
+
+For the steps in between, bounds: a partition's peak is at least the bytes in
+use when it started and when it returned (its outputs still held), and at
+most the process peak.  `step_bounds()` gives (lower, upper) for the step:
+the most bytes seen in use at any partition's start or end, and the process
+peak.  Both are TensorFlow's own figures; the truth lies between them.
 """
 
 from tfmem.run import accelerator
@@ -31,16 +37,21 @@ class PeakReader:
         self._step_start = None
         self.partition_peaks = []
         self.resident = None  # bytes in use when the step started: variables, inputs, the user's
+        self._in_use = None  # the most bytes seen in use at a partition's start or end
 
     def _peak(self):
         memory = accelerator.device_memory(self._device)
-        return None if memory is None else memory["peak"]
+        if memory is None:
+            return None
+        self._in_use = max(self._in_use or 0, memory["current"])
+        return memory["peak"]
 
     def start_step(self):
         """Record the process peak before the step; False where TensorFlow keeps none."""
         memory = accelerator.device_memory(self._device)
         self._step_start = None if memory is None else memory["peak"]
         self.resident = None if memory is None else memory["current"]
+        self._in_use = self.resident
         self.partition_peaks = []
         return memory is not None
 
@@ -61,3 +72,10 @@ class PeakReader:
         if after is None or self._step_start is None or after <= self._step_start:
             return None
         return after
+
+    def step_bounds(self):
+        """(lower, upper) bytes around the step's peak, from figures read during the step."""
+        memory = accelerator.device_memory(self._device)
+        if memory is None or self._in_use is None:
+            return None
+        return max(self._in_use, memory["current"]), memory["peak"]

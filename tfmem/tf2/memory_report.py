@@ -23,9 +23,12 @@ class FunctionMemoryReport(MemoryReport):
     did not raise the process peak, so its own peak is unknown.
     """
     device_resident: int | None = None  # allocator bytes in use when the step started
+    # (lower, upper) bytes the step's peak lies between, known also when `device_peak` is
+    # None: the most bytes in use at a partition's start or end, and the process peak.
+    device_peak_bounds: tuple | None = None
 
 
-def function_memory_report(step, trace, resident, budget_bytes):
+def function_memory_report(step, trace, resident, budget_bytes, bounds=None):
     """The FunctionMemoryReport of StepStats `step`, run by a plan predicted as `trace`."""
     return FunctionMemoryReport(
         device_peak=step.device_peak_bytes,
@@ -37,4 +40,5 @@ def function_memory_report(step, trace, resident, budget_bytes):
         host_available=psutil.virtual_memory().available,
         predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
         partition_peaks=step.partition_peak_bytes,
-        device_resident=resident)
+        device_resident=resident,
+        device_peak_bounds=bounds)
