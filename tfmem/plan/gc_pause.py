@@ -13,10 +13,11 @@ import gc
 @contextlib.contextmanager
 def gc_paused():
     """Disable the cyclic collector for the block; re-enable it after, if it was on."""
-    enabled = gc.isenabled()
+    if not gc.isenabled():  # already off (the caller's choice, or an outer pause)
+        yield
+        return
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.enable()
