@@ -162,7 +162,7 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     slack = budget.chunk_slack(view, TensorSizes(view, shapes))
     assert slack == 1024 * 256 * 4  # the largest activation
     # Budget mode predicts with device copies held to the end of each partition.
-    assert trace == budget.predict(model.graph, plan, feed_shapes)
+    assert trace == budget.predict(plan, Sizing.of(model.graph, view, feed_shapes))
     assert trace.peak_device >= simulate(plan, shapes, scratch=kernel_scratch).peak_device
     assert 1 < len(plan.partitions)
     size = plan.partition_size

@@ -33,7 +33,6 @@ from tfmem.errors import BudgetError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
-from tfmem.memory.sizing import Sizing
 from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
 from tfmem.memory.sizes import mib
 from tfmem.plan.swap import SwapPolicy
@@ -112,10 +111,15 @@ class Correction:
 
 def merged_scratch(calibrated, correction):
     """Calibrated kernel scratch, raised to what the request's own steps measured."""
-    if correction is None or not correction.scratch:
-        return calibrated
-    merged = dict(calibrated)
-    for name, nbytes in correction.scratch.items():
+    return _raised(calibrated, correction.scratch if correction is not None else None)
+
+
+def _raised(scratch, extra):
+    """{op: bytes} of `scratch`, each raised to `extra`'s figure where that is larger."""
+    if not extra:
+        return scratch
+    merged = dict(scratch)
+    for name, nbytes in extra.items():
         merged[name] = max(nbytes, merged.get(name, 0))
     return merged
 
@@ -130,15 +134,12 @@ def chunk_slack(view, size_of):
                 for i in range(len(node.outputs))), default=0)
 
 
-def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
-    """The MemoryTrace budget mode plans with: kernel scratch (calibrated, raised to
-    `extra_scratch`), device copies held to the end of each partition that frees them,
-    and the allocator's chunk slack."""
-    sizing = Sizing.of(graph, plan.view, feed_shapes, session)
-    scratch = sizing.scratch
-    if extra_scratch:
-        scratch = {**scratch, **{k: max(v, scratch.get(k, 0)) for k, v in extra_scratch.items()}}
-    return simulate(plan, sizing.shapes, early_frees=False, scratch=scratch,
+def predict(plan, sizing, extra_scratch=None):
+    """The MemoryTrace budget mode plans with, from the request's Sizing: kernel scratch
+    (calibrated, raised to `extra_scratch`), device copies held to the end of each
+    partition that frees them, and the allocator's chunk slack."""
+    return simulate(plan, sizing.shapes, early_frees=False,
+                    scratch=_raised(sizing.scratch, extra_scratch),
                     slack=chunk_slack(plan.view, TensorSizes(plan.view, sizing.shapes)))
 
 

@@ -117,7 +117,7 @@ def device_memory_error(session, plan, feeds, index, error, capacity):
                  f"partition and {mib(trace.peak_device)} for the step"
                  + (f", on a device of {mib(capacity)}." if capacity else "."))
     # Candidates are fitted with budget mode's bound: compare them with the same bound.
-    bound = budget.predict(graph, plan, shapes_fed, session)
+    bound = budget.predict(plan, sizing)
     found = suggest(plan, sizing, capacity, bound.partitions[index].device_peak)
     if found:
         size, target, peak, policy = found

@@ -106,7 +106,7 @@ class _Step:
         record = self._executor.process_peak() if self._measure else None
         metadata = config_pb2.RunMetadata()
         values = call(*args, run_metadata=metadata)
-        peak = self._executor.measured(index, metadata, record) if self._measure else None
+        peak = self._executor.partition_peak(index, metadata, record) if self._measure else None
         if self._run_metadata is not None:
             self._run_metadata.MergeFrom(metadata)
         self.peaks.append(peak)
@@ -172,20 +172,18 @@ class Executor:
             self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
-    def measured(self, index, metadata, record_before):
-        """Partition `index`'s device peak from its run metadata (see _partition_peak);
-        the kernel scratch its ops allocated goes into `last_scratch`."""
-        self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
-        return self._partition_peak(metadata, record_before)
-
     def process_peak(self):
+        """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
         memory = accelerator.device_memory(self._runtime.device)
         return memory["peak"] if memory else None
 
-    def _partition_peak(self, metadata, record_before):
-        """The partition's device peak: from its step statistics, or TensorFlow's process
-        peak when the partition raised it (read, never reset: allocations of other
-        threads, the prefetcher's uploads, count there and not in the statistics)."""
+    def partition_peak(self, index, metadata, record_before):
+        """Partition `index`'s device peak: from its step statistics (`metadata`), or
+        TensorFlow's process peak when the partition raised it above `record_before`
+        (read, never reset: allocations of other threads, the prefetcher's uploads,
+        count there and not in the statistics).  The kernel scratch its ops allocated
+        goes into `last_scratch`."""
+        self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
         peak = measured_peak(metadata)
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:

@@ -217,9 +217,14 @@ class TFMemSession(SessionInterfaceMethods):
 
     def _predict_shapes(self, plan, feed_shapes):
         if self._budget is not None:
-            return budget.predict(self.graph, plan, feed_shapes, self._session)
-        sizing = Sizing.of(self.graph, plan.view, feed_shapes, self._session)
+            return budget.predict(plan, self._sizing(plan.view, feed_shapes))
+        sizing = self._sizing(plan.view, feed_shapes)
         return simulate(plan, sizing.shapes, scratch=sizing.scratch)
+
+    def _sizing(self, view, feed_shapes):
+        """The request's Sizing at these fed shapes (kernel scratch under this session's
+        threads)."""
+        return Sizing.of(self.graph, view, feed_shapes, self._session)
 
     def _make_plan(self, request, correction=None, view=None):
         """(plan, predicted trace or None) for the request, with the placement pass's outcome.
@@ -245,8 +250,7 @@ class TFMemSession(SessionInterfaceMethods):
                                  self._accelerator), None
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
-            sizing = Sizing.of(self.graph, view, request.feed_shapes(), self._session)
-            return budget.fit(view, sizing, self._budget, self._policy,
+            return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
                               correction=correction,
                               prefer=self._plans.compiled_plans(request.signature))
@@ -284,7 +288,7 @@ class TFMemSession(SessionInterfaceMethods):
                 entry.correction = correction
             else:  # the same plan, predicted with what was learned (gather drops a stale trace)
                 entry.trace = trace if trace is not None else budget.predict(
-                    self.graph, entry.plan, request.feed_shapes(), self._session,
+                    entry.plan, self._sizing(entry.plan.view, request.feed_shapes()),
                     entry.correction.scratch)
                 if entry.schedule is not None:
                     entry.schedule.restart()  # measure every step until it settles again
@@ -357,8 +361,8 @@ class TFMemSession(SessionInterfaceMethods):
         feed_shapes = request.feed_shapes()
         if not entry.correction.learn(
                 entry.trace, measured, entry.executor.last_scratch,
-                lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
-                                             self._session, extra)):
+                lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
+                                                                      feed_shapes), extra)):
             return
         worst = max(range(len(measured)), key=measured.__getitem__)
         log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
