@@ -17,9 +17,10 @@ A front end says how a partition is called and how tensors look to it:
     out_of_memory(i, error, feeds)   the DeviceMemoryError to raise instead
     failure(i, error)        another exception to raise instead of an OpError, or None
 
-The Session front end is `run/execute.py`'s `Executor`, the eager one
-`tf2/execute.py`'s `EagerExecutor`; the swap manager (`run/swap_manager.py`),
-which moves the tensors, serves both.  A step that fails releases what it
+The Session front end is `run/execute.py`'s `_Step` (one per step of an
+`Executor`), the eager one `tf2/execute.py`'s `_EagerStep` (of an
+`EagerExecutor`); the swap manager (`run/swap_manager.py`), which moves the
+tensors, serves both.  A step that fails releases what it
 held (`SwapManager.abort`) before the error propagates.
 """
 
