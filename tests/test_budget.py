@@ -33,6 +33,7 @@ from tfmem.plan.build import build_plan
 from tfmem.memory.scratch import calibrate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
 
@@ -153,14 +154,15 @@ def test_fit_picks_the_largest_partition_size_that_fits():
     budget_bytes = BUDGET_MIB * MIB
     policy = SwapPolicy()
     view = analyse(fetches, targets, [x])
-    plan, trace = budget.fit(model.graph, view, feed_shapes, budget_bytes, policy)
+    plan, trace = budget.fit(view, Sizing.of(model.graph, view, feed_shapes), budget_bytes,
+                             policy)
     limit = budget_bytes * (1 - budget.DEFAULT_MARGIN)
     shapes = resolve_shapes(model.graph, view, feed_shapes)
     kernel_scratch = calibrate(model.graph, view, feed_shapes)
     slack = budget.chunk_slack(view, TensorSizes(view, shapes))
     assert slack == 1024 * 256 * 4  # the largest activation
     # Budget mode predicts with device copies held to the end of each partition.
-    assert trace == budget.predict(model.graph, plan, feed_shapes)
+    assert trace == budget.predict(plan, Sizing.of(model.graph, view, feed_shapes))
     assert trace.peak_device >= simulate(plan, shapes, scratch=kernel_scratch).peak_device
     # ... and in BFC chunks where the allocator replay reads more than the requests.
     assert all(p.device_peak >= p.device_peak_chunks for p in trace.partitions)
@@ -190,6 +192,7 @@ import tensorflow as tf
 from tfmem.run import accelerator
 from tfmem.memory import budget
 from tfmem.cli import models
+from tfmem.memory.sizing import Sizing
 from tfmem.plan.analyse import analyse
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 3
@@ -255,8 +258,9 @@ out["budget"] = train("tfmem", device_memory_budget=f"{BUDGET}MiB")
 model = models.mlp(layers=12)
 x, = model.inputs
 with tf1.Session(graph=model.graph, config=PINNED) as probe:
-    _, whole = budget.fit(model.graph, analyse([model.loss], [model.train], [x]),
-                          {x.name: (BATCH, 256)}, 1 << 40, session=probe)
+    view = analyse([model.loss], [model.train], [x])
+    _, whole = budget.fit(view, Sizing.of(model.graph, view, {x.name: (BATCH, 256)}, probe),
+                          1 << 40)
 edge = whole.peak_device / (1 - budget.DEFAULT_MARGIN)
 out["edge_bytes"] = [int(edge) + (64 << 10), int(edge) - (64 << 10)]
 out["edge"] = train("tfmem", device_memory_budget=out["edge_bytes"][0])

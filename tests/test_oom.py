@@ -125,16 +125,18 @@ def test_a_partition_that_failed_below_every_prediction_still_gets_the_most_caut
     allocator's chunks); then no plan is predicted to need less, and the suggestion is
     the plan fitted to the smallest budget that fits, not none at all."""
     from tfmem.memory import oom  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.sizing import Sizing  # pylint: disable=import-outside-toplevel
     g, _, _, out, feed = build_reporting()
     tfs = tfmem.TFMemSession(sessions(g), partition_size=3, swap="all")
     plan = tfs.plan(out, feed_dict=feed)
     shapes = {tensor.name: value.shape for tensor, value in feed.items()}
     capacity = 64 * MIB
-    found = oom.suggest(g, plan, shapes, capacity, failed_peak=1)
+    sizing = Sizing.of(g, plan.view, shapes)
+    found = oom.suggest(plan, sizing, capacity, failed_peak=1)
     assert found is not None
     size, target, peak, _ = found
     assert target < capacity and peak <= target  # halved until nothing smaller fits
-    ample = oom.suggest(g, plan, shapes, capacity, failed_peak=capacity)
+    ample = oom.suggest(plan, sizing, capacity, failed_peak=capacity)
     assert ample[1] == capacity and ample[0] >= size  # the first fit when it is under
     assert_same_result(tfs.run(out, feed_dict=feed),
                        tfmem.TFMemSession(tfs.session, partition_size=size).run(out, feed))

@@ -99,6 +99,7 @@ tfmem.emulate_accelerator(8192)  # a BFC allocator far above every step: figures
 import tensorflow as tf
 from tfmem.run import accelerator
 from tfmem.memory import budget
+from tfmem.memory.sizing import Sizing
 from tfmem.cli import models
 
 configs, sizes, steps = (json.loads(a) for a in sys.argv[1:4])
@@ -133,7 +134,7 @@ for key, (builder, kwargs, batch) in configs.items():
         report = tfs.memory_report()
         plan = tfs.plan(fetches, feed)
         feed_shapes = {t.name: v.shape for t, v in feed.items()}
-        planned = budget.predict(model.graph, plan, feed_shapes, sess)
+        planned = budget.predict(plan, Sizing.of(model.graph, plan.view, feed_shapes, sess))
         results.append(dict(model=key, partition_size=size, peaks=peaks,
                             tfmem_peaks=tfmem_peaks, load=os.getloadavg()[0],
                             foreign=foreign,

@@ -13,15 +13,14 @@ capped training (issue 6).
     and tfmem's first (planning + compiling) step are excluded, and medians
     and the ratio tfmem/plain are printed.
 
-    Per-partition overhead: every callable tfmem makes on the wrapped
-    session is wrapped in a timer *in this tool* (the session instance's
-    `_make_callable_from_options` is replaced before tfmem compiles, so the
-    library is unchanged).  Calls on the main thread are the partitions; calls
-    on tfmem's prefetch thread are uploads.  overhead = (tfs.run wall time -
-    sum of the step's partition calls) / partitions: everything tfmem does on
-    the main thread outside TensorFlow (request building, swap manager, the
-    swap-out copies, waits for prefetches, results).  The timer itself costs
-    1-2 us per call (measured and printed) and is counted in the overhead.
+    Per-partition overhead: tfmem times every partition call on the step's
+    thread and every upload call on its prefetch thread, and reports them in
+    the step's StepStats (`call_time`, `uploads`, `upload_time`).  overhead =
+    (tfs.run wall time - the step's partition calls) / partitions: everything
+    tfmem does on the main thread outside TensorFlow (request building, swap
+    manager, the swap-out copies, waits for prefetches, results).  The timing
+    itself (two clock reads per call, measured and printed) is counted in the
+    overhead.
     A second figure excludes the transfers: the executor loop's time less its
     Session calls, prefetch waits and swap-out copies, from a few extra steps
     run with a Chrome trace after the timed ones (the trace has the swap-out
@@ -53,10 +52,9 @@ capped training (issue 6).
 Each goal is printed last as one machine-readable line:
 `TARGET name=value (goal ...) ok|MISSED`.
 
-One private hook is used, in this tool only: the session's
-`_make_callable_from_options` (to time the Session calls).  The traced
-breakdown steps use the public `TFMemSession.tracing(path)`, so the timed
-steps carry no tracing cost.
+Public API only: `TFMemSession.last_step` (StepStats, with the step's call
+times), `last_compile` (CompileStats) and `tracing(path)` for the traced
+breakdown steps, so the timed steps carry no tracing cost.
 """
 
 import argparse
@@ -67,7 +65,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -111,72 +108,27 @@ def _tf():
 
 
 # --------------------------------------------------------------------------
-# timing Session calls
-
-
-class CallTimer:
-    """Times every callable made on one session, per thread.
-
-    Install before tfmem compiles a plan on `sess`: it replaces the session
-    instance's `_make_callable_from_options` (the path tfmem's executor,
-    prefetcher and releaser use), so every raw callable made afterwards
-    records (thread id, seconds) per call.
-    """
-
-    def __init__(self, sess):
-        self.records = []  # (thread ident, seconds); list.append is atomic
-        make = sess._make_callable_from_options  # pylint: disable=protected-access
-        records = self.records
-        clock = time.perf_counter
-        ident = threading.get_ident
-
-        def make_timed(options):
-            call = make(options)
-
-            def timed(*args, **kwargs):
-                started = clock()
-                try:
-                    return call(*args, **kwargs)
-                finally:
-                    records.append((ident(), clock() - started))
-            return timed
-
-        sess._make_callable_from_options = make_timed  # pylint: disable=protected-access
-
-    def mark(self):
-        return len(self.records)
-
-    def since(self, mark, thread=None):
-        """(count, seconds) of the calls since `mark` on `thread` (None: other threads)."""
-        main = threading.get_ident() if thread is None else thread
-        calls = self.records[mark:]
-        own = [s for t, s in calls if t == main]
-        other = [s for t, s in calls if t != main]
-        return (len(own), sum(own)), (len(other), sum(other))
+# timing Session calls: StepStats.call_time, uploads and upload_time (public)
 
 
 def timer_cost(calls=20000):
-    """Seconds one CallTimer wrapper adds to a call (measured on a no-op callable)."""
+    """Seconds tfmem's own timing of a partition call adds to it (two clock reads and a
+    sum, as in `tfmem.run.step_loop`; StepStats.call_time), measured on a no-op call."""
     clock = time.perf_counter
-    records = []
-    ident = threading.get_ident
 
     def call():
         return None
 
-    def timed():
-        started = clock()
-        try:
-            return call()
-        finally:
-            records.append((ident(), clock() - started))
     started = clock()
     for _ in range(calls):
         call()
     bare = clock() - started
+    total = 0.0
     started = clock()
     for _ in range(calls):
-        timed()
+        called = clock()
+        call()
+        total += clock() - called
     return max((clock() - started - bare) / calls, 0.0)
 
 
@@ -251,7 +203,6 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     fetches = [model.train, model.loss]
     plain = _session(tf, model.graph)
     wrapped = _session(tf, model.graph, tfmem_config)
-    timer = CallTimer(wrapped)
     plain.run(model.init)
     wrapped.run(model.init)
     started = time.perf_counter()
@@ -266,7 +217,6 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     log(f"(a) {result['model']}, batch {batch}: graph of {result['graph_ops']} ops built in "
         f"{build_s:.1f} s")
     trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
-    main_thread = threading.get_ident()
     for size in partition_sizes:
         kwargs = dict(device_memory_budget=budget) if size == "auto" else {}
         tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap, **kwargs)
@@ -288,33 +238,26 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
                     plain_times.append(time.perf_counter() - t0)
                     plain_cpu.append(time.process_time() - c0)
                 else:
-                    mark = timer.mark()
                     c0, t0 = time.process_time(), time.perf_counter()
                     tfs.run(fetches, feed)
                     wall = time.perf_counter() - t0
                     tfmem_cpu.append(time.process_time() - c0)
-                    (calls, call_s), (uploads, upload_s) = timer.since(mark, main_thread)
+                    step = tfs.last_step  # its partition and upload calls, timed by tfmem
                     tfmem_times.append(wall)
-                    rows.append(dict(wall=wall, executor=tfs.last_step.wall_time, calls=calls,
-                                     call_s=call_s, uploads=uploads, upload_s=upload_s,
-                                     wait=tfs.last_step.prefetch_wait_time))
+                    rows.append(dict(wall=wall, executor=step.wall_time, calls=step.partitions,
+                                     call_s=step.call_time, uploads=step.uploads,
+                                     upload_s=step.upload_time, wait=step.prefetch_wait_time))
         stats = tfs.last_step
         parts = stats.partitions
         # Traced steps (after the timed ones): the swap-out copies' time, and the
         # executor loop's own time less Session calls, waits and swap-out copies,
         # all from the same step.
-        traced_calls = []
-
-        def traced_run():
-            mark = timer.mark()
-            tfs.run(fetches, feed)
-            traced_calls.append(timer.since(mark, main_thread)[0][1])
-        traced = _traced_steps(tfs, traced_run, breakdown_steps,
+        traced = _traced_steps(tfs, lambda: tfs.run(fetches, feed), breakdown_steps,
                                os.path.join(trace_dir, f"fits_{size}.json"))
         swap_outs = [d.get("swap-out", (0, 0.0))[1] for d, _ in traced]
         swap_out_s = _median(swap_outs)
-        loop_excl = [s.wall_time - c - s.prefetch_wait_time - o
-                     for (_, s), c, o in zip(traced, traced_calls, swap_outs)]
+        loop_excl = [s.wall_time - s.call_time - s.prefetch_wait_time - o
+                     for (_, s), o in zip(traced, swap_outs)]
         plain_med, tfmem_med = _median(plain_times), _median(tfmem_times)
         overhead = [(r["wall"] - r["call_s"]) / parts for r in rows]
         loop_overhead = [(r["executor"] - r["call_s"]) / parts for r in rows]

@@ -37,25 +37,30 @@ NUM_CLASSES = 10
 NUM_EXAMPLES = 1024
 
 
+# The demo's counts: (option, default, what it counts); each a positive whole number.
+COUNTS = (("--steps", 20, "training steps per session"),
+          ("--partition-size", 50, "max ops per partition for TFMemSession"),
+          ("--batch-size", 64, "examples per step"))
+
+# The demo's switches: (option, what it does).
+SWITCHES = (("--no-proof", "skip the memory proof (plain vs tfmem under half the plain peak)"),
+            ("--tf2", "also run the TensorFlow 2 memory proof (Keras fit through tfmem.keras "
+                      "under half the plain peak; see tfmem.cli.proof_tf2)"))
+
+
 def add_arguments(parser):
     """Add the demo's options to ``parser`` (shared with ``tfmem demo``)."""
-    parser.add_argument("--steps", type=positive_int, default=20,
-                        help="training steps per session (default: 20)")
-    parser.add_argument("--partition-size", type=positive_int, default=50,
-                        help="max ops per partition for TFMemSession (default: 50)")
-    parser.add_argument("--batch-size", type=positive_int, default=64,
-                        help="examples per step (default: 64)")
+    for option, default, counts in COUNTS:
+        parser.add_argument(option, type=positive_int, default=default,
+                            help=f"{counts} (default: {default})")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for the synthetic data and the initial weights (default: 0)")
     parser.add_argument("--device-memory", type=positive_int, metavar="MiB",
                         help="run the side-by-side part in a subprocess with TensorFlow's "
                              "allocator capped at MiB (an emulated accelerator) and print "
                              "both sessions' peaks")
-    parser.add_argument("--no-proof", action="store_true",
-                        help="skip the memory proof (plain vs tfmem under half the plain peak)")
-    parser.add_argument("--tf2", action="store_true",
-                        help="also run the TensorFlow 2 memory proof (Keras fit through "
-                             "tfmem.keras under half the plain peak; see tfmem.cli.proof_tf2)")
+    for option, what in SWITCHES:
+        parser.add_argument(option, action="store_true", help=what)
     # Set in the capped subprocess that --device-memory starts, and in the uncapped
     # plain reference it starts when the plain session runs out of memory there.
     parser.add_argument("--capped-child", action="store_true", help=argparse.SUPPRESS)

@@ -506,15 +506,15 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     and what make_plan / budget.fit raise (TFMemError) when no plan can be made.
     """
     from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
-    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
     from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.sizing import Sizing  # pylint: disable=import-outside-toplevel
 
     fed_tensors = [graph.get_tensor_by_name(name) for name in feed_shapes]
     # A fetched tensor that is fed is answered from the feed (as Session.run does).
     fetch_tensors = [t for t in fetch_tensors if t.name not in feed_shapes]
     view = _check_feeds(fetch_tensors, target_ops, fed_tensors)
     try:
-        shapes = resolve_shapes(graph, view, feed_shapes)
+        sizing = Sizing.of(graph, view, feed_shapes)
     except ValueError as exc:
         given = ", ".join(f"{name} [{','.join(map(str, dims))}]"
                           for name, dims in feed_shapes.items())
@@ -522,12 +522,11 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
                          f"{_shape_failure(str(exc))}") from None
     if budget is not None:
         from tfmem.memory import budget as budgets  # pylint: disable=import-outside-toplevel
-        plan, trace = budgets.fit(graph, view, feed_shapes, budget, policy)
+        plan, trace = budgets.fit(view, sizing, budget, policy)
     else:
-        from tfmem.memory.scratch import calibrate  # pylint: disable=import-outside-toplevel
         plan = make_plan(view, partition_size or DEFAULT_PARTITION_SIZE, policy)
-        trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, feed_shapes))
-    return plan, trace, shapes
+        trace = simulate(plan, sizing.shapes, scratch=sizing.scratch)
+    return plan, trace, sizing.shapes
 
 
 def _write_outputs(args, plan, trace, shapes, budget):

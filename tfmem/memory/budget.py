@@ -34,9 +34,7 @@ from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
-from tfmem.memory.scratch import calibrate
 from tfmem.plan.build import build_plan, validate
-from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
 from tfmem.memory.sizes import mib
 from tfmem.plan.swap import SwapPolicy
@@ -116,10 +114,15 @@ class Correction:
 
 def merged_scratch(calibrated, correction):
     """Calibrated kernel scratch, raised to what the request's own steps measured."""
-    if correction is None or not correction.scratch:
-        return calibrated
-    merged = dict(calibrated)
-    for name, nbytes in correction.scratch.items():
+    return _raised(calibrated, correction.scratch if correction is not None else None)
+
+
+def _raised(scratch, extra):
+    """{op: bytes} of `scratch`, each raised to `extra`'s figure where that is larger."""
+    if not extra:
+        return scratch
+    merged = dict(scratch)
+    for name, nbytes in extra.items():
         merged[name] = max(nbytes, merged.get(name, 0))
     return merged
 
@@ -134,40 +137,36 @@ def chunk_slack(view, size_of):
                 for i in range(len(node.outputs))), default=0)
 
 
-def predict(graph, plan, feed_shapes, session=None, extra_scratch=None):
-    """The MemoryTrace budget mode plans with: kernel scratch (calibrated, raised to
-    `extra_scratch`), device copies held to the end of each partition that frees them,
-    and the allocator's chunk slack."""
-    shapes = resolve_shapes(graph, plan.view, feed_shapes)
-    scratch = calibrate(graph, plan.view, feed_shapes, session)
-    if extra_scratch:
-        scratch = {**scratch, **{k: max(v, scratch.get(k, 0)) for k, v in extra_scratch.items()}}
-    return simulate(plan, shapes, early_frees=False, scratch=scratch,
-                    slack=chunk_slack(plan.view, TensorSizes(plan.view, shapes)), chunks=True)
+def predict(plan, sizing, extra_scratch=None):
+    """The MemoryTrace budget mode plans with, from the request's Sizing: kernel scratch
+    (calibrated, raised to `extra_scratch`), device copies held to the end of each
+    partition that frees them, the allocator's chunks (the larger of the requested and
+    the BFC-chunk figures) and its chunk slack."""
+    return simulate(plan, sizing.shapes, early_frees=False,
+                    scratch=_raised(sizing.scratch, extra_scratch),
+                    slack=chunk_slack(plan.view, TensorSizes(plan.view, sizing.shapes)), chunks=True)
 
 
-def fit(graph, view, feed_shapes, budget_bytes, policy=SwapPolicy(), accelerator=None, margin=DEFAULT_MARGIN, resident_bytes=0,
-        scratch=None, session=None, correction=None, prefer=()):
+def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
+        margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
 
-    `view`: the request as `analyse` returned it; `feed_shapes` {fed tensor name:
-    shape} resolve its unknown dimensions (shape inference runs on `graph`).
+    `view`: the request as `analyse` returned it; `sizing`: its `Sizing` at the fed
+    shapes (tensor shapes and kernel scratch, read from the graph once by the caller).
+    Pure: runs no TensorFlow.
 
     `resident_bytes`: what the device holds already (its allocator's current bytes).
     Beyond the request's own variables and constants, which every prediction counts,
     it is taken off the budget: other requests' variables, tensors of other sessions.
-    `scratch`: {op name: kernel scratch bytes}; measured with `scratch.calibrate`
-    (under `session`'s threads) when None.  `correction`: a `Correction` learned
-    from measured steps (its kernel scratch, and its factor predictions are scaled by).
+    `correction`: a `Correction` learned from measured steps (its kernel scratch, and
+    its factor predictions are scaled by).
     `prefer`: plans of the same request already compiled (for other feed shapes); the
     one with the fewest partitions that fits these shapes is returned, so its copies
     serve them and the session graph does not grow.
     """
     groups = units(view)
-    shapes = resolve_shapes(graph, view, feed_shapes)
-    if scratch is None:
-        scratch = calibrate(graph, view, feed_shapes, session)
-    scratch = merged_scratch(scratch, correction)
+    shapes = sizing.shapes
+    scratch = merged_scratch(sizing.scratch, correction)
     factor = correction.factor if correction is not None else 1.0
     slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)

@@ -15,8 +15,7 @@ import dataclasses
 from tfmem.memory import budget
 from tfmem import errors
 from tfmem.plan.analyse import split_tensor_name
-from tfmem.memory.scratch import calibrate
-from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.sizing import Sizing
 from tfmem.memory.simulate import TensorSizes, simulate
 from tfmem.memory.sizes import mib
 
@@ -66,9 +65,10 @@ def largest_tensors(plan, index, sizes, fed_bytes, count=LARGEST):
     return [item for item in ranked if item[1] > 0][:count]
 
 
-def suggest(graph, plan, shapes_fed, capacity, failed_peak):
+def suggest(plan, sizing, capacity, failed_peak):
     """(partition_size, budget bytes, predicted peak, policy) of a plan predicted to fit, or None.
 
+    `sizing`: the request's Sizing at the fed shapes.
     `failed_peak` is the simulator's peak for the partition that failed.  The
     budget starts at the device's capacity (or that peak, when the capacity is
     unknown); while the plan fitted to it is predicted to need no less than the
@@ -85,7 +85,7 @@ def suggest(graph, plan, shapes_fed, capacity, failed_peak):
         target = capacity or failed_peak
         for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
             try:
-                fitted, trace = budget.fit(graph, plan.view, shapes_fed, target, policy)
+                fitted, trace = budget.fit(plan.view, sizing, target, policy)
             except errors.BudgetError:
                 break
             cautious = fitted.partition_size, target, trace.peak_device, policy
@@ -101,11 +101,11 @@ def device_memory_error(session, plan, feeds, index, error, capacity):
     `capacity`: the device's bytes (`accelerator.device_capacity`), or None."""
     graph = session.graph
     shapes_fed = {name: getattr(value, "shape", ()) for name, value in feeds.items()}
-    shapes = resolve_shapes(graph, plan.view, shapes_fed)
-    sizes = TensorSizes(plan.view, shapes)
+    sizing = Sizing.of(graph, plan.view, shapes_fed, session)
+    sizes = TensorSizes(plan.view, sizing.shapes)
     fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
     largest = largest_tensors(plan, index, sizes, fed_bytes)
-    trace = simulate(plan, shapes, scratch=calibrate(graph, plan.view, shapes_fed, session))
+    trace = simulate(plan, sizing.shapes, scratch=sizing.scratch)
     ops = len(plan.partitions[index].ops)
     reason = _allocation_failure(error)
     lines = [f"partition {index} of {len(plan.partitions)} ({ops} ops, partition_size="
@@ -117,8 +117,8 @@ def device_memory_error(session, plan, feeds, index, error, capacity):
                  f"partition and {mib(trace.peak_device)} for the step"
                  + (f", on a device of {mib(capacity)}." if capacity else "."))
     # Candidates are fitted with budget mode's bound: compare them with the same bound.
-    bound = budget.predict(graph, plan, shapes_fed, session)
-    found = suggest(graph, plan, shapes_fed, capacity, bound.partitions[index].device_peak)
+    bound = budget.predict(plan, sizing)
+    found = suggest(plan, sizing, capacity, bound.partitions[index].device_peak)
     if found:
         size, target, peak, policy = found
         swap = f", swap={policy.mode!r}" if policy.mode != plan.policy.mode else ""

@@ -3,7 +3,8 @@
     analyse.py    the ops a request needs, as an immutable GraphView
     optypes.py    the op tables: what must be fed, what is state, what only reads shapes
     units.py      groups of ops that must run in one partition
-    partition.py  a depth-first order of the units, sliced into partitions
+    partition.py  a depth-first order of the units, sliced into partitions (and their size)
+    gc_pause.py   planning with Python's cyclic collector held off
     swap.py       the swap policy and the transfer spans
     schedule.py   what every step does with the transfers, worked out once
     streams.py    which random streams a plan draws from

@@ -26,6 +26,8 @@ partition of its own.  Everything here is a pure function of the view:
 the same graph and request always give the same partitions.
 """
 
+import numbers
+
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.optypes import SHAPE_ONLY
 
@@ -122,3 +124,14 @@ def slice_order(groups, order, partition_size):
 def partition(view, groups, partition_size):
     """The view's units (`groups`) as an ordered list of partitions (tuples of units)."""
     return slice_order(groups, depth_first_order(view, groups), partition_size)
+
+
+def check_partition_size(value):
+    """`value` as a partition size: a positive int, or "auto" (budget mode chooses); a
+    ValueError naming what to give otherwise.  Both front ends check it at construction."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"partition_size must be a positive integer (the most ops "
+                         f"one partition runs) or 'auto', got {value!r}")
+    return int(value)

@@ -11,7 +11,10 @@
     rewrite.py            each partition copied into the session's graph
     plan_import.py        ... or a whole plan in one import
     graph_growth.py       adding those copies to a finalized graph
-    execute.py            the executor: one Session call per partition
+    step_loop.py          one step: a call per partition, shared with tfmem.function
+    execute.py            the Session front end of that loop: one Session callable per partition
+    interrupts.py         Ctrl-C held until a partition's outputs are handed over
+    host_memory.py        a plan refused when the host cannot hold its swapped tensors
     sampling.py           which steps are measured
     c_path.py             a partition run through Session.run's C path
     swap_manager.py       the transfers of one step, on the device or in host buffers
@@ -19,7 +22,7 @@
     prefetch.py           uploads back to the device on a background thread
     buffers.py            the pool of host buffers
     remote.py             what tfmem sees of a distributed session
-    accelerator.py        the device a session runs on, and an emulated one
+    accelerator.py        the device a session runs on, an emulated one, the memory budget
     stats.py, compile_stats.py, trace.py   what a step and a first step cost
 
 It uses the plan and memory wings and never the command line.

@@ -8,6 +8,7 @@ current and peak figures either way.
 
 from tfmem.memory.emulated import emulate_accelerator, emulated_memory_mib  # noqa: F401  (read here)
 
+
 def accelerator_of(session, device=None):
     """The session's accelerator device name ('GPU:0'), or None when it has only CPUs.
 
@@ -58,6 +59,20 @@ def device_capacity(session):
     if cap is not None:
         return cap << 20
     return accelerator_memory(session)
+
+
+def memory_budget(session, given=None):
+    """The device-memory budget in bytes of budget mode: `given` (bytes or a string such
+    as '2GiB'), else the emulated cap or the accelerator's memory; a ValueError when
+    there is neither."""
+    if given is not None:
+        from tfmem.memory.budget import parse_bytes  # pylint: disable=import-outside-toplevel
+        return parse_bytes(given)  # (budget imports TensorFlow; this module does not)
+    limit = device_capacity(session)
+    if limit:
+        return limit
+    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
+                     "on a session without an accelerator or an emulated cap")
 
 
 def memory_device(session):

@@ -1,29 +1,25 @@
 """Execute: run a rewritten plan, one Session call per partition.
 
-The loop is deliberately thin.  Each partition is a raw session callable
-(the C++ path of `Session.make_callable`, without its Python fetch handling,
-which would wrap fetched handles in objects that free themselves later).
-Its feeds are the request's fed values and the handles of the transfers it
-reads; its fetches are the transfers it produces (handles, or values to
-swap out) and the requested tensors it computes.  The swap manager holds
-the transfers in between; if a step fails it releases what the step held.
+The Session front end of the step loop (`step_loop`, shared with tfmem.function).
+Each partition is a raw session callable (the C++ path of
+`Session.make_callable`, without its Python fetch handling, which would wrap
+fetched handles in objects that free themselves later).  Its feeds are the
+request's fed values and the handles of the transfers it reads; its fetches
+are the transfers it produces (handles, or values to swap out) and the
+requested tensors it computes.  The swap manager holds the transfers in
+between; if a step fails it releases what the step held.
 """
 
-import contextlib
-import dataclasses
-import signal
-import threading
 import time
 
 import psutil
-import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.run import accelerator, c_path, remote
 from tfmem.memory import oom
 from tfmem.plan import updates
-from tfmem.run.rewrite import HANDLE, HOST
 from tfmem.plan.schedule import Schedule
+from tfmem.run.step_loop import Wiring, run_step
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
 from tfmem import tf_private
@@ -77,58 +73,70 @@ def measured_scratch(metadata, ops, index):
     return scratch
 
 
-@contextlib.contextmanager
-def _deferred_interrupts():
-    """Hold Ctrl-C until a partition's outputs are handed over, then deliver it.
-
-    A KeyboardInterrupt raised as a Session call returns would lose the
-    handles it made.  The call itself cannot be interrupted anyway, so
-    holding the signal until the partition boundary costs no responsiveness.
-    Only the main thread receives signals; elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: None
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
-
-    def deliver():
-        if received:
-            frame = received.pop()
-            received.clear()
-            if callable(previous):
-                previous(signal.SIGINT, frame)
-            elif previous != signal.SIG_IGN:
-                raise KeyboardInterrupt
-
-    try:
-        yield deliver
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        deliver()
+def _wiring(program):
+    """The step loop's Wiring of a rewritten partition: fetch i goes to fetch_sinks[i]."""
+    return Wiring(program.feed_sources,
+                  tuple((i, kind, name) for i, (kind, name) in enumerate(program.fetch_sinks)))
 
 
-@dataclasses.dataclass
 class _Step:
-    """What every partition of one step reads and fills, passed as one object."""
-    feeds: dict  # fed tensor name -> value
-    swaps: SwapManager
-    run_metadata: object  # the caller's RunMetadata, or None
-    timeline: object  # a trace.Timeline, or trace.NO_TIMELINE
-    measure: bool  # read the device peak of each partition
-    inputs: dict  # what partitions feed by source name: `feeds` and the residence's
-    results: dict = dataclasses.field(default_factory=dict)  # requested tensor -> value
-    peaks: list = dataclasses.field(default_factory=list)  # per partition: peak bytes or None
+    """One step's partition calls on the session: the step loop's front end (see step_loop).
+
+    Made per step, since steps of one plan may run at once on different threads:
+    it holds the callables of the step's run options, whether the step measures
+    and its run metadata."""
+
+    def __init__(self, executor, callables, run_metadata, measure, feeds):
+        self.plan = executor.plan
+        self.wiring = executor.wiring
+        self._executor = executor
+        self._callables = callables
+        self._run_metadata = run_metadata  # the caller's RunMetadata, or None
+        self._measure = measure  # read the device peak of each partition
+        self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
+        self.peaks = []  # per partition: peak bytes or None
+
+    def call(self, index, args):
+        """Run partition `index`'s callable; record its device peak (None when not measured)."""
+        call = self._callables[index]
+        if self._run_metadata is None and not self._measure:
+            self.peaks.append(None)
+            return call(*args)
+        record = self._executor.process_peak() if self._measure else None
+        metadata = config_pb2.RunMetadata()
+        values = call(*args, run_metadata=metadata)
+        peak = self._executor.partition_peak(index, metadata, record) if self._measure else None
+        if self._run_metadata is not None:
+            self._run_metadata.MergeFrom(metadata)
+        self.peaks.append(peak)
+        return values
+
+    @staticmethod
+    def host_value(value):
+        return value  # a callable fetches numpy arrays already
+
+    def out_of_memory(self, index, error, feeds):  # pylint: disable=unused-argument
+        """The diagnosis reads the user's feeds, not `feeds` (which hold the step's keys)."""
+        session = self._executor.session
+        return oom.device_memory_error(session, self.plan, self._feeds, index, error,
+                                       accelerator.device_capacity(session))
+
+    def failure(self, index, error):
+        """A RemoteTaskError when a task of a distributed session was lost, else None."""
+        return remote.lost_task_error(self._executor.remote_info, error, index,
+                                      len(self.wiring), updates.update_partitions(self.plan))
 
 
 class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence):
-        self._session = session
-        self._plan = plan
+        self.session = session
+        self.plan = plan
         self._programs = programs
+        self.wiring = [_wiring(p) for p in programs]
         self._runtime = runtime  # the session-wide pool, prefetcher and device
+        self.remote_info = runtime.remote_info  # of a session on TF's distributed runtime
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._schedule = Schedule(plan)
@@ -148,7 +156,7 @@ class Executor:
         """The partitions' callables for these run options; measuring ones (allocation
         tracking on) apart, since tracking costs time on every step (see sampling)."""
         serialized = options.SerializeToString(deterministic=True) if options is not None else b""
-        run_path_wanted = c_path.wants_run_path(self._session, run_metadata)
+        run_path_wanted = c_path.wants_run_path(self.session, run_metadata)
         # run path: see c_path (keeps the step's run metadata)
         key = (serialized, bool(measure), run_path_wanted)
         if key not in self._callables:
@@ -157,75 +165,24 @@ class Executor:
                 # TF_SessionRun cannot connect tensors (see rewrite): such a partition
                 # stays a callable, whose run metadata a distributed session drops
                 if not run_path_wanted or program.connections:
-                    return tf_private.make_callable(self._session, callable_options)
-                return c_path.RunPathCallable(self._session, callable_options)
+                    return tf_private.make_callable(self.session, callable_options)
+                return c_path.RunPathCallable(self.session, callable_options)
 
             self._callables[key] = [make(p) for p in self._programs]
         return self._callables[key]
 
-    def _run_partitions(self, callables, step, deliver_interrupt):
-        for index, (program, call) in enumerate(zip(self._programs, callables)):
-            try:
-                step.peaks.append(self._run_partition(index, program, call, step))
-            except tf.errors.ResourceExhaustedError as err:
-                if not oom.is_out_of_memory(err):
-                    raise  # another exhausted resource (a queue, a quota): as TensorFlow said
-                step.swaps.abort()  # free the step's device memory before diagnosing
-                raise oom.device_memory_error(self._session, self._plan, step.feeds, index, err,
-                                              accelerator.device_capacity(self._session)) from err
-            except tf.errors.OpError as err:
-                lost = remote.lost_task_error(self._runtime.remote_info, err, index,
-                                              len(self._programs),
-                                              updates.update_partitions(self._plan))
-                if lost is None:
-                    raise
-                raise lost from err
-            deliver_interrupt()
-
-    def _run_partition(self, index, program, call, step):
-        """Run one partition: feed its inputs, hand its outputs to the swap manager.
-
-        Returns its measured device peak (None when not measured)."""
-        started = time.perf_counter()
-        swaps = step.swaps
-        swaps.start_uploads(index)
-        args = [step.inputs[s] if s in step.inputs else swaps.handle_for(s, index)
-                for s in program.feed_sources]
-        peak = None
-        record = self._process_peak() if step.measure else None
-        if step.run_metadata is not None or step.measure:
-            metadata = config_pb2.RunMetadata()
-            values = call(*args, run_metadata=metadata)
-            if step.measure:
-                peak = self._partition_peak(metadata, record)
-                self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
-            if step.run_metadata is not None:
-                step.run_metadata.MergeFrom(metadata)
-        else:
-            values = call(*args)
-        for (kind, name), value in zip(program.fetch_sinks, values):
-            if kind == HANDLE:
-                swaps.keep(name, value)
-            elif kind == HOST:
-                swaps.swap_out(name, value)
-            else:
-                step.results[name] = value
-        # Fetched arrays can share TensorFlow's buffers: drop them so a
-        # swapped tensor's device copy is freed before the next partition.
-        values = value = None
-        swaps.finish(index)
-        step.timeline.span("partitions", f"partition {index}", started,
-                           {"ops": len(self._plan.partitions[index].ops)})
-        return peak
-
-    def _process_peak(self):
+    def process_peak(self):
+        """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
         memory = accelerator.device_memory(self._runtime.device)
         return memory["peak"] if memory else None
 
-    def _partition_peak(self, metadata, record_before):
-        """The partition's device peak: from its step statistics, or TensorFlow's process
-        peak when the partition raised it (read, never reset: allocations of other
-        threads, the prefetcher's uploads, count there and not in the statistics)."""
+    def partition_peak(self, index, metadata, record_before):
+        """Partition `index`'s device peak: from its step statistics (`metadata`), or
+        TensorFlow's process peak when the partition raised it above `record_before`
+        (read, never reset: allocations of other threads, the prefetcher's uploads,
+        count there and not in the statistics).  The kernel scratch its ops allocated
+        goes into `last_scratch`."""
+        self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
         peak = measured_peak(metadata)
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:
@@ -253,18 +210,13 @@ class Executor:
         swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
                             runtime.prefetcher, keys, timeline)
         started = time.perf_counter()
-        step = _Step(feeds, swaps, run_metadata, timeline, measure, keys.inputs(feeds))
+        step = _Step(self, callables, run_metadata, measure, feeds)
         self.last_scratch = {}
         self.last_resident = None
         if measure:
             memory = accelerator.device_memory(runtime.device)
             self.last_resident = memory["current"] if memory else None
-        try:
-            with _deferred_interrupts() as deliver_interrupt:
-                self._run_partitions(callables, step, deliver_interrupt)
-        except BaseException:
-            swaps.abort()
-            raise
+        results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(
@@ -274,5 +226,5 @@ class Executor:
             measured=measured is not None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall)
-        return step.results, stats
+            wall_time=wall, call_time=call_time)
+        return results, stats

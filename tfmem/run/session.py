@@ -13,9 +13,7 @@ wrapped session, so the plain session keeps working beside the wrapper.
 import contextlib
 import dataclasses
 import functools
-import gc
 import logging
-import numbers
 import time
 
 import psutil
@@ -25,20 +23,21 @@ from tensorflow.python.client import session as tf_session
 from tfmem.run import accelerator, sampling
 from tfmem.memory import budget
 from tfmem.plan.analyse import analyse
+from tfmem.plan.gc_pause import gc_paused
+from tfmem.plan.partition import check_partition_size
 from tfmem.run.buffers import HostBufferPool
 from tfmem.run.compile_stats import CompileStats
-from tfmem.errors import HostMemoryError
 from tfmem.run.execute import Executor
+from tfmem.run.host_memory import check_host_memory
 from tfmem.plan.place import place
 from tfmem.run.placement_pass import Record, place_state_on_host
 from tfmem.plan.build import make_plan
 from tfmem.run.plan_cache import PlanCache
 from tfmem.run.prefetch import Prefetcher
 from tfmem.run.request import Request
-from tfmem.memory.scratch import calibrate
 from tfmem.run.session_interface import SessionInterfaceMethods
-from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
+from tfmem.memory.sizing import Sizing
 from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
@@ -47,43 +46,6 @@ from tfmem.plan import updates
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)
-
-
-HOST_MARGIN = 0.1  # share of available host memory tfmem leaves free
-
-
-def _check_partition_size(value):
-    if value == "auto":
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"partition_size must be a positive integer (the most ops "
-                         f"one partition runs) or 'auto', got {value!r}")
-    return int(value)
-
-
-def _budget_of(session, budget_value):
-    """The device-memory budget in bytes: given, or the emulated cap / the GPU's memory."""
-    if budget_value is not None:
-        return budget.parse_bytes(budget_value)
-    limit = accelerator.device_capacity(session)
-    if limit:
-        return limit
-    raise ValueError("partition_size='auto' needs a device_memory_budget (such as '2GiB') "
-                     "on a session without an accelerator or an emulated cap")
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Planning allocates a few objects per op and frees none of them; the cyclic
-    collector would scan them again every few hundred ops (a third of the time
-    of planning a 100k-op graph)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,14 +124,14 @@ class TFMemSession(SessionInterfaceMethods):
                  measure="sample"):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
-        self._partition_size = _check_partition_size(partition_size)
+        self._partition_size = check_partition_size(partition_size)
         self._measure = sampling.check_mode(measure)
         self._steps = 0  # partitioned steps run, for StepStats.step
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
             self._partition_size = "auto"
-            self._budget = _budget_of(sess, device_memory_budget)
+            self._budget = accelerator.memory_budget(sess, device_memory_budget)
         else:
             self._budget = None
         self._session = sess
@@ -255,9 +217,14 @@ class TFMemSession(SessionInterfaceMethods):
 
     def _predict_shapes(self, plan, feed_shapes):
         if self._budget is not None:
-            return budget.predict(self.graph, plan, feed_shapes, self._session)
-        return simulate(plan, resolve_shapes(self.graph, plan.view, feed_shapes),
-                        scratch=calibrate(self.graph, plan.view, feed_shapes, self._session))
+            return budget.predict(plan, self._sizing(plan.view, feed_shapes))
+        sizing = self._sizing(plan.view, feed_shapes)
+        return simulate(plan, sizing.shapes, scratch=sizing.scratch)
+
+    def _sizing(self, view, feed_shapes):
+        """The request's Sizing at these fed shapes (kernel scratch under this session's
+        threads)."""
+        return Sizing.of(self.graph, view, feed_shapes, self._session)
 
     def _make_plan(self, request, correction=None, view=None):
         """(plan, predicted trace or None) for the request, with the placement pass's outcome.
@@ -275,7 +242,7 @@ class TFMemSession(SessionInterfaceMethods):
     def _plan_request(self, request, view, correction=None):
         """(plan, predicted trace or None) for the request under this session's settings,
         analysed here unless `view` is given."""
-        with _gc_paused():
+        with gc_paused():
             if view is None:
                 view = analyse(request.fetch_tensors, request.targets, request.feeds)
             if self._budget is None:
@@ -283,9 +250,9 @@ class TFMemSession(SessionInterfaceMethods):
                                  self._accelerator), None
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
-            return budget.fit(self.graph, view, request.feed_shapes(), self._budget, self._policy,
+            return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
                               self._accelerator, resident_bytes=memory["current"] if memory else 0,
-                              session=self._session, correction=correction,
+                              correction=correction,
                               prefer=self._plans.compiled_plans(request.signature))
 
     def _entry(self, request):
@@ -321,7 +288,7 @@ class TFMemSession(SessionInterfaceMethods):
                 entry.correction = correction
             else:  # the same plan, predicted with what was learned (gather drops a stale trace)
                 entry.trace = trace if trace is not None else budget.predict(
-                    self.graph, entry.plan, request.feed_shapes(), self._session,
+                    entry.plan, self._sizing(entry.plan.view, request.feed_shapes()),
                     entry.correction.scratch)
                 if entry.schedule is not None:
                     entry.schedule.restart()  # measure every step until it settles again
@@ -394,8 +361,8 @@ class TFMemSession(SessionInterfaceMethods):
         feed_shapes = request.feed_shapes()
         if not entry.correction.learn(
                 entry.trace, measured, entry.executor.last_scratch,
-                lambda extra: budget.predict(self.graph, entry.plan, feed_shapes,
-                                             self._session, extra)):
+                lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
+                                                                      feed_shapes), extra)):
             return
         worst = max(range(len(measured)), key=measured.__getitem__)
         log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
@@ -404,17 +371,6 @@ class TFMemSession(SessionInterfaceMethods):
                  measured[worst] / (1 << 20), worst, entry.trace.peak_device / (1 << 20),
                  len(entry.correction.scratch), entry.correction.factor)
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
-
-    def _check_host_memory(self, trace):
-        """Refuse, before anything runs, a plan whose host buffers the machine cannot hold."""
-        available = psutil.virtual_memory().available
-        needed = trace.peak_host - self._runtime.pool.capacity_bytes
-        if needed > available * (1 - HOST_MARGIN):
-            raise HostMemoryError(
-                f"the plan needs {needed / (1 << 20):.0f} MiB of host memory for swapped tensors, "
-                f"but only {available / (1 << 20):.0f} MiB is available (tfmem keeps "
-                f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
-                "swap='none', or free host memory.")
 
     def memory_report(self):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
@@ -445,7 +401,7 @@ class TFMemSession(SessionInterfaceMethods):
             entry.trace = self._predict(entry.plan, request)
         simulated = time.perf_counter() - started
         if not entry.deferred:
-            self._check_host_memory(entry.trace)
+            check_host_memory(entry.trace, self._runtime.pool)
         entry.executor = self._executor_for(entry, simulated)
         entry.graph_version = self.graph.version
         entry.feed_shapes = request.feed_shapes()

@@ -16,6 +16,12 @@ class StepStats:
     process-wide peak is left alone); None where TensorFlow reports none or
     the step was not measured (`measured`; see sampling).  `step` counts the
     session's partitioned steps from 1.
+
+    Where the time went: `call_time` is the seconds the step's thread spent inside
+    the partitions' calls (TensorFlow running them); `uploads` and `upload_time`
+    count the upload calls on the prefetch thread, which overlap the partitions.
+    `wall_time - call_time` is tfmem's own work on the step's thread, transfers and
+    prefetch waits included (tools/bench.py's per-partition overhead).
     """
     partitions: int = 0
     swapped_out: int = 0
@@ -25,11 +31,14 @@ class StepStats:
     peak_device_handles: int = 0
     peak_device_handle_bytes: int = 0
     device_peak_bytes: int | None = None
-    partition_peak_bytes: tuple | None = None
     host_buffer_bytes: int = 0
     host_rss_bytes: int = 0
     wall_time: float = 0.0
     prefetch_wait_time: float = 0.0
+    partition_peak_bytes: tuple | None = None
+    call_time: float = 0.0
+    uploads: int = 0
+    upload_time: float = 0.0
     step: int = 0
     measured: bool = False
 
@@ -48,7 +57,8 @@ class StepStats:
 
 # StepStats' figures that the swap manager counts while a step runs.
 TRANSFER_COUNTERS = ("swapped_out", "swapped_out_bytes", "swapped_in", "swapped_in_bytes",
-                     "peak_device_handles", "peak_device_handle_bytes", "prefetch_wait_time")
+                     "peak_device_handles", "peak_device_handle_bytes", "prefetch_wait_time",
+                     "uploads", "upload_time")
 
 
 class TransferCounts:

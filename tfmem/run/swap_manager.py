@@ -81,9 +81,13 @@ class SwapManager:
             self._on_device(len(keys), sum(a.nbytes for a in arrays))
 
     def _timed(self, batch, index, keys, nbytes):
+        """The upload call, counted (StepStats.uploads, upload_time) and traced; it runs
+        on the prefetch thread, the only writer of those two counters."""
         def upload(*arrays):
             started = time.perf_counter()
             handles = batch(*arrays)
+            self.counts.upload_time += time.perf_counter() - started
+            self.counts.uploads += 1
             self._timeline.span("prefetch", f"upload for partition {index}", started,
                                 {"tensors": [t for t, _ in keys], "bytes": nbytes})
             return handles

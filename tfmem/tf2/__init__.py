@@ -8,7 +8,8 @@ pool, the simulator and budget mode are shared, unchanged.
 
     compile.py   one partition -> its own ConcreteFunction (NodeDefs imported)
     transfers.py how tensors cross: EagerTensors kept, uploads on a thread
-    execute.py   the loop: call each partition, hand outputs to the SwapManager
+    execute.py   the eager front end of the shared step loop (tfmem.run.step_loop):
+                 how a partition is called and where its outputs go
     function.py  the front end: tfmem.function (tracing delegated to tf.function)
 
 The public names are `tfmem.function` (function.py here; a module

@@ -1,12 +1,13 @@
 """Execute a plan eagerly: one ConcreteFunction call per partition.
 
-The loop mirrors `tfmem.run.execute.Executor._run_partitions` for eager tensors:
-arguments are the fed values (the function's inputs and captured handles)
-and the transfers read (EagerTensors kept on the device, or uploaded again
-by the prefetcher); outputs go to the shared SwapManager (kept, or copied
-into a host buffer and dropped) or become the function's results.  A step
-that fails releases everything it held; an out-of-memory error becomes a
-`DeviceMemoryError` naming the partition and a setting predicted to fit.
+The eager front end of the step loop (`tfmem.run.step_loop`, shared with the
+Session front end): arguments are the fed values (the function's inputs and
+captured handles) and the transfers read (EagerTensors kept on the device,
+or uploaded again by the prefetcher); outputs go to the shared SwapManager
+(kept, or copied into a host buffer and dropped) or become the function's
+results.  A step that fails releases everything it held; an out-of-memory
+error becomes a `DeviceMemoryError` naming the partition and a setting
+predicted to fit.
 """
 
 import time
@@ -16,8 +17,9 @@ import tensorflow as tf
 
 from tfmem.run import accelerator
 from tfmem.memory import oom
-from tfmem.run.execute import _deferred_interrupts  # pylint: disable=protected-access
 from tfmem.plan.schedule import Schedule
+from tfmem.run.rewrite import HANDLE, HOST, RESULT
+from tfmem.run.step_loop import Wiring, run_step
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
 from tfmem.tf2.measure import PeakReader
@@ -48,50 +50,73 @@ class _Device:
         return None
 
 
+def _wiring(plan, function):
+    """The step loop's Wiring of a PartitionFunction: an output may be kept, swapped
+    and returned at once (one EagerTensor serves all three)."""
+    fetched = frozenset(plan.view.fetches)
+    transfers = frozenset(plan.partitions[function.index].outputs)
+    sinks = []
+    for position, name in enumerate(function.output_sinks):
+        if name in transfers:
+            transfer = plan.transfer(name)
+            if transfer.kept:
+                sinks.append((position, HANDLE, name))
+            if transfer.swapped:
+                sinks.append((position, HOST, name))
+        if name in fetched:
+            sinks.append((position, RESULT, name))
+    return Wiring(function.input_sources, tuple(sinks))
+
+
+class _EagerStep:
+    """One step's partition calls: the step loop's front end (see tfmem.run.step_loop)."""
+
+    def __init__(self, executor, peaks):
+        self.plan = executor.plan
+        self.wiring = executor.wiring
+        self._executor = executor
+        self._peaks = peaks  # a PeakReader, or None where TensorFlow keeps no figures
+
+    def call(self, index, args):
+        function = self._executor.functions[index]
+        if self._peaks is None:
+            return function.call(*args)
+        self._peaks.start_partition()
+        values = function.call(*args)
+        self._peaks.end_partition()
+        return values
+
+    @staticmethod
+    def host_value(value):
+        return value.numpy()
+
+    def out_of_memory(self, index, error, feeds):
+        shapes = {name: value for name, value in feeds.items()
+                  if value.dtype not in (tf.resource, tf.variant)}
+        devices = GraphDevices(self._executor.graph)
+        return oom.device_memory_error(devices, self.plan, shapes, index, error,
+                                       accelerator.device_capacity(devices))
+
+    @staticmethod
+    def failure(index, error):
+        del index, error  # an eager step has no remote task to lose: as TensorFlow said
+
+
 class EagerExecutor:
     """Runs the PartitionFunctions of one plan of one traced graph."""
 
     def __init__(self, graph, plan, functions, runtime):
-        self._graph = graph
-        self._plan = plan
-        self._functions = functions
+        self.graph = graph
+        self.plan = plan
+        self.functions = functions
+        self.wiring = [_wiring(plan, f) for f in functions]
         self._runtime = runtime  # pool, prefetcher, releaser, device, measure_device
         self._schedule = Schedule(plan)
         self._batches = {index: runtime.prefetcher.batch
                          for index, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
-        self._fetched = frozenset(plan.view.fetches)
-        self._outputs = [frozenset(p.outputs) for p in plan.partitions]
         self.last_resident = None  # device bytes in use when the last step started
         self.last_peak_bounds = None  # (lower, upper) bytes around the last step's peak
-
-    def _run_partition(self, function, feeds, swaps, results, timeline, peaks):
-        started = time.perf_counter()
-        index = function.index
-        swaps.start_uploads(index)
-        args = [feeds[s] if s in feeds else swaps.handle_for(s, index)
-                for s in function.input_sources]
-        if peaks is not None:
-            peaks.start_partition()
-        values = function.call(*args)
-        if peaks is not None:
-            peaks.end_partition()
-        args = None
-        transfers = self._outputs[index]
-        for name, value in zip(function.output_sinks, values):
-            if name in transfers:
-                transfer = self._plan.transfer(name)
-                if transfer.kept:
-                    swaps.keep(name, value)
-                if transfer.swapped:
-                    swaps.swap_out(name, value.numpy())
-            if name in self._fetched:
-                results[name] = value
-        # Drop the outputs so a swapped tensor's device copy is freed now.
-        values = value = None
-        swaps.finish(index)
-        timeline.span("partitions", f"partition {index}", started,
-                      {"ops": len(self._plan.partitions[index].ops)})
 
     def run(self, feeds, timeline=None):
         """Run one step on {fed tensor name: EagerTensor}; return ({fetch: value}, StepStats)."""
@@ -104,32 +129,14 @@ class EagerExecutor:
             peaks = None  # TensorFlow keeps no figures for this device
         self.last_resident = peaks.resident if peaks is not None else None
         started = time.perf_counter()
-        results = {}
-        try:
-            with _deferred_interrupts() as deliver_interrupt:
-                for function in self._functions:
-                    try:
-                        self._run_partition(function, feeds, swaps, results, timeline, peaks)
-                    except tf.errors.ResourceExhaustedError as err:
-                        if not oom.is_out_of_memory(err):
-                            raise
-                        swaps.abort()
-                        shapes = {name: value for name, value in feeds.items()
-                                  if value.dtype not in (tf.resource, tf.variant)}
-                        devices = GraphDevices(self._graph)
-                        raise oom.device_memory_error(devices, self._plan, shapes, function.index,
-                                                      err, accelerator.device_capacity(devices)) from err
-                    deliver_interrupt()
-        except BaseException:
-            swaps.abort()
-            raise
+        results, call_time = run_step(_EagerStep(self, peaks), swaps, feeds, timeline)
         wall = time.perf_counter() - started
         self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(
-            partitions=len(self._functions),
+            partitions=len(self.functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,
             partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall)
+            wall_time=wall, call_time=call_time)
         return results, stats

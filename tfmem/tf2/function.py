@@ -30,20 +30,22 @@ import logging
 import threading
 import weakref
 
-import psutil
 import tensorflow as tf
 from tensorflow.python.eager import record
 
 from tfmem.run import accelerator
 from tfmem.memory import budget
 from tfmem.run.buffers import HostBufferPool
-from tfmem.errors import HostMemoryError, UnsupportedGraphError
+from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.optypes import draws_random_stream
-from tfmem.run.session import HOST_MARGIN, _budget_of, _check_partition_size, _gc_paused  # pylint: disable=protected-access
+from tfmem.plan.gc_pause import gc_paused
+from tfmem.plan.partition import check_partition_size
+from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
+from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition
@@ -114,7 +116,7 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
     """
     _refuse_jit(tf_function_kwargs.get("jit_compile"))
-    size = _check_partition_size(partition_size)
+    size = check_partition_size(partition_size)
     policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
     if device_memory_budget is not None:
         budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
@@ -131,7 +133,7 @@ def _budget_bytes(settings, devices):
     """The device-memory budget in bytes (budget mode), else None."""
     if settings.partition_size != "auto":
         return None
-    return _budget_of(devices, settings.budget)
+    return accelerator.memory_budget(devices, settings.budget)
 
 
 def _make_runtime(settings):
@@ -257,7 +259,7 @@ class PartitionedFunction:
         fetches = list({t.name: t for t in graph.outputs if t.name not in input_names}.values())
         targets = list(graph.control_outputs)
         shapes = self._feed_shapes(graph, feeds)
-        with _gc_paused():
+        with gc_paused():
             view = analyse(fetches, targets, graph.inputs)
             if runtime.budget_bytes is None:
                 plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
@@ -270,7 +272,8 @@ class PartitionedFunction:
                 # shapes serves them with the same compiled partitions, so each random op
                 # keeps its one stream, as in tf.function (and nothing is compiled again).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
-                plan, trace = budget.fit(graph, view, shapes, runtime.budget_bytes, runtime.policy,
+                plan, trace = budget.fit(view, Sizing.of(graph, view, shapes),
+                                         runtime.budget_bytes, runtime.policy,
                                          resident_bytes=memory["current"] if memory else 0,
                                          margin=TF2_MARGIN, prefer=[t.plan for t in earlier])
         _check_sources(plan.view)
@@ -290,14 +293,7 @@ class PartitionedFunction:
 
     def _compile(self, traced):
         runtime = self._runtime
-        available = psutil.virtual_memory().available
-        needed = traced.trace.peak_host - runtime.pool.capacity_bytes
-        if needed > available * (1 - HOST_MARGIN):
-            raise HostMemoryError(
-                f"the plan needs {needed / (1 << 20):.0f} MiB of host memory for swapped "
-                f"tensors, but only {available / (1 << 20):.0f} MiB is available (tfmem keeps "
-                f"{HOST_MARGIN:.0%} free). Use a larger partition_size or swap_distance, "
-                "swap='none', or free host memory.")
+        check_host_memory(traced.trace, runtime.pool)
         plan = traced.plan
         for other in self._traced.values():
             if other.plan is plan and other.executor is not None:
