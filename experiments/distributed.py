@@ -302,6 +302,7 @@ def residence_main(args):
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import config_pb2  # pylint: disable=import-outside-toplevel
+    from tfmem import tf_private  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     # An in-process server: this process ends with the script (servers cannot be stopped).
     server = tf.distribute.Server.create_local_server()
@@ -351,8 +352,8 @@ def residence_main(args):
                              ("staging per step", server.target), ("client", server.target)):
             graph, (produce_opts, consume_opts) = build(kind, n)
             with tf1.Session(target, graph=graph) as sess:
-                produce = sess._make_callable_from_options(produce_opts)  # pylint: disable=protected-access
-                consume = sess._make_callable_from_options(consume_opts)  # pylint: disable=protected-access
+                produce = tf_private.make_callable(sess, produce_opts)
+                consume = tf_private.make_callable(sess, consume_opts)
                 times = []
                 for i in range(args.repeats + 2):
                     start = time.perf_counter()
