@@ -63,6 +63,21 @@ RESULT = "TFMEM-WORKER-RESULT"
 # the model and the barrier (built identically by every worker)
 
 
+def mlp(tf, rng, args):
+    """The experiment's model in the current graph and device scope: (input, weights, loss)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    tf1 = tf.compat.v1
+    x = tf1.placeholder(tf.float32, [args.batch, args.width], name="x")
+    h, weights = x, []
+    for i in range(args.depth):
+        weights.append(tf1.get_variable(
+            f"w{i}", initializer=(rng.randn(args.width, args.width)
+                                  / np.sqrt(args.width)).astype(np.float32),
+            use_resource=True))
+        h = tf.tanh(h @ weights[-1])
+    return x, weights, tf.reduce_mean(tf.square(h - 0.25))
+
+
 def build(tf, spec, task, args):
     """The worker's training graph: an MLP, gradients into slots, the barrier."""
     tf1 = tf.compat.v1
@@ -73,15 +88,7 @@ def build(tf, spec, task, args):
     with graph.as_default():
         with graph.device(tf1.train.replica_device_setter(
                 worker_device=f"/job:worker/task:{task}", cluster=spec)):
-            x = tf1.placeholder(tf.float32, [args.batch, args.width], name="x")
-            h, weights = x, []
-            for i in range(args.depth):
-                weights.append(tf1.get_variable(
-                    f"w{i}", initializer=(rng.randn(args.width, args.width)
-                                          / np.sqrt(args.width)).astype(np.float32),
-                    use_resource=True))
-                h = tf.tanh(h @ weights[-1])
-            loss = tf.reduce_mean(tf.square(h - 0.25))
+            x, weights, loss = mlp(tf, rng, args)
             grads = tf.gradients(loss, weights)
             slots = [[tf1.get_variable(f"slot{j}_{i}", shape=w.shape, trainable=False,
                                        initializer=tf1.zeros_initializer(), use_resource=True)
@@ -381,15 +388,7 @@ def keys_client(args):
     rng = np.random.RandomState(0)
     with graph.as_default(), graph.device(tf1.train.replica_device_setter(
             worker_device="/job:worker/task:0", cluster=spec)):
-        x = tf1.placeholder(tf.float32, [args.batch, args.width], name="x")
-        h, weights = x, []
-        for i in range(args.depth):
-            weights.append(tf1.get_variable(
-                f"w{i}", initializer=(rng.randn(args.width, args.width)
-                                      / np.sqrt(args.width)).astype(np.float32),
-                use_resource=True))
-            h = tf.tanh(h @ weights[-1])
-        loss = tf.reduce_mean(tf.square(h - 0.25))
+        x, weights, loss = mlp(tf, rng, args)
         fetches = [loss, tf.gradients(loss, weights)]  # no updates: threads may overlap
         init = tf1.global_variables_initializer()
     sess = tf1.Session(f"grpc://{spec['worker'][0]}", graph=graph, config=tf1.ConfigProto(

@@ -206,6 +206,15 @@ def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
     plain.close()
 
 
+def _run_to_the_end(threads):
+    """Start `threads` and wait for them all, each within a few step deadlines."""
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     """Three threads run one plan at once; each step's values are plain TensorFlow's.
 
@@ -234,11 +243,7 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
             errors.append(err)
 
     threads = [threading.Thread(target=work, args=(first,)) for first in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
-    assert not any(thread.is_alive() for thread in threads)
+    _run_to_the_end(threads)
     assert not errors, errors
     for want, have in zip(expected, got):
         np.testing.assert_allclose(have[0], want[0], rtol=1e-5, atol=1e-6)
@@ -396,11 +401,7 @@ def check_a_failing_step_removes_only_its_own_staged_tensors(cluster):
                 errors.append(err)
 
     threads = [threading.Thread(target=good), threading.Thread(target=bad)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=4 * STEP_DEADLINE_MS / 1000)
-    assert not any(thread.is_alive() for thread in threads)
+    _run_to_the_end(threads)
     assert not errors, errors
     assert len(failures) == len(data)
     for i, want in enumerate(expected):
