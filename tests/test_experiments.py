@@ -403,6 +403,7 @@ def test_readme_result_tables_match_the_result_files():
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resnet-quick" in proc.stdout
+    assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table (issue 15)
 
 
 def test_every_result_file_records_what_produced_it():

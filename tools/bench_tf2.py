@@ -1,7 +1,12 @@
 """Benchmark: `tfmem.function` against `tf.function` on a training step that fits (issue 15).
 
     python tools/bench_tf2.py [--quick] [--steps N] [--warmup N] [--blocks 3 3 3]
-                              [--batch 32] [--partition-sizes 200 auto] [--json OUT.json]
+                              [--batch 32] [--partition-sizes 200 auto] [--intra 1]
+                              [--inter 2] [--onednn 0|1] [--json OUT.json]
+
+`--json experiments/results/tf2_speed.json` writes the result file that
+`tools/results_tables.py` renders into the README's TF2 section (with its
+provenance: commit, TensorFlow version, oneDNN on/off, cores, load, date).
 
 A Keras ResNet (3 stages of residual blocks, Conv2D + BatchNormalization +
 ReLU, width 16, 32x32 images, SGD with momentum) is trained by a custom
@@ -18,11 +23,12 @@ above the step's peak, so tfmem should choose one partition) the tool times:
   CPU time, less disturbed by other load on the machine).
 
 Losses of the two copies are compared on every step: the steps whose
-losses differ and the largest relative difference are printed (the planner
-keeps the sums Grappler's arithmetic optimizer regroups in one partition,
-which made them bit-equal with one intra-op thread; this tool leaves
-TensorFlow's default threads, where the ResNet still drifted by float
-rounding after the change: see the README's TF2 section).
+losses differ and the largest relative difference are printed.  The
+thread pools are pinned (`--intra 1 --inter 2` by default, through
+`tf.config.threading` before TensorFlow starts its runtime) so that the
+comparison and the timings do not depend on the machine's core count:
+with TensorFlow's default intra-op threads the ResNet's losses drifted by
+float rounding (see the README's TF2 section).
 Goals: ratio <= 1.15 at partition_size 200 and <= 1.02 in budget mode,
 printed as `TARGET name=value (goal ...) ok|MISSED` lines.  The process
 runs with TF_ENABLE_ONEDNN_OPTS=0 unless set otherwise (`--onednn 1`).
@@ -35,6 +41,8 @@ import statistics
 import sys
 import time
 
+GOALS = {"200": 1.15, "auto": 1.02}  # issue 15: tfmem / tf.function step time when it fits
+
 
 def _parse():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -46,6 +54,8 @@ def _parse():
     parser.add_argument("--partition-sizes", nargs="+", default=["200", "auto"])
     parser.add_argument("--budget", default="8GiB", help="the budget of the 'auto' configuration")
     parser.add_argument("--onednn", choices=("0", "1"), default="0")
+    parser.add_argument("--intra", type=int, default=1, help="intra-op threads (pinned)")
+    parser.add_argument("--inter", type=int, default=2, help="inter-op threads (pinned)")
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args()
     if args.quick:
@@ -146,8 +156,11 @@ def main():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
 
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra)
+    tf.config.threading.set_inter_op_parallelism_threads(args.inter)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import tfmem  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import child_env, provenance  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
     data = (tf.constant(rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)),
@@ -156,7 +169,7 @@ def main():
     print(f"tfmem.function vs tf.function: Keras ResNet blocks {tuple(args.blocks)}, width 16, "
           f"32x32, batch {args.batch}, SGD momentum; {args.steps} steps per side after "
           f"{args.warmup} warm-up, alternating; TF_ENABLE_ONEDNN_OPTS={args.onednn}, "
-          f"load average {load:.1f}")
+          f"intra-op threads {args.intra}, inter-op {args.inter}; load average {load:.1f}")
     print(f"{'part.size':>9} {'parts':>5} {'ops':>5} {'plain ms':>8} {'tfmem ms':>8} "
           f"{'ratio':>6} {'paired':>6} {'cpu':>5} {'first plain s':>13} {'first tfmem s':>13} "
           f"{'loss differs':>12} {'max rel diff':>12}")
@@ -170,16 +183,17 @@ def main():
               f"{row['first_tfmem_s']:>13.1f} "
               f"{row['loss_diff_steps']:>5} of {args.steps + args.warmup + 1:<3} "
               f"{row['max_loss_rel_diff']:>12.1e}", flush=True)
-    goals = {"200": 1.15, "auto": 1.02}
     for row in rows:
-        goal = goals.get(str(row["partition_size"]))
+        goal = GOALS.get(str(row["partition_size"]))
         if goal:
             verdict = "ok" if row["ratio"] <= goal else "MISSED"
             print(f"TARGET step_ratio_{row['partition_size']}={row['ratio']:.3f} "
                   f"(goal <= {goal}) {verdict}")
     if args.json:
+        origin = provenance.provenance(child_env.kernel_path(args.onednn == "1"))
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump(dict(load_average=load, args=vars(args), rows=rows), out, indent=1)
+            json.dump(dict(kind="tf2-speed", goals=GOALS, load_average_at_start=load,
+                           args=vars(args), rows=rows, provenance=origin), out, indent=1)
     return 0
 
 

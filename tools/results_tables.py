@@ -13,7 +13,9 @@ A generated block sits between two markers that name its source:
 (`resnet-quick.json`, with its provenance, cap, table, RESULT line and, for
 DeepSpeech, the iteration-time table), the soak's (`soak.json`, written by
 `python tools/soak.py --json experiments/results/soak.json`) or budget mode's
-table (`budget.json`, written by `python tools/budget_table.py`).  Text outside
+table (`budget.json`, written by `python tools/budget_table.py`) or the TF2
+step-time benchmark's (`tf2_speed.json`, written by
+`python tools/bench_tf2.py --json experiments/results/tf2_speed.json`).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -121,6 +123,46 @@ def budget_block(data):
         budget_table.markdown(data["rows"]), ""])
 
 
+def tf2_speed_block(data):
+    """The markdown of tools/bench_tf2.py's result file: tfmem.function / tf.function."""
+    args, goals = data["args"], data.get("goals", {})
+    flags = f" --steps {args['steps']} --warmup {args['warmup']}"
+    for option, default in (("partition_sizes", ["200", "auto"]), ("blocks", [3, 3, 3]),
+                            ("batch", 32), ("budget", "8GiB"), ("onednn", "0"), ("intra", 1),
+                            ("inter", 2)):
+        value = args.get(option, default)
+        if value != default:
+            value = " ".join(map(str, value)) if isinstance(value, list) else value
+            flags += f" --{option.replace('_', '-')} {value}"
+    lines = [
+        f"`python tools/bench_tf2.py{flags} --json experiments/results/tf2_speed.json` "
+        f"(ResNet blocks {tuple(args['blocks'])}, batch {args['batch']}; {args['steps']} timed "
+        f"steps per side after {args['warmup']} warm-up, alternating; intra-op threads "
+        f"{args.get('intra', 'default')}, inter-op {args.get('inter', 'default')}; "
+        f"{_provenance(data.get('provenance'))}):", "",
+        "| configuration | partitions | ops | plain ms | tfmem ms | ratio (goal) | paired | "
+        "CPU ratio | first step plain s | first step tfmem s | steps whose loss differs | "
+        "max rel. loss diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for row in data["rows"]:
+        size = str(row["partition_size"])
+        name = "budget mode (step fits)" if size == "auto" else f"partition_size={size}"
+        goal = goals.get(size)
+        mark = f" (<= {goal}: {'met' if row['ratio'] <= goal else 'MISSED'})" if goal else ""
+        lines.append(
+            f"| {name} | {row['partitions']} | {row['ops']} | {row['plain_ms']:.1f} | "
+            f"{row['tfmem_ms']:.1f} | {row['ratio']:.3f}{mark} | {row['paired']:.3f} | "
+            f"{row['cpu_ratio']:.3f} | {row['first_plain_s']:.1f} | {row['first_tfmem_s']:.1f} | "
+            f"{row['loss_diff_steps']} of {row['steps'] + args['warmup'] + 1} | "
+            f"{row['max_loss_rel_diff']:.1e} |")
+        if goal:
+            verdicts.append(f"step_ratio_{size}={row['ratio']:.3f} (goal <= {goal}) "
+                            f"{'ok' if row['ratio'] <= goal else 'MISSED'}")
+    lines += [""] + [f"    TARGET {v}" for v in verdicts] + ([""] if verdicts else [])
+    return "\n".join(lines)
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -131,6 +173,8 @@ def block(name):
         return soak_block(data)
     if data.get("kind") == "budget-table":
         return budget_block(data)
+    if data.get("kind") == "tf2-speed":
+        return tf2_speed_block(data)
     return experiment_block(data, name)
 
 
