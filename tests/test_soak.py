@@ -46,30 +46,30 @@ def test_short_soak_does_not_grow(tmp_path):
     assert len(samples) == 9 and result["cap_mib"] == CAP_MIB
     assert result["swapped"] > 0 and result["partitions"] > 10  # partitions and swaps happen
     assert result["provenance"]["kernel_path"] == "oneDNN off"
-    device = [s["device"] for s in samples]
-    assert device[0] > 0 and device == [device[0]] * len(device), (
-        f"TensorFlow's allocator between steps: {device}")
+    assert all(s["device"] > 0 for s in samples)  # device growth: by the verdict below
     assert len({s["host_buffers"] for s in samples}) == 1
     assert 0 < result["max_device_peak"] < result["plain_peak"], (
         f"tfmem {result['max_device_peak'] / MIB:.2f} MiB, "
         f"plain {result['plain_peak'] / MIB:.2f} MiB")
     assert result["finite"] and result["last_loss"] < result["first_loss"]
-    # RSS is judged by the tool's verdict: its slope, or one heap step in all.
+    # Device and RSS growth are judged by the tool's verdict (tested below).
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert "VERDICT no growth" in proc.stdout
 
 
-def _result(device, rss, buffers=1000):
+def _result(device, rss, buffers=1000, state_bytes=50):
     samples = [dict(step=100 + 50 * i, device=d, rss=r, host_buffers=buffers)
                for i, (d, r) in enumerate(zip(device, rss))]
     return dict(samples=samples, seconds=10.0, cap_mib=10, plain_peak=8 * MIB, partitions=5,
                 partition_size=3, swapped=2, swapped_out_bytes=MIB, max_device_peak=5 * MIB,
-                first_loss=1.0, last_loss=0.5, finite=True)
+                first_loss=1.0, last_loss=0.5, finite=True, state_bytes=state_bytes)
 
 
 @pytest.mark.parametrize("device, rss, ok", [
     ([100] * 5, [500 * MIB] * 5, True),
     ([100, 100, 100, 100, 164], [500 * MIB] * 5, False),  # TF holds more after a step
+    ([100, 150, 100, 150, 150], [500 * MIB] * 5, True),  # variables in larger chunks
+    ([100, 140, 180, 220, 260], [500 * MIB] * 5, False),  # a leak keeps going
     ([100] * 5, [500 * MIB + i * MIB for i in range(5)], False),  # 20 MiB per 1000 steps
     ([100] * 5, [500 * MIB + i * 4096 for i in range(5)], True),  # within the tolerance
     ([100] * 5, [500 * MIB] * 3 + [501 * MIB] * 2, True),  # one step of the C heap, once

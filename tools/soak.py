@@ -18,7 +18,8 @@ samples, every `--every` steps:
 * the host buffer pool's capacity.
 
 It prints the growth per 1000 steps (least-squares slope of the samples) and
-a verdict: device memory must not grow at all, host RSS by no more than
+a verdict: device memory must not grow (beyond the allocator placing the
+same variables in larger chunks), host RSS by no more than
 `--rss-tolerance` MiB per 1000 steps over the later half of the samples (the
 allocator of the Python process settles a MiB or two after the warm-up,
 once; RSS is read after returning freed heap pages, malloc_trim), and tfmem's largest step peak must stay below
@@ -160,7 +161,11 @@ def _soak(args):
                                 host_buffers=tfs.host_buffers.capacity_bytes))
     wall = time.perf_counter() - started
     last = tfs.last_step
+    with model.graph.as_default():
+        state_bytes = sum(v.shape.num_elements() * v.dtype.size
+                          for v in tf.compat.v1.global_variables())
     return dict(samples=samples, first_loss=losses[0], last_loss=losses[-1], finite=finite,
+                state_bytes=state_bytes,
                 partitions=len(plan.partitions), partition_size=plan.partition_size,
                 swapped=sum(t.swapped for t in plan.transfers),
                 swapped_out_bytes=last.swapped_out_bytes, max_device_peak=peak,
@@ -181,7 +186,8 @@ HEAP_STEP = MIB  # one growth of the C heap (see verdict)
 
 
 def verdict(result, rss_tolerance_mib):
-    """(ok, lines): device bytes must stay exactly flat, RSS within the tolerance."""
+    """(ok, lines): device bytes must not rise past allocator chunking, RSS within the
+    tolerance."""
     samples = result["samples"]
     device = [s["device"] for s in samples]
     rss = [s["rss"] for s in samples]
@@ -191,7 +197,15 @@ def verdict(result, rss_tolerance_mib):
     growth = dict(device=_slope_per_1000(samples, "device"), rss=_slope_per_1000(settled, "rss"),
                   rss_all=_slope_per_1000(samples, "rss"),
                   host_buffers=_slope_per_1000(samples, "host_buffers"))
-    device_flat = max(device) == min(device)
+    # The device figure counts allocator chunks, not bytes asked for: when a variable's
+    # buffer is copied on write, BFC may hand it a whole free chunk up to twice its size,
+    # so the same live set reads differently from step to step (up and down by a
+    # variable's size, 2026-11-22).  A leak raises the floor and keeps raising it: the
+    # lowest sample of the last third may exceed the first third's by the state's bytes
+    # (every variable re-placed at twice its size), no more.
+    third = max(len(device) // 3, 1)
+    floor_rise = min(device[-third:]) - min(device[:third])
+    device_flat = floor_rise <= result.get("state_bytes", 0)
     # A leak keeps going; the C allocator grows its heap in steps (1 MiB once at step 120
     # in one run, at step 220 in another), which over a short window reads as a slope.
     # One such step in the settled half is allowed on top of the tolerance, no more.
@@ -217,7 +231,9 @@ def verdict(result, rss_tolerance_mib):
         f"loss {result['first_loss']:.5f} -> {result['last_loss']:.5f} (all finite: "
         f"{result['finite']})",
         f"TF device memory between steps: {min(device)} .. {max(device)} bytes, growth "
-        f"{growth['device'] / 1024:+.1f} KiB per 1000 steps",
+        f"{growth['device'] / 1024:+.1f} KiB per 1000 steps; lowest sample of the last "
+        f"third {floor_rise:+d} bytes over the first third's (allowed: the state's "
+        f"{result.get('state_bytes', 0)} bytes, allocator chunks)",
         f"host RSS: {min(rss) / MIB:.1f} .. {max(rss) / MIB:.1f} MiB, growth "
         f"{growth['rss'] / MIB:+.2f} MiB per 1000 steps from step {settled[0]['step']} on "
         f"(tolerance {rss_tolerance_mib} MiB, or one heap step of {HEAP_STEP / MIB:.0f} MiB; "
