@@ -33,6 +33,8 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
+sys.path.insert(0, "tools")  # the child runs from the repository's root
+from bench_tf2 import make_step  # the Keras training step the TF2 benchmark times
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
@@ -95,15 +97,7 @@ def keras_model(seed):
     h = keras.layers.Dense(32, activation="relu")(keras.layers.GlobalAveragePooling2D()(h))
     model = keras.Model(inputs, keras.layers.Dense(10)(h))
     optimizer = keras.optimizers.Adam(1e-2)
-    optimizer.build(model.trainable_variables)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = make_step(tf, keras, model, optimizer)
     r = np.random.default_rng(2)
     x = tf.constant(r.standard_normal((16, 16, 16, 3)).astype(np.float32))
     y = tf.constant(r.integers(0, 10, 16).astype(np.int32))

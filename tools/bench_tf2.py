@@ -86,9 +86,10 @@ def build_resnet(keras, blocks, width=16, classes=10, seed=0):
     return keras.Model(inputs, layers.Dense(classes)(h))
 
 
-def make_step(tf, keras, model):
-    """A custom training step: cross-entropy, SGD with momentum, BN statistics updated."""
-    optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+def make_step(tf, keras, model, optimizer=None):
+    """A custom training step: cross-entropy, `optimizer` (default SGD with momentum,
+    built here), BN statistics updated."""
+    optimizer = optimizer or keras.optimizers.SGD(0.01, momentum=0.9)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
