@@ -115,8 +115,8 @@ class _Step:
     def host_value(value):
         return value  # a callable fetches numpy arrays already
 
-    def out_of_memory(self, index, error, feeds):  # pylint: disable=unused-argument
-        """The diagnosis reads the user's feeds, not `feeds` (which hold the step's keys)."""
+    def out_of_memory(self, index, error):
+        """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
         return oom.device_memory_error(session, self.plan, self._feeds, index, error,
                                        accelerator.device_capacity(session))

@@ -14,7 +14,7 @@ A front end says how a partition is called and how tensors look to it:
     wiring       per partition a Wiring: what each argument is, where each output goes
     call(i, args)            the partition's outputs (a sequence)
     host_value(value)        a fetched output as the numpy array the swap manager copies
-    out_of_memory(i, error, feeds)   the DeviceMemoryError to raise instead
+    out_of_memory(i, error)  the DeviceMemoryError to raise instead (it knows its feeds)
     failure(i, error)        another exception to raise instead of an OpError, or None
 
 The Session front end is `run/execute.py`'s `_Step` (one per step of an
@@ -56,7 +56,7 @@ def run_step(front_end, swaps, feeds, timeline):
                     if not oom.is_out_of_memory(err):
                         raise  # another exhausted resource (a queue, a quota): as TensorFlow said
                     swaps.abort()  # free the step's device memory before diagnosing
-                    raise front_end.out_of_memory(index, err, feeds) from err
+                    raise front_end.out_of_memory(index, err) from err
                 except tf.errors.OpError as err:
                     replaced = front_end.failure(index, err)
                     if replaced is None:

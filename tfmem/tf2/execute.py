@@ -71,11 +71,12 @@ def _wiring(plan, function):
 class _EagerStep:
     """One step's partition calls: the step loop's front end (see tfmem.run.step_loop)."""
 
-    def __init__(self, executor, peaks):
+    def __init__(self, executor, peaks, feeds):
         self.plan = executor.plan
         self.wiring = executor.wiring
         self._executor = executor
         self._peaks = peaks  # a PeakReader, or None where TensorFlow keeps no figures
+        self._feeds = feeds  # {argument name: value}
 
     def call(self, index, args):
         function = self._executor.functions[index]
@@ -90,8 +91,8 @@ class _EagerStep:
     def host_value(value):
         return value.numpy()
 
-    def out_of_memory(self, index, error, feeds):
-        shapes = {name: value for name, value in feeds.items()
+    def out_of_memory(self, index, error):
+        shapes = {name: value for name, value in self._feeds.items()
                   if value.dtype not in (tf.resource, tf.variant)}
         devices = GraphDevices(self._executor.graph)
         return oom.device_memory_error(devices, self.plan, shapes, index, error,
@@ -129,7 +130,7 @@ class EagerExecutor:
             peaks = None  # TensorFlow keeps no figures for this device
         self.last_resident = peaks.resident if peaks is not None else None
         started = time.perf_counter()
-        results, call_time = run_step(_EagerStep(self, peaks), swaps, feeds, timeline)
+        results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
         wall = time.perf_counter() - started
         self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(
