@@ -128,9 +128,8 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
                   step_times=[], step_time_median=None, last_step=None)
     with sess:
         runner.run(init)
-        # tfmem's executor may reset the peak at the start of a step where it
-        # measures device memory, so the peak is read after every step and
-        # the largest one kept.
+        # The proof's own child process: it resets TensorFlow's peak once after
+        # initialisation and keeps the largest peak read after each step.
         accelerator.reset_peak("CPU:0")
         peak = 0
         for value in _batches(np, steps, batch, width, seed):
