@@ -216,7 +216,9 @@ def _capped_worker():
         result["big"] = [np.asarray(fitted.run(fetches, feed_dict=_feed(x, BATCH))).tolist()
                          for _ in range(2)]
         result["big_peak"] = fitted.last_step.device_peak_bytes
-        result["big_predicted"] = fitted.simulate(fetches, feed_dict=_feed(x, BATCH)).peak_device
+        trace = fitted.simulate(fetches, feed_dict=_feed(x, BATCH))
+        result["big_predicted"] = trace.peak_device
+        result["big_predicted_chunks"] = trace.peak_device_chunks
     print("TFMEM-RESULTS " + json.dumps(result))
 
 
@@ -286,9 +288,14 @@ def test_capped_suggestion_fits_under_the_same_cap(capped, expected):
     for got in capped["big"]:
         np.testing.assert_allclose(got, expected[BATCH], rtol=RTOL, atol=ATOL)
     # The run under the cap is within the cap by construction; what could be wrong is the
-    # prediction the suggestion rests on: the measured peak must not exceed it by more
-    # than the simulator's worst-step bound (README: 15 %).
-    predicted, measured = capped["big_predicted"], capped["big_peak"]
+    # prediction the suggestion rests on.  TensorFlow's figure counts BFC chunks, and which
+    # chunk a request gets depends on the allocator's history in the process (this one ran
+    # out of memory before), so the measured peak is held to the simulator's chunk figure
+    # with its worst-step band (test_simulate, Eigen: 15 %).  Once 9.75 MiB measured against
+    # 8.00 requested and 9.00 in chunks (CI, 2026-11-22); 8.00 in quiet runs.
+    predicted = capped["big_predicted"]
+    chunks, measured = capped["big_predicted_chunks"], capped["big_peak"]
     assert predicted <= CAP_MIB * MIB
-    assert 0 < measured <= 1.15 * predicted, (
-        f"measured {measured / MIB:.2f} MiB, predicted {predicted / MIB:.2f} MiB")
+    assert 0 < measured <= 1.15 * max(predicted, chunks), (
+        f"measured {measured / MIB:.2f} MiB, predicted {predicted / MIB:.2f} MiB requested, "
+        f"{chunks / MIB:.2f} MiB in chunks")

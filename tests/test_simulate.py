@@ -84,6 +84,12 @@ BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.18}
 # ran the first steps in (it orders ops by measured cost), not on anything a plan
 # decides: no prediction of one figure can be within 10 % of all three.
 BAND_GAPS = {("onednn", "pool", size): 0.40 for size in SIZES}
+# The MoE layer in one partition (and at 200, the same plan) on the Eigen path: 15.29,
+# 15.83, 18.30 and 18.96 MiB in four processes for one plan on 2026-11-22, against 17.15
+# requested and 18.01 in chunks.  Below the requested figure, so the live set itself
+# differs: TensorFlow's executor orders the ops by the costs it measures in the first
+# steps.  No figure is within 10 % of both ends.
+BAND_GAPS.update({("eigen", "moe", size): 0.15 for size in (100000, 200)})
 
 # Steps 2..STEPS are measured (the first warms caches): accuracy is judged on the
 # median step, and the worst step separately.  Five judged steps (was three): one
