@@ -394,7 +394,7 @@ def summarize(rows, graphs):
     return table, goals
 
 
-def markdown(data):
+def markdown(data, provenance_text):
     """The README table of a result file (tools/results_tables.py renders it)."""
     args = data["args"]
     lines = [
@@ -403,7 +403,7 @@ def markdown(data):
         f"experiments/results/partition_graphs.json` (bench MLP step, {args['layers']} layers, "
         f"batch {args['batch']}, partition_size {args['partition_size']}; one in-process "
         f"server; medians of {args['repeats']} interleaved repeats; "
-        f"{data['provenance_text']}):", "",
+        f"{provenance_text}):", "",
         "| session graph ops | callables | ms per callable: local / one gRPC session / own "
         "graphs | own graph: ops, making alone ms (cut + import / session + make) | first step "
         "s: local / one gRPC / own graphs (rewrite in it: local / own) | step ms: plain / "
@@ -441,7 +441,7 @@ def result(args, tiny, rows, started, complete):
     info = provenance.provenance(f"oneDNN {'on' if args.onednn == '1' else 'off'}")
     data = dict(kind="partition-graphs", complete=complete, args=vars(args), tiny_check=tiny,
                 rows=rows, table=table, goals=goals, seconds=time.monotonic() - started,
-                provenance=info, provenance_text=provenance.describe(info))
+                provenance=info)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1)
@@ -512,7 +512,8 @@ def main(argv=None):
                   + "/".join(str(row[a]['losses_equal_plain']) for a in ARMS),
                   flush=True)
     data = result(args, tiny, rows, started, complete=True)
-    print(markdown(data))
+    from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
+    print(markdown(data, provenance.describe(data["provenance"])))
     return 0 if tiny["ok"] else 1
 
 

@@ -15,7 +15,9 @@ DeepSpeech, the iteration-time table), the soak's (`soak.json`, written by
 `python tools/soak.py --json experiments/results/soak.json`) or budget mode's
 table (`budget.json`, written by `python tools/budget_table.py`) or the TF2
 step-time benchmark's (`tf2_speed.json`, written by
-`python tools/bench_tf2.py --json experiments/results/tf2_speed.json`).  Text outside
+`python tools/bench_tf2.py --json experiments/results/tf2_speed.json`) or the
+session-graph-per-partition measurement's (`partition_graphs.json`, written by
+`python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -163,6 +165,12 @@ def tf2_speed_block(data):
     return "\n".join(lines)
 
 
+def partition_graphs_block(data):
+    """The markdown of experiments/partition_graphs.py's result file (issue 12)."""
+    import partition_graphs  # pylint: disable=import-outside-toplevel
+    return partition_graphs.markdown(data, _provenance(data.get("provenance")))
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -175,6 +183,8 @@ def block(name):
         return budget_block(data)
     if data.get("kind") == "tf2-speed":
         return tf2_speed_block(data)
+    if data.get("kind") == "partition-graphs":
+        return partition_graphs_block(data)
     return experiment_block(data, name)
 
 
