@@ -460,6 +460,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
+                        help="skip the discarded first measurement (tests)")
     parser.add_argument("--onednn", choices=["0", "1"], default="0")
     parser.add_argument("--time-limit", type=float, default=1800,
                         help="seconds this process (and its server) may live")
@@ -488,8 +490,8 @@ def main(argv=None):
     target = server.target
     tiny = tiny_check(tf, target, config(tf, int(args.call_timeout * 1000)))
     print(f"tiny check (shared variables and staging across sessions): {tiny}", flush=True)
-    # warm-up, discarded: the process's first gRPC sessions and callables cost extra
-    measure(tf, target, min(args.graphs), dict_args(args, steps=2), "per-graph")
+    if args.warmup:  # discarded: the process's first gRPC sessions and callables cost extra
+        measure(tf, target, min(args.graphs), dict_args(args, steps=2), "per-graph")
     rows = []
     for repeat in range(args.repeats):
         graphs = args.graphs[repeat % len(args.graphs):] + args.graphs[:repeat % len(args.graphs)]
