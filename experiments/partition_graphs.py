@@ -110,10 +110,10 @@ class PartitionSessions:
         self.sessions = []
         self.made = []  # per callable: ops in its graph, seconds (cut, import, session, make)
 
-    def make_callable(self, graph, options):
+    def make_callable(self, session, options):
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
-        from tfmem import tf_private  # pylint: disable=import-outside-toplevel
-        t0 = time.perf_counter()
+        graph = session.graph
+        c0, t0 = time.process_time(), time.perf_counter()
         graph_def = reached_graph_def(graph, options)
         t1 = time.perf_counter()
         own = tf.Graph()
@@ -123,10 +123,11 @@ class PartitionSessions:
         sess = tf.compat.v1.Session(self.target, graph=own, config=self.config)
         self.sessions.append(sess)
         t3 = time.perf_counter()
-        call = tf_private.make_callable(sess, options)
+        call = _ORIGINAL[0](sess, options)
         t4 = time.perf_counter()
         self.made.append(dict(ops=len(graph_def.node), cut_s=t1 - t0, import_s=t2 - t1,
-                              session_s=t3 - t2, make_s=t4 - t3))
+                              session_s=t3 - t2, make_s=t4 - t3, wall_s=t4 - t0,
+                              cpu_s=time.process_time() - c0))
         return call
 
     def close(self):
@@ -135,21 +136,39 @@ class PartitionSessions:
         self.sessions = []
 
 
-_ROUTERS = {}  # id(session) -> PartitionSessions
+class TimedCallables:
+    """Makes callables as tfmem does (on the session itself), timing each: wall and the
+    process's CPU time (less sensitive than wall time to a machine shared with others)."""
+
+    def __init__(self):
+        self.made = []
+
+    def make_callable(self, session, options):
+        c0, t0 = time.process_time(), time.perf_counter()
+        call = _ORIGINAL[0](session, options)
+        self.made.append(dict(wall_s=time.perf_counter() - t0, cpu_s=time.process_time() - c0))
+        return call
+
+    def close(self):
+        pass
+
+
+_ROUTERS = {}  # id(session) -> PartitionSessions or TimedCallables
+_ORIGINAL = []  # tfmem.tf_private.make_callable as imported
 
 
 def route_callables(router, session):
     """Make tfmem's callables of `session` through `router` (this experiment only:
     tfmem.tf_private.make_callable is wrapped while the script runs)."""
     from tfmem import tf_private  # pylint: disable=import-outside-toplevel
-    if not _ROUTERS:
-        original = tf_private.make_callable
+    if not _ORIGINAL:
+        _ORIGINAL.append(tf_private.make_callable)
 
         def make_callable(sess, options):
             router_of = _ROUTERS.get(id(sess))
             if router_of is not None:
-                return router_of.make_callable(sess.graph, options)
-            return original(sess, options)
+                return router_of.make_callable(sess, options)
+            return _ORIGINAL[0](sess, options)
         tf_private.make_callable = make_callable
     _ROUTERS[id(session)] = router
 
@@ -275,30 +294,35 @@ def measure(tf, target, target_ops, args, first_arm):
             model = in_container(tf, model, f"{arm}_{next(_CONTAINERS)}")
         feed = model.feed(args.batch)
         fetches = [model.train, model.loss]
-        router = None
         if arm == "local":
             sess = tf1.Session(graph=model.graph, config=cfg)
             sess.run(model.init)
+            router = TimedCallables()
         elif arm == "grpc":  # today's distributed path: one gRPC session, the whole graph
             sess = tf1.Session(target, graph=model.graph, config=grpc_cfg)
             sess.run(model.init)
+            router = TimedCallables()
         else:
             sess = tf1.Session(target, graph=model.graph, config=grpc_cfg)
             # the whole graph is never sent: a run on this session itself would fail
             sess._extend_graph = lambda: None  # pylint: disable=protected-access
             router = PartitionSessions(target, grpc_cfg)
             from tensorflow.core.protobuf import config_pb2  # pylint: disable=import-outside-toplevel
-            init = router.make_callable(model.graph, config_pb2.CallableOptions(
+            route_callables(router, sess)
+            init = router.make_callable(sess, config_pb2.CallableOptions(
                 target=[model.init.name]))
             init()
-            route_callables(router, sess)
+            router.made = []
+        route_callables(router, sess)
         tfs = tfmem.TFMemSession(sess, partition_size=args.partition_size)
         started = time.perf_counter()
         _, loss = tfs.run(fetches, feed)
         row = _compile_row(tfs, time.perf_counter() - started)
         row["losses"] = [float(loss)]
-        if router is not None:
-            made = router.made[1:]  # [0]: the initializer
+        made = router.made
+        row["ms_make_wall"] = statistics.median(m["wall_s"] for m in made) * 1e3
+        row["ms_make_cpu"] = statistics.median(m["cpu_s"] for m in made) * 1e3
+        if arm == "per-graph":
             row["own_graph_ops"] = [m["ops"] for m in made]
             row["ms_own_total"] = statistics.median(
                 m["cut_s"] + m["import_s"] + m["session_s"] + m["make_s"] for m in made) * 1e3
@@ -331,11 +355,9 @@ def measure(tf, target, target_ops, args, first_arm):
         row["losses_equal_plain"] = row["losses"] == plain_losses
         out[name] = row
         arm["tfs"].close() if hasattr(arm["tfs"], "close") else None
-        if arm["router"] is not None:
-            unroute(arm["sess"])
-            arm["router"].close()
-        else:
-            arm["sess"].close()
+        unroute(arm["sess"])
+        arm["router"].close()
+        arm["sess"].close()
     plain.close()
     return out
 
@@ -361,6 +383,8 @@ def summarize(rows, graphs):
             local_ms_per_callable=med("local", "ms_per_callable"),
             per_graph_ms_per_callable=med("per-graph", "ms_per_callable"),
             per_graph_ms_own_total=med("per-graph", "ms_own_total"),
+            **{f"{arm.replace('-', '_')}_make_{kind}": med(arm, f"ms_make_{kind}")
+               for arm in ARMS for kind in ("wall", "cpu")},
             grpc_ms_per_callable=med("grpc", "ms_per_callable"),
             grpc_first_step_s=med("grpc", "first_step_s"),
             grpc_extend_s=med("grpc", "extend_s"), grpc_step_ms=med("grpc", "step_ms"),
@@ -385,12 +409,11 @@ def summarize(rows, graphs):
     goals = {}
     if len(table) > 1:
         low, high = table[0], table[-1]
-        for arm in ("local", "per_graph", "grpc"):
-            goals[f"{arm}_compile_ratio_{high['graph_ops'] // 1000}k_{low['graph_ops'] // 1000}k"] = \
-                high[f"{arm}_ms_per_callable"] / low[f"{arm}_ms_per_callable"]
-        goals[f"per_graph_making_alone_ratio_{high['graph_ops'] // 1000}k_"
-              f"{low['graph_ops'] // 1000}k"] = \
-            high["per_graph_ms_own_total"] / low["per_graph_ms_own_total"]
+        for arm in ("local", "grpc", "per_graph"):
+            for kind in ("wall", "cpu"):
+                goals[f"{arm}_make_{kind}_ratio_{high['graph_ops'] // 1000}k_"
+                      f"{low['graph_ops'] // 1000}k"] = \
+                    high[f"{arm}_make_{kind}"] / low[f"{arm}_make_{kind}"]
     return table, goals
 
 
@@ -404,19 +427,17 @@ def markdown(data, provenance_text):
         f"batch {args['batch']}, partition_size {args['partition_size']}; one in-process "
         f"server; medians of {args['repeats']} interleaved repeats; "
         f"{provenance_text}):", "",
-        "| session graph ops | callables | ms per callable: local / one gRPC session / own "
-        "graphs | own graph: ops, making alone ms (cut + import / session + make) | first step "
-        "s: local / one gRPC / own graphs (rewrite in it: local / own) | step ms: plain / "
-        "local / one gRPC / own graphs | own graphs / local step | losses bit-equal plain | "
-        "load (1 min) |",
+        "| session graph ops | callables | making a callable, ms wall (CPU): local / one gRPC "
+        "session / own graph | ops in an own graph | first step s: local / one gRPC / own "
+        "graphs (its rewrite: local / own) | step ms: plain / local / one gRPC / own graphs | "
+        "own graphs / local step | losses bit-equal plain | load (1 min) |",
         "|---|---|---|---|---|---|---|---|---|"]
     for r in data["table"]:
+        making = " / ".join(f"{r[f'{arm}_make_wall']:.0f} ({r[f'{arm}_make_cpu']:.0f})"
+                            for arm in ("local", "grpc", "per_graph"))
         lines.append(
-            f"| {r['session_graph_ops']:.0f} | {r['callables']:.0f} | "
-            f"{r['local_ms_per_callable']:.0f} / {r['grpc_ms_per_callable']:.0f} / "
-            f"{r['per_graph_ms_per_callable']:.0f} | {r['per_graph_own_ops']:.0f}, "
-            f"{r['per_graph_ms_own_total']:.0f} ({r['per_graph_ms_cut']:.0f} / "
-            f"{r['per_graph_ms_session'] + r['per_graph_ms_make']:.0f}) | "
+            f"| {r['session_graph_ops']:.0f} | {r['callables']:.0f} | {making} | "
+            f"{r['per_graph_own_ops']:.0f} | "
             f"{r['local_first_step_s']:.2f} / {r['grpc_first_step_s']:.2f} / "
             f"{r['per_graph_first_step_s']:.2f} ({r['local_rewrite_s']:.2f} / "
             f"{r['per_graph_rewrite_s']:.2f}) | {r['plain_step_ms']:.1f} / "
@@ -503,14 +524,12 @@ def main(argv=None):
             rows.append(row)
             result(args, tiny, rows, started, complete=False)  # what is measured so far
             print(f"[{time.monotonic() - started:6.0f} s] repeat {repeat}, {target_ops} ops "
-                  f"(load {row['load_average'][0]:.1f}): ms/callable local "
-                  f"{row['local']['ms_per_callable']:.1f}, own graph "
-                  f"{row['per-graph']['ms_per_callable']:.1f} (making alone "
-                  f"{row['per-graph']['ms_own_total']:.1f}), one gRPC session "
-                  f"{row['grpc']['ms_per_callable']:.1f}; step ms plain "
-                  f"{row['plain_step_ms']:.1f}, local {row['local']['step_ms']:.1f}, own graphs "
-                  f"{row['per-graph']['step_ms']:.1f}, one gRPC session "
-                  f"{row['grpc']['step_ms']:.1f}; losses equal plain: "
+                  f"(load {row['load_average'][0]:.1f}): making a callable, ms wall (CPU): "
+                  + ", ".join(f"{a} {row[a]['ms_make_wall']:.1f} ({row[a]['ms_make_cpu']:.1f})"
+                              for a in ARMS)
+                  + "; step ms plain " + f"{row['plain_step_ms']:.1f}, "
+                  + ", ".join(f"{a} {row[a]['step_ms']:.1f}" for a in ARMS)
+                  + "; losses equal plain: "
                   + "/".join(str(row[a]['losses_equal_plain']) for a in ARMS),
                   flush=True)
     data = result(args, tiny, rows, started, complete=True)
