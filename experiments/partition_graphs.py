@@ -26,15 +26,19 @@ MLP training step, layers 16, width 64, batch 32), tfmem at partition_size 50:
               session of its own, whose graph holds only what that callable
               reaches (its partition's ops, the variable handles it reads, the
               placeholders it is fed), cut from the Python graph at its feeds;
-              variables and staged tensors are shared through the server.
+              variables and staged tensors are shared through the server;
+  grpc:       today's distributed path: TFMemSession over one gRPC session of
+              the whole graph (its master builds each callable from it).
 
-Per configuration: the first step split by `TFMemSession.last_compile`
-(per-callable ms: making the callable, incl. for per-graph cutting its graph
-and creating its session), then `--steps` steps alternating local, per-graph
-and plain (one `Session.run` of the same step on the local session), medians.
-Correctness: the losses of both against plain's, and a tiny case: a variable
-updated through one partition-session is read by another, a tensor staged in
-one is unstaged in another.
+The gRPC arms keep their variables in containers of their own: sessions of one
+server share every variable of the same name.  Per arm: the first step split by
+`TFMemSession.last_compile`, and the making of each callable timed around the
+call, wall and process CPU time (for per-graph: cutting its graph, importing
+it, creating its session, making the callable); then `--steps` steps
+alternating the arms and plain (one `Session.run` of the same step on a local
+session), medians.  Correctness: every arm's losses against plain's, bit for
+bit, and a tiny case: a variable updated through one partition-session is read
+by another, a tensor staged in one is unstaged in another.
 
     TF_ENABLE_ONEDNN_OPTS=0 python experiments/partition_graphs.py \
         --out experiments/results/partition_graphs.json
@@ -280,7 +284,7 @@ _CONTAINERS = itertools.count()
 
 
 def measure(tf, target, target_ops, args, first_arm):
-    """Both arms on fresh graphs of ~target_ops ops; compile, then steps alternating."""
+    """The three arms on fresh graphs of ~target_ops ops; compile, then steps alternating."""
     import tfmem  # pylint: disable=import-outside-toplevel
     tf1 = tf.compat.v1
     cfg = config(tf)
@@ -308,7 +312,6 @@ def measure(tf, target, target_ops, args, first_arm):
             sess._extend_graph = lambda: None  # pylint: disable=protected-access
             router = PartitionSessions(target, grpc_cfg)
             from tensorflow.core.protobuf import config_pb2  # pylint: disable=import-outside-toplevel
-            route_callables(router, sess)
             init = router.make_callable(sess, config_pb2.CallableOptions(
                 target=[model.init.name]))
             init()
@@ -354,7 +357,7 @@ def measure(tf, target, target_ops, args, first_arm):
         row["step_ms"] = statistics.median(times[name]) * 1e3
         row["losses_equal_plain"] = row["losses"] == plain_losses
         out[name] = row
-        arm["tfs"].close() if hasattr(arm["tfs"], "close") else None
+        arm["tfs"].close()
         unroute(arm["sess"])
         arm["router"].close()
         arm["sess"].close()
