@@ -143,6 +143,30 @@ def test_memory_report_before_and_after_a_step():
         tfs.close()
 
 
+def test_memory_report_gives_both_figures_of_every_partition():
+    """Outside budget mode the two figures differ (a chunk is often larger than its
+    request): the report carries each partition's, as the simulator predicts them."""
+    model = models.mlp(layers=4)
+    fetches, feed = [model.train, model.loss], model.feed(256)
+    with tf1.Session(graph=model.graph) as sess:
+        _uncapped_cpu_only(sess)
+        tfs = tfmem.TFMemSession(sess, partition_size=10)
+        sess.run(model.init)
+        tfs.run(fetches, feed)
+        report, trace = tfs.memory_report(), tfs.simulate(fetches, feed)
+        assert report.predicted_partition_peaks == tuple(p.device_peak for p in trace.partitions)
+        assert report.predicted_partition_peaks_chunks == tuple(
+            p.device_peak_chunks for p in trace.partitions)
+        assert report.predicted_partition_peaks_chunks != report.predicted_partition_peaks
+        assert report.partition_scratch == tuple(p.scratch for p in trace.partitions)
+        assert report.predicted_device_peak_chunks == trace.peak_device_chunks
+        rows = [line.split() for line in str(report).splitlines() if line[:5].strip().isdigit()]
+        assert [(float(r[1]), float(r[2])) for r in rows] == [
+            (round(p.device_peak / MIB, 2), round(p.device_peak_chunks / MIB, 2))
+            for p in trace.partitions]
+        tfs.close()
+
+
 def test_a_generous_budget_plans_one_partition():
     model = models.mlp(layers=4)
     with tf1.Session(graph=model.graph) as sess:
