@@ -3,6 +3,7 @@
     python experiments/peak_spread.py            # 5 fresh processes per model and kernel path
     python experiments/peak_spread.py --quick    # 3
     python experiments/peak_spread.py --json experiments/results/peak_spread.json
+    python experiments/peak_spread.py --shared-process --json experiments/results/peak_spread-shared.json
 
 Issue 10 asks for a predicted device peak within 10 % of TensorFlow's measured
 one.  Sessions 5 and 6 found that the measurement itself is not one number:
@@ -29,6 +30,13 @@ After its plain steps each process also asks tfmem for the one-partition
 plan's two predicted figures (`device_peak`, bytes requested; and
 `device_peak_chunks`, the same allocations replayed in BFC chunks), which
 calibrate kernel scratch in a scratch session and run no step.
+
+With `--shared-process`, each of the N processes per kernel path runs every
+model in turn, in the suite's order, each in its own graph and session (closed
+before the next), as the accuracy test's measuring process does: the
+allocator then starts each model with the free chunks the models before it
+left.  Comparing both modes separates what the process's history does from
+what the executor does in a fresh process.
 
 A single predicted figure can be within 10 % of every process's measurement
 only if max <= (1.1 / 0.9) x min of the measurements: the `one figure` column
@@ -102,7 +110,9 @@ def worker(name, builder, kwargs, batch, steps):
         sess.run(fetches, feed)
         peaks.append(accelerator.device_memory("CPU:0")["peak"])
     # The prediction after the plain steps: its kernel calibration allocates too.
-    trace = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION).simulate(fetches, feed)
+    tfs = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION)
+    trace = tfs.simulate(fetches, feed)
+    tfs.close()  # and the session: a next model in this process starts without them
     state = trace.state_bytes
     own = [p - max(r - state, 0) for p, r in zip(peaks, resident)]
     judged = own[1:]
@@ -117,20 +127,21 @@ def worker(name, builder, kwargs, batch, steps):
 # the parent: N processes per model and path, then the spread
 
 
-def _run_worker(path, name, spec, steps, timeout):
-    builder, kwargs, batch = spec
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
+def _run_worker(path, names, steps, timeout):
+    """The results of one process running the models `names` in turn, one dict each."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", ",".join(names),
            "--steps", str(steps)]
     env = child_env.child_env(onednn=PATHS[path])
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     try:
-        result, proc, tail = child_env.run_json_child(cmd, env, timeout)
+        result, proc, tail = child_env.run_json_child(cmd, env, timeout * len(names))
     except subprocess.TimeoutExpired:
-        return dict(path=path, model=name, failure=f"no result within {timeout} s")
+        result, failure = None, f"no result within {timeout * len(names)} s"
+    else:
+        failure = f"{child_env.describe_exit(proc.returncode)}: {tail[-500:]}"
     if result is None:
-        return dict(path=path, model=name,
-                    failure=f"{child_env.describe_exit(proc.returncode)}: {tail[-500:]}")
-    return dict(result, path=path)
+        return [dict(path=path, model=name, failure=failure) for name in names]
+    return [dict(r, path=path) for r in result["models"]]
 
 
 def _within(figure, measured):
@@ -162,15 +173,17 @@ def spread(runs):
     return row
 
 
-def measure(models, paths, processes, steps, jobs, timeout, log=print):
-    """Rows (one per path and model) of `processes` fresh processes each."""
-    tasks = [(path, name) for path in paths for name in models for _ in range(processes)]
+def measure(models, paths, processes, steps, jobs, timeout, shared=False, log=print):
+    """Rows (one per path and model) of `processes` fresh processes each (with `shared`,
+    each process runs every model in turn)."""
+    groups = [list(models)] if shared else [[name] for name in models]
+    tasks = [(path, names) for path in paths for names in groups for _ in range(processes)]
     results = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [(key, pool.submit(_run_worker, *key, models[key[1]], steps, timeout))
-                   for key in tasks]
-        for (path, name), future in futures:
-            result = future.result()
+        futures = [pool.submit(_run_worker, path, names, steps, timeout)
+                   for path, names in tasks]
+        for result in (r for future in futures for r in future.result()):
+            path, name = result["path"], result["model"]
             results.setdefault((path, name), []).append(result)
             shown = (f"failed: {result['failure'][:200]}" if "failure" in result else
                      f"median {result['median'] / MIB:.2f} MiB (steps "
@@ -234,12 +247,14 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=2, help="processes at a time (default 2)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per process")
     parser.add_argument("--json", help="write every figure and the provenance to this file")
+    parser.add_argument("--shared-process", action="store_true",
+                        help="each process runs every model in turn (as the accuracy test's)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     models = suite_models()
     if args.worker:
-        builder, kwargs, batch = models[args.worker]
-        print(json.dumps(worker(args.worker, builder, kwargs, batch, args.steps)))
+        print(json.dumps({"models": [worker(name, *models[name], args.steps)
+                                     for name in args.worker.split(",")]}))
         return 0
     if args.steps < 3:
         parser.error("--steps must be at least 3 (step 1 warms up; a median needs two more)")
@@ -252,9 +267,12 @@ def main(argv=None):
     load_start = list(os.getloadavg())
     started = time.time()
     print(f"peak spread: {len(models)} models x {len(args.paths)} kernel paths x {processes} "
-          f"processes, steps 2..{args.steps} judged; load average "
+          + ("processes, each running every model in turn" if args.shared_process else
+             "fresh processes each")
+          + f", steps 2..{args.steps} judged; load average "
           f"{'/'.join(f'{v:.1f}' for v in load_start)}", flush=True)
-    rows = measure(models, args.paths, processes, args.steps, args.jobs, args.timeout)
+    rows = measure(models, args.paths, processes, args.steps, args.jobs, args.timeout,
+                   args.shared_process)
     seconds = time.time() - started
     print()
     print(markdown(rows))
@@ -264,6 +282,7 @@ def main(argv=None):
     if args.json:
         data = dict(kind="peak-spread", processes=processes, steps=args.steps,
                     quick=args.quick, jobs=args.jobs, target=TARGET, seconds=seconds,
+                    shared_process=args.shared_process,
                     load_average_start=load_start, result=line, rows=rows,
                     models={name: list(spec) for name, spec in models.items()},
                     provenance=provenance.provenance(

@@ -165,19 +165,22 @@ def tf2_speed_block(data):
     return "\n".join(lines)
 
 
-def peak_spread_block(data):
-    """The markdown of experiments/peak_spread.py's result file."""
+def peak_spread_block(data, name):
+    """The markdown of experiments/peak_spread.py's result file `name`."""
     sys.path.insert(0, str(ROOT / "experiments"))
     import peak_spread  # pylint: disable=import-outside-toplevel
-    flags = " --quick" if data.get("quick") else ""
+    flags = (" --quick" if data.get("quick") else "") + (
+        " --shared-process" if data.get("shared_process") else "")
     if data["processes"] != (3 if data.get("quick") else 5):
         flags += f" --processes {data['processes']}"
     if data["steps"] != 6:
         flags += f" --steps {data['steps']}"
     load = "/".join(f"{v:.1f}" for v in data["load_average_start"])
     return "\n".join([
-        f"`python experiments/peak_spread.py{flags} --json experiments/results/peak_spread.json` "
-        f"({data['processes']} fresh processes per model and kernel path, plain "
+        f"`python experiments/peak_spread.py{flags} --json experiments/results/{name}.json` "
+        f"({data['processes']} fresh processes per "
+        + ("kernel path, each running every model in turn" if data.get("shared_process") else
+           "model and kernel path") + ", plain "
         f"`tf.compat.v1.Session`, median of steps 2..{data['steps']} each; load average {load} "
         f"at the start; whole run {data['seconds']:.0f} s; "
         f"{_provenance(data.get('provenance'))}):", "",
@@ -195,7 +198,7 @@ def block(name):
     if data.get("kind") == "budget-table":
         return budget_block(data)
     if data.get("kind") == "peak-spread":
-        return peak_spread_block(data)
+        return peak_spread_block(data, name)
     if data.get("kind") == "tf2-speed":
         return tf2_speed_block(data)
     return experiment_block(data, name)
