@@ -5,6 +5,10 @@
     python experiments/peak_spread.py --json experiments/results/peak_spread.json
     python experiments/peak_spread.py --shared-process --json experiments/results/peak_spread-shared.json
 
+Each process pays TensorFlow's start (10-20 s on a loaded 2-core machine): the
+default's 60 processes took 22 min at a load average of 6, --shared-process
+(10 processes) under 4 min.
+
 Issue 10 asks for a predicted device peak within 10 % of TensorFlow's measured
 one.  Sessions 5 and 6 found that the measurement itself is not one number:
 the same plan read 4.0, 5.1 or 5.9 MiB (the oneDNN pool net) and 15.3 to
