@@ -56,19 +56,25 @@ def _mib(nbytes):
     return "-" if nbytes is None else f"{nbytes / MIB:.2f}"
 
 
-def format_report(report, resident=0):
+def format_report(report, resident=0,
+                  unknown="unknown (TensorFlow keeps no figure for this device)"):
     """A MemoryReport as text: a summary that states the band, then one row per partition.
 
     `resident`: bytes the device held when the step started that the prediction does
-    not count (a tfmem.function's variables and inputs), added to both figures."""
+    not count (a tfmem.function's variables and inputs), added to both figures.
+    `unknown`: what to say when the measured peak is None."""
     requested = report.predicted_device_peak + resident
     chunks = (report.predicted_device_peak_chunks
               if report.predicted_device_peak_chunks is not None
               else report.predicted_device_peak) + resident
     low, high = band(requested, chunks)
-    measured_in = ("no step of this plan was measured" if report.measured_step is None else
-                   f"measured in step {report.measured_step}")
-    lines = [f"memory of step {report.step} ({measured_in}): predicted device peak "
+    if report.step:  # a TFMemSession counts its steps; a tfmem.function does not
+        measured_in = ("no step of this plan was measured" if report.measured_step is None
+                       else f"measured in step {report.measured_step}")
+        which = f"step {report.step} ({measured_in})"
+    else:
+        which = "the last step"
+    lines = [f"memory of {which}: predicted device peak "
              f"{_mib(requested)} MiB requested, {_mib(chunks)} MiB in BFC allocator chunks: "
              f"band {_mib(low)}-{_mib(high)} MiB"
              + (f" (with {_mib(resident)} MiB resident when the step started)" if resident
@@ -78,7 +84,7 @@ def format_report(report, resident=0):
         lines.append(f"measured device peak {_mib(report.device_peak)} MiB: "
                      f"{describe_band_error(error)}")
     else:
-        lines.append("measured device peak: unknown (TensorFlow keeps no figure for it)")
+        lines.append(f"measured device peak: {unknown}")
     if report.device_budget is not None:
         lines.append(f"device budget {_mib(report.device_budget)} MiB (the requested figures "
                      "are budget mode's bound: the larger of the two, plus its chunk allowance)")

@@ -29,7 +29,10 @@ class FunctionMemoryReport(MemoryReport):
     device_peak_bounds: tuple | None = None
 
     def __str__(self):
-        text = report_text.format_report(self, resident=self.device_resident or 0)
+        text = report_text.format_report(
+            self, resident=self.device_resident or 0,
+            unknown="unknown (this step did not raise TensorFlow's process peak, or the "
+                    "device keeps no figures)")
         if self.device_peak is None and self.device_peak_bounds is not None:
             low, high = self.device_peak_bounds
             text += (f"\nthe step's device peak lies between {low / (1 << 20):.2f} and "
