@@ -131,8 +131,39 @@ def test_memory_report_before_and_after_a_step():
         assert report.predicted_device_peak > 0
         assert report.host_available > 0
         assert report.host_rss > 0
-        assert report.predicted_device_peak == tfs.simulate(
-            [model.train, model.loss], model.feed(64)).peak_device
+        trace = tfs.simulate([model.train, model.loss], model.feed(64))
+        assert report.predicted_device_peak == trace.peak_device
+        assert report.predicted_device_peak_chunks == trace.peak_device_chunks > 0
+        assert report.predicted_partition_peaks_chunks == tuple(
+            p.device_peak_chunks for p in trace.partitions)
+        assert report.partition_scratch == tuple(p.scratch for p in trace.partitions)
+        text = str(report)
+        assert "measured device peak: unknown" in text
+        assert f"{report.predicted_device_peak_chunks / (1 << 20):.2f} MiB in BFC" in text
+        tfs.close()
+
+
+def test_memory_report_gives_both_figures_of_every_partition():
+    """Outside budget mode the two figures differ (a chunk is often larger than its
+    request): the report carries each partition's, as the simulator predicts them."""
+    model = models.mlp(layers=4)
+    fetches, feed = [model.train, model.loss], model.feed(256)
+    with tf1.Session(graph=model.graph) as sess:
+        _uncapped_cpu_only(sess)
+        tfs = tfmem.TFMemSession(sess, partition_size=10)
+        sess.run(model.init)
+        tfs.run(fetches, feed)
+        report, trace = tfs.memory_report(), tfs.simulate(fetches, feed)
+        assert report.predicted_partition_peaks == tuple(p.device_peak for p in trace.partitions)
+        assert report.predicted_partition_peaks_chunks == tuple(
+            p.device_peak_chunks for p in trace.partitions)
+        assert report.predicted_partition_peaks_chunks != report.predicted_partition_peaks
+        assert report.partition_scratch == tuple(p.scratch for p in trace.partitions)
+        assert report.predicted_device_peak_chunks == trace.peak_device_chunks
+        rows = [line.split() for line in str(report).splitlines() if line[:5].strip().isdigit()]
+        assert [(float(r[1]), float(r[2])) for r in rows] == [
+            (round(p.device_peak / MIB, 2), round(p.device_peak_chunks / MIB, 2))
+            for p in trace.partitions]
         tfs.close()
 
 
@@ -242,6 +273,7 @@ def train(kind, **options):
         report = runner.memory_report()
         result["report"] = {k: [type(v).__name__, list(v) if isinstance(v, tuple) else v]
                             for k, v in vars(report).items()}
+        result["report_text"] = str(report)
         result["uploads"] = [p.to_device for p in
                              runner.simulate([model.train, model.loss], feed).partitions]
         runner.close()
@@ -440,7 +472,8 @@ def test_memory_report_under_the_cap(capped):
     assert "run a step first" in run["report_before"]
     report = run["report"]
     for field, (kind, value) in report.items():
-        if field in ("predicted_partition_peaks", "partition_peaks"):
+        if field in ("predicted_partition_peaks", "partition_peaks",
+                     "predicted_partition_peaks_chunks", "partition_scratch"):
             assert kind == "tuple" and all(type(v) is int for v in value), (field, value)
         else:
             assert kind == "int", (field, kind, value)
@@ -451,6 +484,23 @@ def test_memory_report_under_the_cap(capped):
     assert len(predicted) == len(measured) == run["planned_partitions"]
     assert max(measured) == report["device_peak"][1]
     assert max(predicted) == report["predicted_device_peak"][1]
+    # The chunk figure of every partition beside it: in budget mode the requested figure
+    # is the bound (the larger of the two, plus the chunk allowance), so never below it.
+    chunks = report["predicted_partition_peaks_chunks"][1]
+    scratch = report["partition_scratch"][1]
+    assert len(chunks) == len(scratch) == len(predicted)
+    assert max(chunks) == report["predicted_device_peak_chunks"][1]
+    assert all(p >= c > 0 for p, c in zip(predicted, chunks)), (predicted, chunks)
+    assert all(0 <= k < p for k, p in zip(scratch, predicted)), (scratch, predicted)
+    # Its text states the band and gives every partition's four figures.
+    text = run["report_text"].splitlines()
+    low, high = sorted((report["predicted_device_peak"][1], max(chunks)))
+    assert f"band {low / MIB:.2f}-{high / MIB:.2f} MiB" in text[0], text
+    assert text[1].startswith(f"measured device peak {report['device_peak'][1] / MIB:.2f} MiB: ")
+    rows = [line.split() for line in text if line[:5].strip().isdigit()]
+    assert [[float(v) for v in row[1:5]] for row in rows] == [
+        [round(v / MIB, 2) for v in values]
+        for values in zip(predicted, chunks, scratch, measured)], text
     # Every partition's prediction (kernel scratch included) against its measured peak.
     # The prediction holds what the prefetcher uploads during a partition on the device;
     # an upload that lands after the partition's last op is not in its measured peak

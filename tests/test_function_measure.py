@@ -138,6 +138,9 @@ def test_memory_report_against_tensorflows_figures(measured):
         assert report["partition_peaks"] == step["partition_peaks"]
         assert len(report["predicted_partition_peaks"]) == step["partitions"]
         assert max(report["predicted_partition_peaks"]) == report["predicted_device_peak"]
+        chunks = report["predicted_partition_peaks_chunks"]
+        assert len(chunks) == len(report["partition_scratch"]) == step["partitions"]
+        assert max(chunks) == report["predicted_device_peak_chunks"]
         # Swapped bytes are exact: the pool holds what was predicted and swapped.
         assert report["host_buffers"] == measured["pool"] == step["swapped"]
         assert report["predicted_host_peak"] == report["host_buffers"]
@@ -177,3 +180,12 @@ def test_memory_report_needs_a_step():
     step(tf.constant([1.0, 2.0]))
     report = step.memory_report()
     assert report.predicted_device_peak > 0 and report.host_buffers == 0
+    assert report.predicted_device_peak_chunks >= report.predicted_device_peak
+    # The text states the band (resident bytes added: the prediction counts the step's
+    # own tensors) and has a row per partition.
+    text = str(report).splitlines()
+    resident = report.device_resident or 0
+    assert f"{(report.predicted_device_peak + resident) / (1 << 20):.2f} MiB requested" \
+        in text[0], text
+    rows = [line for line in text if line[:5].strip().isdigit()]
+    assert len(rows) == len(report.predicted_partition_peaks)

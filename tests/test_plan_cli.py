@@ -22,6 +22,7 @@ from tfmem.plan.swap import SwapPolicy
 from tfmem.run.trace import TRACKS
 
 tf1 = tf.compat.v1
+MIB = 1 << 20
 
 
 def _mlp_graph():
@@ -107,7 +108,8 @@ def test_summary_and_json_match_make_plan(models, capsys, tmp_path):
     assert status == 0, err
     plan = _plan_directly(models["mlp.meta"], ["loss:0"], ["train"], ["x:0", "y:0"], 10)
     for text in ("part", "ops", "inputs", "outputs", "swapped out MiB", "uploaded MiB",
-                 "device peak MiB", "host MiB", f"partitions:            {len(plan.partitions)}",
+                 "device peak MiB", "in chunks MiB", "kernel scratch MiB", "host MiB",
+                 "in allocator chunks:", f"partitions:            {len(plan.partitions)}",
                  "transfers:", "predicted device peak:", "predicted host peak:", "to host:",
                  "to device:", str(plan.placement)):
         assert text in out
@@ -124,6 +126,15 @@ def test_summary_and_json_match_make_plan(models, capsys, tmp_path):
                                "feeds": ["x:0", "y:0"]}
     assert len(data["memory"]["partitions"]) == len(plan.partitions)
     assert data["memory"]["peak_device_bytes"] > 0
+    # Both predicted figures, per partition in the table and the JSON, and the band.
+    memory = data["memory"]
+    assert memory["peak_device_chunks_bytes"] == max(
+        p["device_peak_chunks"] for p in memory["partitions"]) >= memory["peak_device_bytes"]
+    assert [(float(r[6]), float(r[7]), float(r[8])) for r in rows] == [
+        (round(p["device_peak"] / MIB, 2), round(p["device_peak_chunks"] / MIB, 2),
+         round(p["scratch"] / MIB, 2)) for p in memory["partitions"]]
+    assert (f"predicted band:        {memory['peak_device_bytes'] / MIB:.2f}-"
+            f"{memory['peak_device_chunks_bytes'] / MIB:.2f} MiB") in out
     # Plain data, and the same text for the same plan.
     assert json.dumps(data) == json.dumps(json.loads(json.dumps(data)))
     assert json.dumps(serialize.plan_to_dict(plan)) == json.dumps(serialize.plan_to_dict(plan))

@@ -17,7 +17,9 @@ table (`budget.json`, written by `python tools/budget_table.py`) or the TF2
 step-time benchmark's (`tf2_speed.json`, written by
 `python tools/bench_tf2.py --json experiments/results/tf2_speed.json`) or the
 session-graph-per-partition measurement's (`partition_graphs.json`, written by
-`python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`).  Text outside
+`python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`) or the peak
+spread's (`peak_spread.json`, written by
+`python experiments/peak_spread.py --json experiments/results/peak_spread.json`).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -171,6 +173,28 @@ def partition_graphs_block(data):
     return partition_graphs.markdown(data, _provenance(data.get("provenance")))
 
 
+def peak_spread_block(data, name):
+    """The markdown of experiments/peak_spread.py's result file `name`."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import peak_spread  # pylint: disable=import-outside-toplevel
+    flags = (" --quick" if data.get("quick") else "") + (
+        " --shared-process" if data.get("shared_process") else "")
+    if data["processes"] != (3 if data.get("quick") else 5):
+        flags += f" --processes {data['processes']}"
+    if data["steps"] != 6:
+        flags += f" --steps {data['steps']}"
+    load = "/".join(f"{v:.1f}" for v in data["load_average_start"])
+    return "\n".join([
+        f"`python experiments/peak_spread.py{flags} --json experiments/results/{name}.json` "
+        f"({data['processes']} fresh processes per "
+        + ("kernel path, each running every model in turn" if data.get("shared_process") else
+           "model and kernel path") + ", plain "
+        f"`tf.compat.v1.Session`, median of steps 2..{data['steps']} each; load average {load} "
+        f"at the start; whole run {data['seconds']:.0f} s; "
+        f"{_provenance(data.get('provenance'))}):", "",
+        peak_spread.markdown(data["rows"]), "", f"    {data['result']}", ""])
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -181,6 +205,8 @@ def block(name):
         return soak_block(data)
     if data.get("kind") == "budget-table":
         return budget_block(data)
+    if data.get("kind") == "peak-spread":
+        return peak_spread_block(data, name)
     if data.get("kind") == "tf2-speed":
         return tf2_speed_block(data)
     if data.get("kind") == "partition-graphs":

@@ -415,6 +415,8 @@ def planned_events(plan, trace, nbytes):
         if i in memory:
             m = memory[i]
             args.update(device_before_bytes=m.device_before, device_peak_bytes=m.device_peak,
+                        device_peak_chunks_bytes=m.device_peak_chunks,
+                        kernel_scratch_bytes=m.scratch,
                         device_after_bytes=m.device_after, host_bytes=m.host_after,
                         bytes_to_host=m.to_host, bytes_to_device=m.to_device)
         events.append(("partitions", f"partition {i}", starts[i], ends[i], args))
@@ -453,6 +455,18 @@ def _human(nbytes):
     return f"{nbytes} B"
 
 
+def _band_text(trace, budget):
+    """Where TensorFlow's measured peak is expected: between the two predicted figures."""
+    low, high = sorted((trace.peak_device, trace.peak_device_chunks))
+    text = (f"{mib(low, 2, unit=False)}-{mib(high, 2, unit=False)} MiB: TensorFlow's measured "
+            "peak usually lies between the requested and the chunk figure, and varies from "
+            "process to process for one plan (README, Simulator accuracy)")
+    if budget is not None:
+        text += ("; fitted to a budget, the requested figure is budget mode's bound (the "
+                 "larger figure plus an allowance for chunks)")
+    return text
+
+
 def format_summary(plan, trace, model=None, budget=None):
     """The summary table of a plan and its MemoryTrace, as text."""
     policy = plan.policy
@@ -465,14 +479,16 @@ def format_summary(plan, trace, model=None, budget=None):
         f"swap={policy.mode}, swap_distance={policy.swap_distance}, "
         f"prefetch={policy.prefetch}, swap_min_bytes={policy.min_bytes}")
     columns = ("part", "ops", "inputs", "outputs", "swapped out MiB", "uploaded MiB",
-               "device peak MiB", "kernel scratch MiB", "host MiB")
+               "device peak MiB", "in chunks MiB", "kernel scratch MiB", "host MiB")
     widths = [max(len(c), 6) for c in columns]
     lines = [head, "", "  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     memory = {m.index: m for m in trace.partitions}
     for p in plan.partitions:
         m = memory[p.index]
         row = (p.index, len(p.ops), len(p.inputs), len(p.outputs), mib(m.to_host, 2, unit=False),
-               mib(m.to_device, 2, unit=False), mib(m.device_peak, 2, unit=False), mib(m.scratch, 2, unit=False), mib(m.host_after, 2, unit=False))
+               mib(m.to_device, 2, unit=False), mib(m.device_peak, 2, unit=False),
+               mib(m.device_peak_chunks, 2, unit=False), mib(m.scratch, 2, unit=False),
+               mib(m.host_after, 2, unit=False))
         lines.append("  ".join(str(v).rjust(w) for v, w in zip(row, widths)))
     lines += [
         "",
@@ -481,6 +497,11 @@ def format_summary(plan, trace, model=None, budget=None):
         f"{len(plan.transfers) - len(swapped)} kept on the device)",
         f"predicted device peak: {mib(trace.peak_device, 2, unit=False)} MiB in partition "
         f"{trace.peak_partition} (state {mib(trace.state_bytes, 2, unit=False)} MiB)",
+        f"in allocator chunks:   {mib(trace.peak_device_chunks, 2, unit=False)} MiB "
+        f"(the same allocations replayed through TensorFlow's BFC policy)",
+        f"predicted band:        {_band_text(trace, budget)}",
+        f"largest kernel scratch: {mib(max((m.scratch for m in trace.partitions), default=0), 2, unit=False)} MiB "
+        "(counted in the peaks)",
         f"predicted host peak:   {mib(trace.peak_host, 2, unit=False)} MiB",
         f"to host:               {mib(trace.bytes_to_host, 2, unit=False)} MiB ({trace.bytes_to_host} bytes) "
         f"in {len(swapped)} swap-outs",

@@ -67,6 +67,7 @@ def memory_to_dict(trace):
         "state_bytes": trace.state_bytes,
         "unknown_tensors": trace.unknown_tensors,
         "peak_device_bytes": trace.peak_device,
+        "peak_device_chunks_bytes": trace.peak_device_chunks,
         "peak_partition": trace.peak_partition,
         "peak_host_bytes": trace.peak_host,
         "bytes_to_host": trace.bytes_to_host,

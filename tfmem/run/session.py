@@ -20,7 +20,7 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem.run import accelerator, sampling
+from tfmem.run import accelerator, report_text, sampling
 from tfmem.memory import budget
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
@@ -66,6 +66,15 @@ class MemoryReport:
     # these are: the plan's last measured one (None: none measured; see sampling).
     step: int = 0
     measured_step: int | None = None
+    # The same predictions in BFC allocator chunks (simulate's device_peak_chunks), and
+    # each partition's largest kernel scratch (counted in its peaks): the measured peak
+    # usually lies in the band between the requested and the chunk figures.
+    predicted_device_peak_chunks: int | None = None
+    predicted_partition_peaks_chunks: tuple = ()
+    partition_scratch: tuple = ()
+
+    def __str__(self):
+        return report_text.format_report(self)
 
 
 @dataclasses.dataclass
@@ -388,7 +397,8 @@ class TFMemSession(SessionInterfaceMethods):
             host_available=psutil.virtual_memory().available,
             predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
             partition_peaks=measured.partition_peak_bytes if measured else None,
-            step=self.last_step.step, measured_step=measured.step if measured else None)
+            step=self.last_step.step, measured_step=measured.step if measured else None,
+            **report_text.trace_figures(trace))
 
     def _compile_entry(self, entry, request):
         """Predict the entry's memory (deferred when it swaps nothing), check the host's,

@@ -11,6 +11,7 @@ import dataclasses
 
 import psutil
 
+from tfmem.run import report_text
 from tfmem.run.session import MemoryReport
 
 
@@ -27,6 +28,17 @@ class FunctionMemoryReport(MemoryReport):
     # None: the most bytes in use at a partition's start or end, and the process peak.
     device_peak_bounds: tuple | None = None
 
+    def __str__(self):
+        text = report_text.format_report(
+            self, resident=self.device_resident or 0,
+            unknown="unknown (this step did not raise TensorFlow's process peak, or the "
+                    "device keeps no figures)")
+        if self.device_peak is None and self.device_peak_bounds is not None:
+            low, high = self.device_peak_bounds
+            text += (f"\nthe step's device peak lies between {low / (1 << 20):.2f} and "
+                     f"{high / (1 << 20):.2f} MiB (device_peak_bounds)")
+        return text
+
 
 def function_memory_report(step, trace, resident, budget_bytes, bounds=None):
     """The FunctionMemoryReport of StepStats `step`, run by a plan predicted as `trace`."""
@@ -41,4 +53,5 @@ def function_memory_report(step, trace, resident, budget_bytes, bounds=None):
         predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
         partition_peaks=step.partition_peak_bytes,
         device_resident=resident,
-        device_peak_bounds=bounds)
+        device_peak_bounds=bounds,
+        **report_text.trace_figures(trace))
