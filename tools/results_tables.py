@@ -175,7 +175,6 @@ def partition_graphs_block(data):
 
 def peak_spread_block(data, name):
     """The markdown of experiments/peak_spread.py's result file `name`."""
-    sys.path.insert(0, str(ROOT / "experiments"))
     import peak_spread  # pylint: disable=import-outside-toplevel
     flags = (" --quick" if data.get("quick") else "") + (
         " --shared-process" if data.get("shared_process") else "")
