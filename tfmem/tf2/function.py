@@ -149,7 +149,9 @@ def _make_runtime(settings):
     if policy.mode == "auto" and budget_bytes is None and not accelerator.has_own_memory(devices):
         # The "device" is host memory itself: a host copy would free nothing.
         policy = dataclasses.replace(policy, mode="none")
-    measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
+    # Wherever TensorFlow's allocator keeps figures: an accelerator, the emulated cap, and
+    # also a CPU allocator with statistics but no cap (oneDNN on, or a BFC allocator).
+    measurable = accelerator.device_memory(device) is not None
     return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
                     measurable, policy, budget_bytes)
 
