@@ -318,7 +318,7 @@ class PartitionedFunction:
         if plan is traced.plan:  # still fits: the same plan, predicted with what was learned
             traced.trace = trace
             return traced
-        log.info("%s planned again with the corrected model: %d partitions "
+        log.info("tfmem.function %r planned again with the corrected model: %d partitions "
                  "(partition_size=%s), was %d", self.__name__, len(plan.partitions),
                  plan.partition_size, len(traced.plan.partitions))
         if all(t.plan is not plan for t in earlier):
@@ -337,7 +337,7 @@ class PartitionedFunction:
                 traced.correction, traced.trace, self.last_step.partition_peak_bytes,
                 traced.executor.last_resident, functools.partial(self._scratch_measured, traced),
                 lambda extra: budget.predict(traced.plan, traced.sizing, extra),
-                what=f"{self.__name__}"):
+                what=f"tfmem.function {self.__name__!r}"):
             traced.replan = True
 
     def _scratch_measured(self, traced):
