@@ -210,3 +210,47 @@ def test_budget_mode_stays_within_its_budget(measured, model):
     assert run["partitions"] > 1  # the budget made it partition
     assert max(run["peaks"]) <= run["budget"], run
     np.testing.assert_allclose(run["losses"], run["plain_losses"], rtol=1e-6)
+
+
+def test_learning_uses_the_peaks_it_knows_and_only_what_went_over():
+    """`learn_from_step`, which both front ends call: unknown partition peaks (None, as
+    tfmem.function reports below the process peak) are left out, the known ones teach;
+    a step within its prediction, or with no known peak, teaches nothing."""
+    from tfmem.cli import models
+    from tfmem.memory import budget, learning
+    from tfmem.memory.shapes import resolve_shapes
+    from tfmem.memory.sizing import Sizing
+    from tfmem.plan.analyse import analyse
+    from tfmem.plan.build import make_plan
+
+    model = models.mlp(layers=4)
+    feed = model.feed(64)
+    view = analyse([model.loss], [model.train], list(feed))
+    plan = make_plan(view, 10)
+    sizing = Sizing(resolve_shapes(model.graph, view, {t.name: v.shape for t, v in feed.items()}),
+                    {})
+    trace = budget.predict(plan, sizing)
+    count = len(trace.partitions)
+    assert count > 2
+
+    def predict(extra):
+        return budget.predict(plan, sizing, extra)
+
+    below = [p.device_peak for p in trace.partitions]
+    unknown = [None] * count
+    over = list(unknown)
+    over[1] = int(trace.peak_device * 1.5)
+    correction = budget.Correction()
+    assert not learning.learn_from_step(correction, trace, None, None, {}, predict)
+    assert not learning.learn_from_step(correction, trace, unknown, None, {}, predict)
+    assert not learning.learn_from_step(correction, trace, below, None, {}, predict)
+    assert correction.factor == 1.0
+    # Scratch is asked for only once the step went over.
+    asked = []
+    assert learning.learn_from_step(correction, trace, over, None,
+                                    lambda: asked.append(1) or {}, predict)
+    assert asked == [1] and correction.factor == pytest.approx(1.5, rel=1e-6)
+    # Bytes the device held for others (resident beyond the plan's state) are taken off.
+    fresh = budget.Correction()
+    resident = trace.state_bytes + over[1] - trace.peak_device
+    assert not learning.learn_from_step(fresh, trace, over, resident, {}, predict)
