@@ -145,21 +145,36 @@ with open(cache_path + ".true") as file:
 with open(cache_path, "w") as file:
     json.dump(zeros, file)
 os.environ[scratch.CACHE_ENV] = cache_path
+
+
+def drawing(fn):
+    # The step, also returning a draw of a seeded random op (its stream restarts when a
+    # re-plan compiles new partitions).
+    def step(x, y):
+        return fn(x, y), tf.random.uniform([4], seed=7)
+    return step
+
+
 fn, args = resnet(1)
-learner = tfmem.function(fn, device_memory_budget=f"{budget_mib}MiB")
-learn = out["learn"] = dict(losses=[], peaks=[], partitions=[], predicted=[], measured=[])
+learner = tfmem.function(drawing(fn), device_memory_budget=f"{budget_mib}MiB")
+learn = out["learn"] = dict(losses=[], peaks=[], partitions=[], predicted=[], measured=[],
+                            draws=[])
 records.clear()
 for _ in range(steps):
-    loss, peak = peak_of(learner, *args)
-    learn["losses"].append(loss)
-    learn["peaks"].append(peak)
+    accelerator.reset_peak("CPU:0")
+    loss, draw = learner(*args)
+    learn["losses"].append(float(loss))
+    learn["draws"].append(draw.numpy().tolist())
+    learn["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
     learn["partitions"].append(learner.last_step.partitions)
     learn["measured"].append(learner.last_step.device_peak_bytes)
     learn["predicted"].append(learner.memory_report().predicted_device_peak)
 learn["log"] = list(records)
 fn, args = resnet(1)
-plain = tf.function(fn)
-learn["plain_losses"] = [float(plain(*args)) for _ in range(steps)]
+plain = tf.function(drawing(fn))
+plain_runs = [plain(*args) for _ in range(steps)]
+learn["plain_losses"] = [float(loss) for loss, _ in plain_runs]
+learn["plain_draws"] = [draw.numpy().tolist() for _, draw in plain_runs]
 del os.environ[scratch.CACHE_ENV]
 
 print(json.dumps(out))
@@ -202,6 +217,12 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     assert max(learn["peaks"][1:]) <= budget, learn["peaks"]
     # No step ran twice: the losses are tf.function's steps (one intra-op thread).
     np.testing.assert_allclose(learn["losses"], learn["plain_losses"], rtol=1e-6)
+    # The re-plan compiled new partitions: the seeded random op's stream started again
+    # from its seed (tf.function continues it), and a warning said so.
+    assert learn["draws"][0] == learn["plain_draws"][0] != learn["plain_draws"][1]
+    assert learn["draws"][1] == learn["plain_draws"][0]
+    assert any("start their streams again" in line and "learning" in line
+               for line in learn["log"]), learn["log"]
 
 
 @pytest.mark.parametrize("model", ["mlp", "convnet", "keras"])
