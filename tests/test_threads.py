@@ -124,3 +124,34 @@ def test_concurrent_failures_release_their_steps(sessions):
             assert_same_result(plain.run(late, feed_dict={x: feed, scale: 2.0}), outcomes[i])
     assert tfs.host_buffers.in_use_bytes == 0
     assert_same_result(plain.run(out, feed_dict={x: feeds[0]}), tfs.run(out, feed_dict={x: feeds[0]}))
+
+
+def test_concurrent_first_steps_with_new_run_options_compile_once(sessions, monkeypatch):
+    """Threads that all bring the same new RunOptions at once share one set of callables:
+    each partition is compiled once for them, not once per thread."""
+    g, x, out, _, _, _, init, feeds = build()
+    plain = sessions(g)
+    tfs = tfmem.TFMemSession(sessions(g), partition_size=2, measure="off")
+    plain.run(init)
+    tfs.run(init)
+    tfs.run(out, feed_dict={x: feeds[0]})  # plan and callables for the default options
+    partitions = len(tfs.plan(out, feed_dict={x: feeds[0]}).partitions)
+    made = []
+    original = tfmem.tf_private.make_callable
+
+    def slow_make_callable(session, options):
+        made.append(options.run_options.timeout_in_ms)
+        threading.Event().wait(0.02)  # widen the window in which threads race
+        return original(session, options)
+
+    monkeypatch.setattr(tfmem.tf_private, "make_callable", slow_make_callable)
+    options = tf1.RunOptions(timeout_in_ms=600000)
+    got = [None] * THREADS
+
+    def work(thread):
+        got[thread] = tfs.run(out, feed_dict={x: feeds[thread]}, options=options)
+
+    _run_threads(work)
+    assert made.count(600000) == partitions, made
+    for thread in range(THREADS):
+        assert_same_result(plain.run(out, feed_dict={x: feeds[thread]}), got[thread])

@@ -65,7 +65,7 @@ def build(tf, device, layers, batch, width, seed):
 def page_locked(pool):
     """True when a buffer the pool hands out is registered with the CUDA runtime."""
     from tfmem.run import buffers  # pylint: disable=import-outside-toplevel
-    cudart = buffers._loaded_cudart()  # pylint: disable=protected-access
+    cudart = buffers.loaded_cudart()
     if cudart is None:
         return False
     array = pool.acquire((1 << 16,), "float32")

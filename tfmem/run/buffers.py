@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 ALIGNMENT = 64
 
 
-def _loaded_cudart():
+def loaded_cudart():
     """The CUDA runtime TensorFlow loaded into this process, or None."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as maps:
@@ -39,7 +39,7 @@ class _Pinner:
     """Page-locks buffers through the CUDA runtime, when there is one."""
 
     def __init__(self):
-        self._cudart = _loaded_cudart()
+        self._cudart = loaded_cudart()
 
     @property
     def active(self):

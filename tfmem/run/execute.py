@@ -10,6 +10,7 @@ requested tensors it computes.  The swap manager holds the transfers in
 between; if a step fails it releases what the step held.
 """
 
+import threading
 import time
 
 import psutil
@@ -139,6 +140,7 @@ class Executor:
         self.remote_info = runtime.remote_info  # of a session on TF's distributed runtime
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
+        self._callables_lock = threading.Lock()  # concurrent first steps build them once
         self._schedule = Schedule(plan)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
@@ -159,17 +161,22 @@ class Executor:
         run_path_wanted = c_path.wants_run_path(self.session, run_metadata)
         # run path: see c_path (keeps the step's run metadata)
         key = (serialized, bool(measure), run_path_wanted)
-        if key not in self._callables:
-            def make(program):
-                callable_options = _callable_options(program, options, measure)
-                # TF_SessionRun cannot connect tensors (see rewrite): such a partition
-                # stays a callable, whose run metadata a distributed session drops
-                if not run_path_wanted or program.connections:
-                    return tf_private.make_callable(self.session, callable_options)
-                return c_path.RunPathCallable(self.session, callable_options)
+        with self._callables_lock:
+            if key not in self._callables:
+                self._callables[key] = self._make_callables(options, measure, run_path_wanted)
+            return self._callables[key]
 
-            self._callables[key] = [make(p) for p in self._programs]
-        return self._callables[key]
+    def _make_callables(self, options, measure, run_path_wanted):
+        """One callable per partition for these run options."""
+        def make(program):
+            callable_options = _callable_options(program, options, measure)
+            # TF_SessionRun cannot connect tensors (see rewrite): such a partition
+            # stays a callable, whose run metadata a distributed session drops
+            if not run_path_wanted or program.connections:
+                return tf_private.make_callable(self.session, callable_options)
+            return c_path.RunPathCallable(self.session, callable_options)
+
+        return [make(p) for p in self._programs]
 
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
