@@ -20,8 +20,9 @@ each partition's peak the larger of the bytes requested and the same
 allocations replayed in the BFC allocator's chunks (`allocator.replay`), plus
 an allowance for chunks the replayed order does not show (`chunk_slack`).
 
-Budget mode learns: after each step the session compares every partition's
-measured peak with its prediction (`Correction`).  When a partition went over,
+Budget mode learns: after each measured step, `TFMemSession` and `tfmem.function`
+compare every partition's measured peak with its prediction (`Correction`, through
+`learning.learn_from_step`).  When a partition went over,
 predictions of that request are scaled by the largest measured/predicted
 ratio seen, and the next step runs a plan fitted with the corrected model.
 The step that went over is never run again: it may have updated variables.
@@ -96,19 +97,26 @@ class Correction:
         self.factor = 1.0
         self.scratch = {}
 
+    def went_over(self, trace, measured_peaks):
+        """True when a step's measured peaks (None: a peak not known) exceed `trace`'s
+        prediction, the one its plan was fitted to."""
+        if not measured_peaks or len(measured_peaks) != len(trace.partitions):
+            return False
+        known = [m for m in measured_peaks if m is not None]
+        return bool(known) and max(known) > trace.peak_device * self.factor
+
     def learn(self, trace, measured_peaks, scratch_seen, predict):
         """Compare a step's measured peak with `trace`'s (the plan was fitted to that);
         when it went over, take in the kernel scratch the step measured, and set the
         factor from the prediction `predict(scratch)` makes with it.  True when
         something was learned."""
-        if not measured_peaks or len(measured_peaks) != len(trace.partitions):
+        if not self.went_over(trace, measured_peaks):
             return False
-        if max(measured_peaks) <= trace.peak_device * self.factor:
-            return False
+        known = [m for m in measured_peaks if m is not None]
         for name, nbytes in scratch_seen.items():
             self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
         corrected = predict(self.scratch)
-        self.factor = max(self.factor, max(measured_peaks) / max(corrected.peak_device, 1))
+        self.factor = max(self.factor, max(known) / max(corrected.peak_device, 1))
         return True
 
 

@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
 from tfmem.run import accelerator, report_text, sampling
-from tfmem.memory import budget
+from tfmem.memory import budget, learning
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
@@ -360,25 +360,13 @@ class TFMemSession(SessionInterfaceMethods):
         memory_report() shows every partition's measured and predicted peak."""
         if entry.correction is None:
             entry.correction = budget.Correction()
-        measured = self.last_step.partition_peak_bytes
-        resident = entry.executor.last_resident
-        if measured and resident is not None:
-            # What the device held beyond the request's state (other requests' variables,
-            # other sessions) is in the measured peaks, not in the predictions.
-            foreign = max(resident - entry.trace.state_bytes, 0)
-            measured = tuple(m - foreign for m in measured)
         feed_shapes = request.feed_shapes()
-        if not entry.correction.learn(
-                entry.trace, measured, entry.executor.last_scratch,
+        if not learning.learn_from_step(
+                entry.correction, entry.trace, self.last_step.partition_peak_bytes,
+                entry.executor.last_resident, entry.executor.last_scratch,
                 lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
                                                                       feed_shapes), extra)):
             return
-        worst = max(range(len(measured)), key=measured.__getitem__)
-        log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
-                 "model now takes the kernel scratch this step measured (%d ops) and scales "
-                 "predictions by %.2f; planning the request again for the next step",
-                 measured[worst] / (1 << 20), worst, entry.trace.peak_device / (1 << 20),
-                 len(entry.correction.scratch), entry.correction.factor)
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
     def memory_report(self):

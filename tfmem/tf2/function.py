@@ -34,7 +34,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from tfmem.run import accelerator
-from tfmem.memory import budget
+from tfmem.memory import budget, learning
 from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
@@ -45,6 +45,7 @@ from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
+from tfmem.memory.scratch import ScratchCache, calibrate
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
@@ -53,8 +54,6 @@ from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.run.trace import Timeline, write_chrome_trace
-
-TF2_MARGIN = 0.25  # budget margin of tfmem.function (see budget.fit below)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +92,12 @@ class _Traced:
         self.plan = plan
         self.trace = trace
         self.executor = None
+        # Budget mode: the request's Sizing, what its measured steps taught (carried to
+        # the plans made after), and whether the next call plans again (see _learn).
+        self.sizing = None
+        self.feed_shapes = None
+        self.correction = None
+        self.replan = False
 
 
 def _refuse_jit(jit_compile):
@@ -144,7 +149,9 @@ def _make_runtime(settings):
     if policy.mode == "auto" and budget_bytes is None and not accelerator.has_own_memory(devices):
         # The "device" is host memory itself: a host copy would free nothing.
         policy = dataclasses.replace(policy, mode="none")
-    measurable = device != "CPU:0" or accelerator.emulated_memory_mib() is not None
+    # Wherever TensorFlow's allocator keeps figures: an accelerator, the emulated cap, and
+    # also a CPU allocator with statistics but no cap (oneDNN on, or a BFC allocator).
+    measurable = accelerator.device_memory(device) is not None
     return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
                     measurable, policy, budget_bytes)
 
@@ -178,6 +185,7 @@ class PartitionedFunction:
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
         self._last_traced = None  # the _Traced the last step ran
+        self._remeasured = ScratchCache()  # kernel scratch measured again when learning
         self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
 
@@ -253,43 +261,92 @@ class PartitionedFunction:
         key = self._key(concrete, feeds, runtime)
         traced = self._traced.get(key)
         if traced is not None and traced.concrete is concrete:
-            return traced
+            return self._replanned(key, traced) if traced.replan else traced
         graph = concrete.graph
         input_names = {t.name for t in graph.inputs}
         fetches = list({t.name: t for t in graph.outputs if t.name not in input_names}.values())
         targets = list(graph.control_outputs)
         shapes = self._feed_shapes(graph, feeds)
+        sizing, earlier = None, []
         with gc_paused():
             view = analyse(fetches, targets, graph.inputs)
             if runtime.budget_bytes is None:
                 plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
             else:
-                memory = (accelerator.device_memory(runtime.device)
-                          if runtime.measure_device else None)
-                # The TF2 path does not learn from its measured steps yet (issue 10's
-                # budget mode is the Session path's): it keeps the margin it was tested with.
                 # Plans of this trace for other shapes come first: one that fits these
                 # shapes serves them with the same compiled partitions, so each random op
                 # keeps its one stream, as in tf.function (and nothing is compiled again).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
-                plan, trace = budget.fit(view, Sizing.of(graph, view, shapes),
-                                         runtime.budget_bytes, runtime.policy,
-                                         resident_bytes=memory["current"] if memory else 0,
-                                         margin=TF2_MARGIN, prefer=[t.plan for t in earlier])
+                sizing = Sizing.of(graph, view, shapes)
+                plan, trace = self._fit(view, sizing, None, earlier)
         _check_sources(plan.view)
         if trace is None:
             # Partition inputs live until the call returns: no early frees (as budget mode).
             trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
+        traced.sizing, traced.feed_shapes = sizing, shapes
         if runtime.budget_bytes is not None and earlier and all(
-                t.plan is not plan for t in earlier) and any(
-                    draws_random_stream(op) for op in graph.get_operations()):
-            log.warning(
-                "%s: the fed shapes %s need a new plan to fit the budget; its random ops "
-                "start their streams again from their seeds (tf.function would continue "
-                "them). Give partition_size=N instead of a budget to keep one stream per op.",
-                graph.name, sorted(shapes.values()))
+                t.plan is not plan for t in earlier):
+            self._warn_streams_restart(
+                graph, f"the fed shapes {sorted(shapes.values())} need a new plan to fit "
+                "the budget")
         return traced
+
+    def _fit(self, view, sizing, correction, earlier):
+        """Budget mode's (plan, trace) for the view, preferring the plans in `earlier`."""
+        runtime = self._runtime
+        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
+        return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
+                          resident_bytes=memory["current"] if memory else 0,
+                          correction=correction, prefer=[t.plan for t in earlier])
+
+    @staticmethod
+    def _warn_streams_restart(graph, why):
+        if any(draws_random_stream(op) for op in graph.get_operations()):
+            log.warning(
+                "%s: %s; its random ops start their streams again from their seeds "
+                "(tf.function would continue them). Give partition_size=N instead of a "
+                "budget to keep one stream per op.", graph.name, why)
+
+    def _replanned(self, key, traced):
+        """Budget mode, after a step that measured over its prediction (see _learn): the
+        plan fitted with the corrected model.  The step that went over is not run again."""
+        earlier = [t for t in self._traced.values() if t.concrete is traced.concrete]
+        with gc_paused():
+            plan, trace = self._fit(traced.plan.view, traced.sizing, traced.correction, earlier)
+        traced.replan = False
+        if plan is traced.plan:  # still fits: the same plan, predicted with what was learned
+            traced.trace = trace
+            return traced
+        log.info("tfmem.function %r planned again with the corrected model: %d partitions "
+                 "(partition_size=%s), was %d", self.__name__, len(plan.partitions),
+                 plan.partition_size, len(traced.plan.partitions))
+        if all(t.plan is not plan for t in earlier):
+            self._warn_streams_restart(traced.graph, "learning needs a new plan to fit the budget")
+        fresh = self._traced[key] = _Traced(traced.concrete, plan, trace)
+        fresh.sizing, fresh.feed_shapes = traced.sizing, traced.feed_shapes
+        fresh.correction = traced.correction
+        return fresh
+
+    def _learn(self, traced):
+        """Budget mode: when the step measured over its prediction, correct the model and
+        plan again before the next call (see tfmem.memory.learning)."""
+        if traced.correction is None:
+            traced.correction = budget.Correction()
+        if learning.learn_from_step(
+                traced.correction, traced.trace, self.last_step.partition_peak_bytes,
+                traced.executor.last_resident, functools.partial(self._scratch_measured, traced),
+                lambda extra: budget.predict(traced.plan, traced.sizing, extra),
+                what=f"tfmem.function {self.__name__!r}"):
+            traced.replan = True
+
+    def _scratch_measured(self, traced):
+        """The trace's kernel scratch measured again, past the process's cache (which may
+        be stale, or written on another machine), once per kernel configuration: eager
+        TensorFlow keeps no step statistics of a function call to read it from, as the
+        Session front end does (see tfmem.memory.scratch)."""
+        return calibrate(traced.graph, traced.plan.view, traced.feed_shapes, None,
+                         cache=self._remeasured)
 
     def _compile(self, traced):
         runtime = self._runtime
@@ -347,6 +404,9 @@ class PartitionedFunction:
         timeline = Timeline() if self._settings.trace else None
         results, self.last_step = traced.executor.run(feeds, timeline)
         self._last_traced = traced
+        if self._runtime.budget_bytes is not None:
+            with self._planning:
+                self._learn(traced)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
         log.debug("step: %s", self.last_step)

@@ -1,0 +1,52 @@
+"""Learning: budget mode's one decision after a measured step, for both front ends.
+
+    measured step --> partition peaks - bytes the device held for others
+                  --> over the plan's prediction?  no: nothing to do
+                  --> yes: Correction takes in the step's kernel scratch and the
+                      factor still missing; log it; plan again for the NEXT step
+
+`TFMemSession` and `tfmem.function` call `learn_from_step` after every step of
+budget mode and re-plan when it returns True.  The step that went over is never
+run again: it may have updated variables.  Peaks that are None (a partition
+whose peak TensorFlow's figures cannot tell, see `tfmem.tf2.measure`) are left
+out; the known ones still teach.
+"""
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, predict,
+                    what="the request"):
+    """Compare a step's measured peaks with `trace`, the prediction its plan was fitted
+    to, and correct `correction` (a `budget.Correction`) when the step went over.
+
+    `partition_peaks`: TensorFlow's measured peak per partition (None entries, or None:
+    unknown); `resident`: the device's bytes in use when the step started (or None):
+    what it held beyond the request's own state (other requests' variables, other
+    sessions, a function's captured variables and inputs) is in the measured peaks,
+    not in the predictions, so it is taken off them; `scratch_seen`: kernel scratch
+    per op the step measured, or a function returning it, called only when the step
+    went over (a front end without step statistics measures it then); `predict(scratch)`:
+    the plan's prediction with that scratch.  True when something was learned: the
+    caller plans again before the next step.
+    """
+    if not partition_peaks or all(m is None for m in partition_peaks):
+        return False
+    measured = tuple(partition_peaks)
+    if resident is not None:
+        foreign = max(resident - trace.state_bytes, 0)
+        measured = tuple(None if m is None else m - foreign for m in measured)
+    if not correction.went_over(trace, measured):
+        return False
+    if callable(scratch_seen):  # measured only now that it is needed
+        scratch_seen = scratch_seen()
+    correction.learn(trace, measured, scratch_seen, predict)
+    worst = max((i for i, m in enumerate(measured) if m is not None), key=measured.__getitem__)
+    log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
+             "model now takes the kernel scratch this step measured (%d ops) and scales "
+             "predictions by %.2f; planning %s again for the next step",
+             measured[worst] / (1 << 20), worst, trace.peak_device / (1 << 20),
+             len(correction.scratch), correction.factor, what)
+    return True
