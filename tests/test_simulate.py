@@ -26,6 +26,7 @@ from tfmem.cli.proof import build_model
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy
+from tfmem.run.report_text import band_error
 
 tf1 = tf.compat.v1
 
@@ -162,18 +163,6 @@ print(json.dumps(results))
 """
 
 
-def _band_error(row, measured):
-    """How far `measured` lies outside the band between the simulator's two figures
-    (bytes requested, and the same allocations replayed in BFC chunks), relative to
-    it: 0 inside, negative below (under-predicted), positive above."""
-    low, high = sorted((row["predicted"], row["predicted_chunks"]))
-    if measured > high:
-        return (high - measured) / measured
-    if measured < low:
-        return (low - measured) / measured
-    return 0.0
-
-
 def _measure(path, onednn):
     """Start the accuracy process of one kernel path; rows come from `_rows`."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn)
@@ -204,8 +193,8 @@ def accuracy():
     for row in rows:
         row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
         row["worst_error"] = (row["predicted"] - row["worst"]) / row["worst"]
-        row["band_error"] = _band_error(row, row["measured"])
-        row["band_worst_error"] = _band_error(row, row["worst"])
+        row["band_error"] = band_error(row["predicted"], row["predicted_chunks"], row["measured"])
+        row["band_worst_error"] = band_error(row["predicted"], row["predicted_chunks"], row["worst"])
         table[row["path"], row["model"], row["partition_size"]] = row
         print(f"  {row['path']:>6} {row['model']:>6} partition_size={row['partition_size']:<6} "
               f"partitions={row['partitions']:<3} predicted {row['predicted'] / MIB:6.1f} MiB "
