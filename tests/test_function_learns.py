@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_resnet, make_step
+from bench_tf2 import build_mlp, build_resnet, make_step
 from tfmem.run import accelerator
 from tfmem.memory import scratch
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -72,21 +72,7 @@ def resnet(seed, blocks=(2, 2, 2), batch=32):
 
 
 def mlp(seed):
-    rng = np.random.default_rng(seed)
-    weights = [tf.Variable(rng.standard_normal((256, 256)).astype(np.float32) * 0.05)
-               for _ in range(8)]
-
-    def step(x):
-        with tf.GradientTape() as tape:
-            h = x
-            for w in weights:
-                h = tf.nn.relu(h @ w)
-                h = tf.sin(h) * 0.5 + h
-            loss = tf.reduce_mean(h * h)
-        for w, g in zip(weights, tape.gradient(loss, weights)):
-            w.assign_sub(0.01 * g)
-        return loss
-    x = tf.constant(np.random.default_rng(1).standard_normal((1024, 256)).astype(np.float32))
+    step, x = build_mlp(tf, np, seed)
     return step, (x,)
 
 

@@ -25,25 +25,13 @@ tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
 from tfmem.run import accelerator
+sys.path.insert(0, "tools")  # the child runs from the repository's root
+from bench_tf2 import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 def mlp(seed):
-    rng = np.random.default_rng(seed)
-    weights = [tf.Variable(rng.standard_normal((256, 256)).astype(np.float32) * 0.05)
-               for _ in range(8)]
-
-    def step(x):
-        with tf.GradientTape() as tape:
-            h = x
-            for w in weights:
-                h = tf.nn.relu(h @ w)
-                h = tf.sin(h) * 0.5 + h
-            loss = tf.reduce_mean(h * h)
-        for w, g in zip(weights, tape.gradient(loss, weights)):
-            w.assign_sub(0.01 * g)
-        return loss
-    return step
+    return build_mlp(tf, np, seed)[0]
 
 x = tf.constant(np.random.default_rng(1).standard_normal((1024, 256)).astype(np.float32))
 out = {}

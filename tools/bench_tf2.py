@@ -86,6 +86,27 @@ def build_resnet(keras, blocks, width=16, classes=10, seed=0):
     return keras.Model(inputs, layers.Dense(classes)(h))
 
 
+def build_mlp(tf, np, seed, layers=8, width=256, batch=1024):
+    """A small TF2 step without Keras, (step, x): an MLP of residual sines on plain
+    variables, trained by hand-written SGD (the tests' model beside the Keras ResNet)."""
+    rng = np.random.default_rng(seed)
+    weights = [tf.Variable(rng.standard_normal((width, width)).astype(np.float32) * 0.05)
+               for _ in range(layers)]
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights:
+                h = tf.nn.relu(h @ w)
+                h = tf.sin(h) * 0.5 + h
+            loss = tf.reduce_mean(h * h)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(0.01 * g)
+        return loss
+    x = tf.constant(np.random.default_rng(1).standard_normal((batch, width)).astype(np.float32))
+    return step, x
+
+
 def make_step(tf, keras, model, optimizer=None):
     """A custom training step: cross-entropy, `optimizer` (default SGD with momentum,
     built here), BN statistics updated."""
