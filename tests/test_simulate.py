@@ -53,7 +53,8 @@ KNOWN_GAPS = {("eigen", "rnn", 100000): 0.17, ("onednn", "rnn", 100000): 0.17,
               # inside a partition whose prediction does not hold it
               ("eigen", "moe", 20): 0.20,
               # measured -16.6 % (17.15 vs 20.57 MiB) in one of three runs, 2026-11-22
-              ("eigen", "moe", 200): 0.18}
+              ("eigen", "moe", 200): 0.18,
+              ("eigen", "moe", 100000): 0.18}  # the same plan as at 200
 # The oneDNN pool net's one-partition plan (predicted 3.7 MiB) measured 4.0, 5.1 or
 # 5.9 MiB from process to process on 2026-11-22 (-37.5 % at worst), the same plan.
 KNOWN_GAPS.update({("onednn", net, size): 0.40 for net in ("conv", "pool")
@@ -98,6 +99,10 @@ BAND_BELOW_TOLERANCE = 0.20
 # in fresh processes, 5.11-5.87 in processes that ran the other models first, as this
 # test's does: a steady model gap (-28 %) plus the process's history.
 BAND_GAPS = {("onednn", "pool", size): 0.40 for size in SIZES}
+# The MoE layer's peak moves from process to process for one plan, in plain TensorFlow
+# too (experiments/peak_spread.py: 8-19 %, the executor's op order); on the Eigen path
+# it read 20.57 MiB once (session 5, size 200), 12.4 % above its 18.01 MiB chunk figure.
+BAND_GAPS.update({("eigen", "moe", size): 0.15 for size in SIZES})
 
 # Steps 2..STEPS are measured (the first warms caches): accuracy is judged on the
 # median step, and the worst step separately.  Five judged steps (was three): one
