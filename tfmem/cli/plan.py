@@ -32,6 +32,7 @@ import os
 import re
 import sys
 
+from tfmem.run import report_text
 from tfmem.run.trace import TRACKS
 from tfmem.cli.arguments import positive_int
 from tfmem.memory.sizes import mib
@@ -457,7 +458,7 @@ def _human(nbytes):
 
 def _band_text(trace, budget):
     """Where TensorFlow's measured peak is expected: between the two predicted figures."""
-    low, high = sorted((trace.peak_device, trace.peak_device_chunks))
+    low, high = report_text.band(trace.peak_device, trace.peak_device_chunks)
     text = (f"{mib(low, 2, unit=False)}-{mib(high, 2, unit=False)} MiB: TensorFlow's measured "
             "peak usually lies between the requested and the chunk figure, and varies from "
             "process to process for one plan (README, Simulator accuracy)")
