@@ -14,9 +14,9 @@ one.  Sessions 5 and 6 found that the measurement itself is not one number:
 the same plan read 4.0, 5.1 or 5.9 MiB (the oneDNN pool net) and 15.3 to
 19.0 MiB (the Eigen MoE layer) in different processes.  This experiment
 measures that spread without tfmem in the way: for each of the simulator
-accuracy suite's models (`MODELS` of tests/test_simulate.py, read from that
-file so that both stay the same) and each kernel path (TF_ENABLE_ONEDNN_OPTS=0
-and =1), it trains the model with a PLAIN `tf.compat.v1.Session` in N fresh
+accuracy suite's models (`MODELS` of experiments/accuracy.py, the measurement
+tests/test_simulate.py runs, read from that file so that both stay the same)
+and each kernel path (TF_ENABLE_ONEDNN_OPTS=0 and =1), it trains the model with a PLAIN `tf.compat.v1.Session` in N fresh
 processes and takes, per process, the median of TensorFlow's allocator peak
 over steps 2..6 (the first step warms caches; the peak is reset before each
 step in this measuring process only).  Every process has:
@@ -71,12 +71,12 @@ TARGET = 0.10  # issue 10's target for the median step
 # A figure p is within TARGET of every m in [low, high] iff high / low <= this.
 ONE_FIGURE_RATIO = (1 + TARGET) / (1 - TARGET)
 ONE_PARTITION = 100000  # a partition size larger than every model: the whole step
-SUITE = os.path.join(ROOT, "tests", "test_simulate.py")
+SUITE = os.path.join(ROOT, "experiments", "accuracy.py")
 
 
 def suite_models(path=SUITE):
     """The accuracy suite's MODELS ({name: (builder, kwargs, batch)}), read from its source
-    without importing it (that would import TensorFlow and pytest in this process)."""
+    as literals (the file's other names are not needed here)."""
     with open(path, encoding="utf-8") as source:
         tree = ast.parse(source.read())
     for node in tree.body:

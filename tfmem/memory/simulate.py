@@ -176,6 +176,28 @@ def _dependency_order(view, ops):
     return order + [name for name in ops if name not in ordered]
 
 
+# Aliasing ops whose outputs are views of a data input's buffer (output i of
+# IdentityN views input i; every other op's outputs view input 0): the buffer
+# lives until the view's last reader too.  Const, variable reads and session
+# tensors view state or a handle counted elsewhere; Merge and NextIteration pass
+# one of several inputs, decided at run time.
+VIEWS = ALIASING - frozenset({"Const", "ReadVariableOp", "GetSessionTensor", "Merge",
+                              "RefMerge", "NextIteration"})
+
+
+def _buffers(view, order):
+    """{tensor: the tensor whose buffer it is}, through chains of views."""
+    root = {}
+    for name in order:
+        node = view.nodes[name]
+        if node.type not in VIEWS or not node.inputs:
+            continue
+        for index, _ in enumerate(node.outputs):
+            source = node.inputs[index if node.type == "IdentityN" else 0]
+            root[f"{name}:{index}"] = root.get(source, source)
+    return root
+
+
 def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
@@ -185,24 +207,34 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     held while it runs, with its inputs and outputs alive.  `events` (an
     `AllocationLog`), when given, records every allocation and free in order, for
     the allocator replay.
+
+    Buffers, not tensors, are alive: a view (Identity, Reshape, a gradient's
+    control-dependency Identity) keeps the buffer it views until its own last
+    reader, as TensorFlow's reference-counted buffers do.
     """
     order = _dependency_order(view, partition.ops)
+    root = _buffers(view, order)
     last_read = {}
     for step, name in enumerate(order):
         if view.nodes[name].type not in SHAPE_ONLY:
             for tensor in view.nodes[name].inputs:
-                last_read[tensor] = step
+                last_read[root.get(tensor, tensor)] = step
+    # A kept view keeps its buffer; the simulate loop finds it under the view's name.
+    kept = {root.get(t, t) for t in keep_until_end}
+    handed_on = {root[t]: t for t in keep_until_end if t in root and root[t] not in keep_until_end}
     live, current, peak = {}, 0, 0
     for step, name in enumerate(order):
         node = view.nodes[name]
-        dying = [t for t in dict.fromkeys(node.inputs) if t in live
-                 and last_read.get(t) == step and t not in keep_until_end]
+        dying = [b for b in dict.fromkeys(root.get(t, t) for t in node.inputs) if b in live
+                 and last_read.get(b) == step and b not in kept]
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
+            if tensor in root:  # a view: no allocation of its own
+                continue
             nbytes = 0 if node.type in ALIASING else size(tensor)
             reuse = None
             if nbytes and node.type in FORWARDING:
-                reuse = next((t for t in dying if live[t] == nbytes), None)
+                reuse = next((b for b in dying if live[b] == nbytes), None)
                 if reuse is not None:
                     dying.remove(reuse)
                     current -= live.pop(reuse)
@@ -213,21 +245,24 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
         if events is not None and scratch.get(name):
             events.scratch(scratch[name])
         peak = max(peak, current + scratch.get(name, 0))
-        for tensor in dying:
-            current -= live.pop(tensor)
+        for buffer in dying:
+            current -= live.pop(buffer)
             if events is not None:
-                events.release(tensor)
-        for tensor in dict.fromkeys(node.inputs):
-            if tensor in freed_inside and last_read.get(tensor) == step:
-                current -= freed_inside.pop(tensor)
+                events.release(buffer)
+        for buffer in dict.fromkeys(root.get(t, t) for t in node.inputs):
+            if buffer in freed_inside and last_read.get(buffer) == step:
+                current -= freed_inside.pop(buffer)
                 if events is not None:
-                    events.release(tensor)
+                    events.release(buffer)
         for index, _ in enumerate(node.outputs):
             tensor = f"{name}:{index}"
-            if tensor not in last_read and tensor not in keep_until_end:
+            if tensor in live and tensor not in last_read and tensor not in kept:
                 current -= live.pop(tensor)
                 if events is not None:
                     events.release(tensor)
+    if events is not None:
+        for buffer, tensor in handed_on.items():
+            events.rename(buffer, tensor)
     return peak
 
 
