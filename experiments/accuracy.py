@@ -245,7 +245,7 @@ def main(argv=None):
     result = summary(rows)
     print(result)
     if args.json:
-        data = dict(rows=rows, result=result, models=MODELS, sizes=list(SIZES), steps=STEPS,
+        data = dict(kind="simulator-accuracy", rows=rows, result=result, models=MODELS, sizes=list(SIZES), steps=STEPS,
                     provenance=provenance.provenance(
                         {p: kernel_path(onednn) for p, onednn in paths.items()}))
         with open(args.json, "w", encoding="utf-8") as out:

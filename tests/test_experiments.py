@@ -406,6 +406,7 @@ def test_readme_result_tables_match_the_result_files():
     assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table (issue 15)
     assert "partition_graphs" in proc.stdout  # experiments/partition_graphs.py (issue 12)
     assert "peak_spread" in proc.stdout  # experiments/peak_spread.py's table (issue 10)
+    assert "accuracy" in proc.stdout  # experiments/accuracy.py's simulator accuracy (issue 10)
 
 
 def test_every_result_file_records_what_produced_it():

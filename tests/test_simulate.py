@@ -47,10 +47,6 @@ WORST_TOLERANCE = {"eigen": 0.18, "onednn": 0.26}
 # Known gaps, with their bound on both errors.  The unrolled RNN in one partition is
 # over-predicted (TensorFlow's executor frees earlier than the simulator's order); the
 # MoE layer at 20 ops per partition measured -9 to -12 %.
-# With oneDNN the small convolution nets measure 1-2 MiB more than predicted on
-# 4-9 MiB steps: BFC allocator chunks (a chunk less than twice a request is handed
-# out whole: a 2.5 MiB convolution output held a 4 MiB chunk), not kernel scratch.
-# Budget mode learns those from its first measured step.
 KNOWN_GAPS = {("eigen", "rnn", 100000): 0.17, ("onednn", "rnn", 100000): 0.17,
               # worst step -16.9 % (9.03 vs 10.86 MiB) once, 2026-11-22: an upload landing
               # inside a partition whose prediction does not hold it
@@ -58,10 +54,15 @@ KNOWN_GAPS = {("eigen", "rnn", 100000): 0.17, ("onednn", "rnn", 100000): 0.17,
               # measured -16.6 % (17.15 vs 20.57 MiB) in one of three runs, 2026-11-22
               ("eigen", "moe", 200): 0.18,
               ("eigen", "moe", 100000): 0.18}  # the same plan as at 200
-# The oneDNN pool net's one-partition plan (predicted 3.7 MiB) measured 4.0, 5.1 or
-# 5.9 MiB from process to process on 2026-11-22 (-37.5 % at worst), the same plan.
-KNOWN_GAPS.update({("onednn", net, size): 0.40 for net in ("conv", "pool")
-                   for size in (100000, 200, 50, 20)})
+# The oneDNN pool net: requested 3.98 MiB since views keep their buffers (session 7;
+# TensorFlow's step statistics read the same 3.98 MiB of requests at the step's peak),
+# measured 3.99, 4.13, 5.10 or 5.90 MiB for one plan in one process on 2026-11-23
+# (experiments/results/accuracy.json; 5.11-5.87 in plain TensorFlow, peak_spread*.json):
+# the BFC chunks its tensors get depend on the process's allocation history (README,
+# Simulator accuracy, "Chunks (session 7)"), -32.5 % at worst.  The conv net needs no
+# entry since session 7: -7.0 % in one partition, -17.9 % at 20 (was -14 and -25 %),
+# within the oneDNN tolerance; its band holds it (within 0.3 %).
+KNOWN_GAPS.update({("onednn", "pool", size): 0.35 for size in (100000, 200, 50, 20)})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE of it, the worst within
@@ -80,15 +81,14 @@ BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.18}
 # against 17.15 requested; 15.83, 18.30 and 18.96 MiB in other processes), the oneDNN
 # ResNet at size 50 at +15.5 % (14.51 MiB against 16.75; its worst step 16.51).
 BAND_BELOW_TOLERANCE = 0.20
-# the oneDNN pool net in one partition (and at 200, the same plan): 4.0, 5.1 or
-# 5.9 MiB from process to process for one plan, in plain TensorFlow too, against
-# 3.7 MiB in both figures.  Which chunks it gets depends on the order the executor
-# ran the first steps in (it orders ops by measured cost), not on anything a plan
-# decides: no prediction of one figure can be within 10 % of all three.
-# experiments/peak_spread.py (plain TensorFlow, results/peak_spread*.json): 5.11-5.18 MiB
-# in fresh processes, 5.11-5.87 in processes that ran the other models first, as this
-# test's does: a steady model gap (-28 %) plus the process's history.
-BAND_GAPS = {("onednn", "pool", size): 0.40 for size in SIZES}
+# The oneDNN pool net at any size: 3.99 to 5.90 MiB for one plan (above), against
+# 3.98 MiB requested and 4.25 MiB in the replayed chunks: which chunks its tensors get
+# depends on the process's allocation history and the executor's op order, not on
+# anything a plan decides; no figure can be within 10 % of all of them.  Replaying the
+# step's own allocation order (from its step statistics) through the BFC model gives
+# 5.02 MiB against TensorFlow's 5.03: the allocator model holds, the order does not.
+# Worst band error seen: -28.0 % (5.90 MiB, 2026-11-23).
+BAND_GAPS = {("onednn", "pool", size): 0.30 for size in SIZES}
 # The MoE layer's peak moves from process to process for one plan, in plain TensorFlow
 # too (experiments/peak_spread.py: 8-19 %, the executor's op order); on the Eigen path
 # it read 20.57 MiB once (session 5, size 200), 12.4 % above its 18.01 MiB chunk figure.

@@ -19,7 +19,9 @@ step-time benchmark's (`tf2_speed.json`, written by
 session-graph-per-partition measurement's (`partition_graphs.json`, written by
 `python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`) or the peak
 spread's (`peak_spread.json`, written by
-`python experiments/peak_spread.py --json experiments/results/peak_spread.json`).  Text outside
+`python experiments/peak_spread.py --json experiments/results/peak_spread.json`) or the
+simulator accuracy's (`accuracy.json`, written by
+`python experiments/accuracy.py --json experiments/results/accuracy.json`).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -194,6 +196,15 @@ def peak_spread_block(data, name):
         peak_spread.markdown(data["rows"]), "", f"    {data['result']}", ""])
 
 
+def accuracy_block(data):
+    """The markdown of experiments/accuracy.py's result file: predicted against measured peaks."""
+    import accuracy  # pylint: disable=import-outside-toplevel
+    return "\n".join([
+        f"`python experiments/accuracy.py --json experiments/results/accuracy.json` (steps 2-"
+        f"{data['steps']} judged; {_provenance(data.get('provenance'))}):", "",
+        accuracy.markdown(data["rows"]), "", f"    {data['result']}", ""])
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -210,6 +221,8 @@ def block(name):
         return tf2_speed_block(data)
     if data.get("kind") == "partition-graphs":
         return partition_graphs_block(data)
+    if data.get("kind") == "simulator-accuracy":
+        return accuracy_block(data)
     return experiment_block(data, name)
 
 
