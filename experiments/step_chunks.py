@@ -1,0 +1,180 @@
+"""Step chunks: where a plain step's allocator peak goes, against the simulator's.
+
+    python experiments/step_chunks.py --model pool --onednn 1
+    python experiments/step_chunks.py --model conv --onednn 1 --steps 4
+
+Trains one model of experiments/accuracy.py's MODELS with a plain
+`tf.compat.v1.Session` (pinned thread pools, TensorFlow's BFC allocator far
+above the step, the kernel path set explicitly), then traces one more step
+with `RunOptions(trace_level=FULL_TRACE)`.  Its step statistics carry every
+op's allocation records, in BFC *chunk* bytes, with their times, and each
+output's requested bytes.  From them it prints:
+
+* the measured peak and the chunks live at that moment, by op, with the bytes
+  each chunk was requested for (a chunk less than twice its request is handed
+  out whole: tfmem/memory/allocator.py);
+* the step's own allocation order (requests, in TensorFlow's order) replayed
+  through tfmem's BFC model: whether the allocator model reproduces the peak
+  when it is given the order the executor took;
+* tfmem's two predicted figures for the one-partition plan (bytes requested;
+  the simulator's allocations replayed in its own op order).
+
+Session 7 (issue 10) used it to find the oneDNN pool net's missing 1.4 MiB.
+Nothing here is asserted: it prints what it measured.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+MIB = 1 << 20
+
+
+def _records(metadata):
+    """[(time, bytes (+ allocated, - freed), op, requested or None)] in time order."""
+    events = []
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            outputs = [o.tensor_description.allocation_description for o in node.output]
+            matched = 0
+            for memory in node.memory:
+                for record in memory.allocation_records:
+                    requested = None
+                    if record.alloc_bytes > 0 and matched < len(outputs) and \
+                            outputs[matched].allocated_bytes == record.alloc_bytes:
+                        requested = outputs[matched].requested_bytes
+                        matched += 1
+                    events.append((record.alloc_micros, record.alloc_bytes, node.node_name,
+                                   requested))
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def _live_at_peak(events):
+    current, peak, at_peak, live = 0, 0, {}, {}
+    requested = {}
+    for _, nbytes, name, request in events:
+        current += nbytes
+        live[name] = live.get(name, 0) + nbytes
+        if nbytes > 0 and request is not None:
+            requested[name] = requested.get(name, 0) + request
+        if current > peak:
+            peak, at_peak = current, dict(live)
+    return peak, {n: b for n, b in at_peak.items() if b}, requested
+
+
+def _replay(events, state_bytes, steps=3):
+    """The step's own request order through tfmem's BFC model: the last step's peak."""
+    from tfmem.memory.allocator import BFCModel  # pylint: disable=import-outside-toplevel
+    model = BFCModel()
+    for nbytes in state_bytes:
+        model.allocate(nbytes)
+    peak = 0
+    for _ in range(steps):
+        handles, base = {}, model.in_use
+        model.peak = model.in_use
+        for _, nbytes, name, request in events:
+            if nbytes > 0:
+                handles.setdefault(name, []).append(
+                    (nbytes, model.allocate(request if request is not None else nbytes)))
+            else:
+                held = handles.get(name, [])
+                index = next((i for i, (b, _) in enumerate(held) if b == -nbytes), None)
+                if index is not None:
+                    model.free(held.pop(index)[1])
+        for held in handles.values():  # the fetched outputs: freed once the run returns
+            for _, handle in held:
+                model.free(handle)
+        peak = model.peak - base
+    return peak
+
+
+def worker(name, steps):
+    # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    import tfmem
+    import accuracy
+    from tfmem.cli import models
+    from tfmem.plan.analyse import tensor_bytes
+    from tfmem.run import accelerator
+
+    builder, kwargs, batch = accuracy.MODELS[name]
+    model = getattr(models, builder)(**kwargs)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=1)
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    sess.run(model.init)
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    for _ in range(steps):
+        sess.run(fetches, feed)
+    start = accelerator.device_memory("CPU:0")["current"]
+    accelerator.reset_peak("CPU:0")
+    metadata = config_pb2.RunMetadata()
+    sess.run(fetches, feed, run_metadata=metadata,
+             options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
+    measured = accelerator.device_memory("CPU:0")["peak"] - start
+    events = _records(metadata)
+    peak, live, requested = _live_at_peak(events)
+    tfs = tfmem.TFMemSession(sess, partition_size=100000)
+    trace = tfs.simulate(fetches, feed)
+    sources = tfs.plan(fetches, feed).view.sources.values()
+    tfs.close()
+    variables = [n.state_bytes for n in sources if n.state_bytes]
+    # The constants' small buffers too, as the simulator lays out its state.
+    constants = [tensor_bytes(n.outputs[0].dtype, n.outputs[0].shape) or 0
+                 for n in sources if n.type == "Const"]
+    return dict(model=name, measured=measured, records_peak=peak,
+                live_at_peak={n: [b, requested.get(n)] for n, b in live.items()},
+                replayed_in_tensorflows_order=_replay(events, variables),
+                replayed_with_constants=_replay(events, variables + [c for c in constants if c]),
+                predicted=trace.peak_device - trace.state_bytes,
+                predicted_chunks=trace.peak_device_chunks - trace.state_bytes)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="pool", help="a name of accuracy.MODELS")
+    parser.add_argument("--onednn", choices=("0", "1"), default="1")
+    parser.add_argument("--steps", type=int, default=4, help="plain steps before the traced one")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.model, args.steps)))
+        return 0
+    from tfmem.cli.child_env import child_env  # pylint: disable=import-outside-toplevel
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--model",
+                           args.model, "--steps", str(args.steps)],
+                          env=child_env(onednn=args.onednn == "1"), capture_output=True,
+                          text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return 1
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"{data['model']}, oneDNN {'on' if args.onednn == '1' else 'off'}, one traced plain "
+          f"step (bytes above what was allocated when it started):")
+    print(f"  TensorFlow's peak                          {data['measured'] / MIB:7.3f} MiB")
+    print(f"  allocation records' peak (chunks)          {data['records_peak'] / MIB:7.3f} MiB")
+    print(f"  the records' order replayed (BFC model)    "
+          f"{data['replayed_in_tensorflows_order'] / MIB:7.3f} MiB after the variables, "
+          f"{data['replayed_with_constants'] / MIB:.3f} MiB after the variables and constants")
+    print(f"  tfmem, requested (simulator's order)       {data['predicted'] / MIB:7.3f} MiB")
+    print(f"  tfmem, in chunks (simulator's order)       {data['predicted_chunks'] / MIB:7.3f} MiB")
+    print("  chunks live at the peak (op: chunk bytes, requested for its outputs):")
+    for name, (chunk, request) in sorted(data["live_at_peak"].items(), key=lambda x: -x[1][0]):
+        if chunk >= 1024:
+            print(f"    {name:60} {chunk / MIB:7.3f} MiB"
+                  + (f" for {request / MIB:7.3f} MiB" if request else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
