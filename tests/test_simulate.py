@@ -12,6 +12,7 @@ run no step.
 import os
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -338,3 +339,36 @@ def test_training_graphs_have_no_tensor_of_unknown_size(name):
     assert trace.unknown_tensors == 0
     assert trace.peak_device > trace.state_bytes
     assert trace.peak_device_chunks >= trace.peak_device
+
+
+def _two_products(view_of_first):
+    """x -> a = x @ w1, b = x @ w2 -> a + b, with `a` read through `view_of_first`."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [512, 512], name="x")
+        w1 = tf.constant(np.ones((512, 512), np.float32))
+        w2 = tf.constant(np.ones((512, 512), np.float32))
+        a = tf.matmul(x, w1, name="a")
+        seen = view_of_first(a)
+        with tf.control_dependencies([seen]):  # `a`'s view runs before b exists
+            b = tf.matmul(x, w2, name="b")
+        out = tf.add(seen, b, name="out")
+    return make_plan(analyse([out], [], [x]), 100)
+
+
+@pytest.mark.parametrize("view", [
+    lambda a: tf.identity(a),
+    lambda a: tf.reshape(tf.reshape(a, [-1]), [512, 512]),
+    lambda a: tf.identity_n([a, a])[1],
+])
+def test_a_view_keeps_the_buffer_it_views_until_its_last_reader(view):
+    """TensorFlow's views (Identity, Reshape) share their input's buffer: reading `a` through
+    one keeps `a` alive as long as reading it directly does, so the peak is the same."""
+    direct = simulate(_two_products(lambda a: a))
+    viewed = simulate(_two_products(view))
+    # (a Reshape's shape constants add a few bytes of state)
+    assert viewed.peak_device - viewed.state_bytes == direct.peak_device - direct.state_bytes
+    assert viewed.peak_device_chunks - viewed.state_bytes >= \
+        direct.peak_device - direct.state_bytes
+    # a and b alive at once (the sum forwards one of them), besides the state.
+    assert direct.peak_device - direct.state_bytes >= 2 * 512 * 512 * 4
