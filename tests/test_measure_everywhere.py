@@ -170,6 +170,70 @@ out["race"] = dict(
 print(json.dumps(out))
 """
 
+TF2_SCRIPT = r"""
+import json, os, threading
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+import tfmem
+from tfmem.memory import learning
+from tfmem.run import accelerator
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(4)
+inside, release = threading.Event(), threading.Event()
+
+
+def gate(wait):
+    if bool(wait):
+        inside.set()
+        assert release.wait(60), "the test never released thread A"
+    return np.float32(1.0)
+
+
+w = tf.Variable(np.random.RandomState(1).randn(256, 256).astype(np.float32) * 0.05)
+
+
+def step(x, wait):
+    h = tf.tanh(x @ w)
+    with tf.control_dependencies([h]):
+        g = tf.py_function(gate, [wait], tf.float32)
+    return tf.reduce_sum((h * g) @ w)
+
+
+fn = tfmem.function(step, device_memory_budget="256MiB")
+xs = tf.constant(np.random.RandomState(0).randn(2048, 256).astype(np.float32))
+fn(xs, tf.constant(False))  # planned and compiled before the threads race
+learned, values = {}, {}
+real_learn = learning.learn_from_step
+
+
+def spy(correction, trace, peaks, resident, scratch, predict, what="the request"):
+    learned[threading.current_thread().name] = resident
+    return real_learn(correction, trace, peaks, resident, scratch, predict, what)
+
+
+learning.learn_from_step = spy
+
+
+def call(name, waits):
+    values[name] = float(fn(xs, tf.constant(waits)))
+
+
+resident = {"A": accelerator.device_memory("CPU:0")["current"]}
+a = threading.Thread(target=call, args=("A", True), name="A")
+a.start()
+assert inside.wait(60), "thread A never reached its py_function"
+resident["B"] = accelerator.device_memory("CPU:0")["current"]  # A holds its matmul
+b = threading.Thread(target=call, args=("B", False), name="B")
+b.start()
+b.join(120)
+release.set()
+a.join(120)
+print(json.dumps(dict(resident=resident, learned=learned, values=values,
+                      plain=float(tf.function(step)(xs, tf.constant(False))),
+                      b_finished_first=not b.is_alive())))
+"""
+
 ALLOCATORS = {
     "onednn": {"TF_ENABLE_ONEDNN_OPTS": "1"},
     "bfc_without_cap": {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": "true"},
@@ -267,3 +331,20 @@ def test_a_step_within_the_allocators_jitter_teaches_nothing():
     assert learning.learn_from_step(correction, trace, peaks(1.2 * (1 + learning.JITTER * 2)),
                                     None, {}, predict)
     assert correction.factor == pytest.approx(1.2 * (1 + learning.JITTER * 2), rel=1e-6)
+
+
+def test_concurrent_function_calls_each_learn_from_their_own_figures():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_BFC_MEM_LIMIT_IN_MB"}
+    env.update(ALLOCATORS["bfc_without_cap"])
+    done = subprocess.run([sys.executable, "-c", TF2_SCRIPT], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env=env)
+    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
+    race = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\ntfmem.function race {race}")
+    assert race["b_finished_first"]
+    assert race["values"]["A"] == race["values"]["B"] == pytest.approx(race["plain"], rel=1e-5)
+    resident = race["resident"]
+    held = resident["B"] - resident["A"]
+    assert held >= 2 << 20, race  # A held its matmul's output (2 MiB) when B started
+    for name in ("A", "B"):
+        assert abs(race["learned"][name] - resident[name]) < held // 8, (name, race)
