@@ -98,9 +98,9 @@ class ScratchCache:
         """Take the figures of `remeasured` (a ScratchCache of kernels measured again, after
         a step went over its prediction) where they differ from this cache's, and save the
         file: a stale file is corrected for the next process too.  The number changed."""
+        figures = remeasured.items()  # (outside this cache's lock: it may be this cache)
         with self._lock:
-            changed = {key: value for key, value in remeasured.items()
-                       if self._bytes.get(key) != value}
+            changed = {key: value for key, value in figures if self._bytes.get(key) != value}
             self._bytes.update(changed)
             if changed:
                 self._save()
