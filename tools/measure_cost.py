@@ -2,6 +2,7 @@
 "off", against plain TensorFlow, in one process and one run.
 
     python tools/measure_cost.py [--layers 24] [--batch 2048] [--steps 20] [--json OUT]
+                                 [--onednn]
 
 One fresh process (oneDNN off, TensorFlow's BFC allocator capped far above
 the step so it keeps figures): a plain session measures the step's peak; then
@@ -11,7 +12,9 @@ After warm-up steps (more than sampling's warm-up, so "sample" is in its
 steady phase), the timed steps go round-robin (plain, every, sample, off,
 order rotated each round) so load on the shared machine hits all alike; the
 medians of wall time and of process CPU time (which others' load moves
-less) and their ratios to plain are printed and returned.
+less) and their ratios to plain are printed and returned.  `--onednn`: oneDNN
+on and no cap instead (its CPU allocator keeps the figures), where tfmem
+measures steps since it reads figures on every allocator that keeps them.
 """
 
 import argparse
@@ -27,10 +30,11 @@ MODES = ("every", "sample", "off")
 MIB = 1 << 20
 
 
-def child(layers, width, batch, steps, warmup):
+def child(layers, width, batch, steps, warmup, onednn=False):
     """The benchmark in this process (TensorFlow not yet imported); returns a dict."""
     import tfmem  # pylint: disable=import-outside-toplevel
-    tfmem.emulate_accelerator(16384)
+    if not onednn:  # with oneDNN on, its allocator keeps the figures without a cap
+        tfmem.emulate_accelerator(16384)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     from tfmem.cli import models  # pylint: disable=import-outside-toplevel
@@ -68,7 +72,8 @@ def child(layers, width, batch, steps, warmup):
                 measured[name] += sessions[name].last_step.measured
     medians = {name: statistics.median(t) for name, t in times.items()}
     cpu_medians = {name: statistics.median(t) for name, t in cpu.items()}
-    return dict(model=f"MLP {layers}x{width}, batch {batch}", plain_peak_mib=plain_peak / MIB,
+    return dict(model=f"MLP {layers}x{width}, batch {batch}, oneDNN {'on' if onednn else 'off'}",
+                plain_peak_mib=plain_peak / MIB,
                 budget_mib=budget / MIB,
                 partitions={mode: tfs.last_step.partitions for mode, tfs in sessions.items()},
                 steps=steps, warmup=warmup, median_ms={k: v * 1e3 for k, v in medians.items()},
@@ -78,10 +83,15 @@ def child(layers, width, batch, steps, warmup):
                 measured_timed_steps=measured, loadavg=os.getloadavg()[0])
 
 
-def run(layers=24, width=256, batch=2048, steps=20, warmup=15, timeout=1800):
+def run(layers=24, width=256, batch=2048, steps=20, warmup=15, timeout=1800, onednn=False):
     """The benchmark in a fresh process (the allocator's cap is read at TensorFlow's start)."""
-    settings = dict(layers=layers, width=width, batch=batch, steps=steps, warmup=warmup)
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    settings = dict(layers=layers, width=width, batch=batch, steps=steps, warmup=warmup,
+                    onednn=onednn)
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1" if onednn else "0",
+               TF_CPP_MIN_LOG_LEVEL="2")
+    if onednn:  # no BFC allocator: oneDNN's own keeps the figures
+        env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
+        env.pop("TF_CPU_BFC_MEM_LIMIT_IN_MB", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
                            json.dumps(settings)], capture_output=True, text=True, env=env,
@@ -115,12 +125,15 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=15, help="untimed steps per side first")
     parser.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    parser.add_argument("--onednn", action="store_true",
+                        help="oneDNN on, no emulated cap (its allocator keeps the figures)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(**json.loads(args.child))))
         return 0
-    result = run(args.layers, args.width, args.batch, args.steps, args.warmup)
+    result = run(args.layers, args.width, args.batch, args.steps, args.warmup,
+                 onednn=args.onednn)
     report(result)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:

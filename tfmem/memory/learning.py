@@ -16,6 +16,12 @@ import logging
 
 log = logging.getLogger(__name__)
 
+# TensorFlow's figures of one plan's steps move by a few KiB from step to step (a BFC
+# allocator without a cap read 8,660,224 then 8,661,248 bytes for the same MLP step): a
+# step within this fraction of its corrected prediction teaches nothing, or each such
+# step would plan again.  The budget's margin (budget.DEFAULT_MARGIN) covers it.
+JITTER = 0.01
+
 
 def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, predict,
                     what="the request"):
@@ -38,7 +44,8 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
     if resident is not None:
         foreign = max(resident - trace.state_bytes, 0)
         measured = tuple(None if m is None else m - foreign for m in measured)
-    if not correction.went_over(trace, measured):
+    if not correction.went_over(trace, tuple(None if m is None else m / (1 + JITTER)
+                                             for m in measured)):
         return False
     if callable(scratch_seen):  # measured only now that it is needed
         scratch_seen = scratch_seen()

@@ -23,7 +23,9 @@ and ops reading resources are never calibrated (running them has effects).
 
 Results are cached per kernel configuration in a `ScratchCache` (one per
 process by default), and saved to a JSON file when `TFMEM_SCRATCH_CACHE`
-names one, so the next process plans without measuring again.
+names one, so the next process plans without measuring again.  Figures
+`tfmem.function` measures again after a step went over its prediction
+replace stale ones there (`ScratchCache.correct`).
 """
 
 import json
@@ -89,13 +91,38 @@ class ScratchCache:
         with self._lock:
             self._bytes.update(measured)
             self.measured += len(measured)
-            if self.path and measured:
-                directory = os.path.dirname(os.path.abspath(self.path))
-                os.makedirs(directory, exist_ok=True)
-                partial = f"{self.path}.{os.getpid()}.tmp"
-                with open(partial, "w", encoding="utf-8") as file:
-                    json.dump(self._bytes, file, sort_keys=True, indent=0)
-                os.replace(partial, self.path)
+            if measured:
+                self._save()
+
+    def correct(self, remeasured):
+        """Take the figures of `remeasured` (a ScratchCache of kernels measured again, after
+        a step went over its prediction) where they differ from this cache's, and save the
+        file: a stale file is corrected for the next process too.  The number changed."""
+        figures = remeasured.items()  # (outside this cache's lock: it may be this cache)
+        with self._lock:
+            changed = {key: value for key, value in figures if self._bytes.get(key) != value}
+            self._bytes.update(changed)
+            if changed:
+                self._save()
+        if changed and self.path:
+            log.info("corrected %d kernel scratch figures in %s", len(changed), self.path)
+        return len(changed)
+
+    def items(self):
+        with self._lock:
+            return list(self._bytes.items())
+
+    def _save(self):
+        """Write the file whole, atomically: a temp file beside it, renamed over it (a
+        reader, in this process or another, sees the old file or the new one)."""
+        if not self.path:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        partial = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(partial, "w", encoding="utf-8") as file:
+            json.dump(self._bytes, file, sort_keys=True, indent=0)
+        os.replace(partial, self.path)
 
     def __len__(self):
         return len(self._bytes)

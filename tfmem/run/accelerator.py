@@ -87,6 +87,15 @@ def has_own_memory(session):
     return memory_device(session) != "CPU:0" or emulated_memory_mib() is not None
 
 
+def keeps_figures(device):
+    """True where TensorFlow's allocator keeps current and peak figures for `device`:
+    a GPU, the emulated cap, and also a CPU allocator with statistics but no cap
+    (oneDNN on, or `TF_CPU_ALLOCATOR_USE_BFC=true` alone).  Both front ends measure
+    steps (and budget mode learns) exactly there.  Asking starts TensorFlow's eager
+    context, as the first measured step would."""
+    return device_memory(device) is not None
+
+
 def device_memory(device):
     """TensorFlow's {'current', 'peak'} bytes for `device`, or None where it keeps none."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -96,6 +96,7 @@ class _Step:
         self._measure = measure  # read the device peak of each partition
         self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
         self.peaks = []  # per partition: peak bytes or None
+        self.scratch = {}  # op name -> kernel scratch this step's statistics showed
 
     def call(self, index, args):
         """Run partition `index`'s callable; record its device peak (None when not measured)."""
@@ -106,7 +107,10 @@ class _Step:
         record = self._executor.process_peak() if self._measure else None
         metadata = config_pb2.RunMetadata()
         values = call(*args, run_metadata=metadata)
-        peak = self._executor.partition_peak(index, metadata, record) if self._measure else None
+        peak = None
+        if self._measure:
+            peak = self._executor.partition_peak(index, metadata, record)
+            self.scratch.update(self._executor.partition_scratch(index, metadata))
         if self._run_metadata is not None:
             self._run_metadata.MergeFrom(metadata)
         self.peaks.append(peak)
@@ -151,8 +155,6 @@ class Executor:
                          for index, options in uploads.items()}
         self._process = psutil.Process()
         self._ops = [frozenset(p.ops) for p in plan.partitions]
-        self.last_scratch = {}  # op name -> kernel scratch measured in the last step
-        self.last_resident = None  # device bytes in use when the last step started
 
     def _callables_for(self, options, run_metadata=None, measure=False):
         """The partitions' callables for these run options; measuring ones (allocation
@@ -183,13 +185,15 @@ class Executor:
         memory = accelerator.device_memory(self._runtime.device)
         return memory["peak"] if memory else None
 
+    def partition_scratch(self, index, metadata):
+        """{op name: kernel scratch} of partition `index`, from its step statistics."""
+        return measured_scratch(metadata, self._ops[index], index)
+
     def partition_peak(self, index, metadata, record_before):
         """Partition `index`'s device peak: from its step statistics (`metadata`), or
         TensorFlow's process peak when the partition raised it above `record_before`
         (read, never reset: allocations of other threads, the prefetcher's uploads,
-        count there and not in the statistics).  The kernel scratch its ops allocated
-        goes into `last_scratch`."""
-        self.last_scratch.update(measured_scratch(metadata, self._ops[index], index))
+        count there and not in the statistics)."""
         peak = measured_peak(metadata)
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:
@@ -218,11 +222,10 @@ class Executor:
                             runtime.prefetcher, keys, timeline)
         started = time.perf_counter()
         step = _Step(self, callables, run_metadata, measure, feeds)
-        self.last_scratch = {}
-        self.last_resident = None
+        resident = None
         if measure:
             memory = accelerator.device_memory(runtime.device)
-            self.last_resident = memory["current"] if memory else None
+            resident = memory["current"] if memory else None
         results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
@@ -231,6 +234,7 @@ class Executor:
             device_peak_bytes=max(measured) if measured else None,
             partition_peak_bytes=measured,
             measured=measured is not None,
+            resident_bytes=resident, kernel_scratch=step.scratch,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall, call_time=call_time)

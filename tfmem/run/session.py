@@ -84,7 +84,7 @@ class _Runtime:
     pool: HostBufferPool
     prefetcher: Prefetcher
     residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
-    measure_device: bool  # TensorFlow keeps allocator figures (a GPU, or the emulated cap)
+    measure_device: bool  # TensorFlow keeps allocator figures (see accelerator.keeps_figures)
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
 
 
@@ -150,7 +150,7 @@ class TFMemSession(SessionInterfaceMethods):
         self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
         remote_info = remote.describe(sess)
-        measurable = (device != "CPU:0" or accelerator.emulated_memory_mib() is not None) and \
+        measurable = accelerator.keeps_figures(device) and \
             (remote_info is None or remote_info.allocator_local)
         self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
                                 else bool(atomic_updates))
@@ -349,21 +349,22 @@ class TFMemSession(SessionInterfaceMethods):
             write_chrome_trace(timeline.events, self._trace_path)
         log.debug("step: %s", stats)
         if self._budget is not None:
-            self._learn(request, entry)
+            self._learn(request, entry, stats)
         for listener in self._step_listeners:
             listener(self, entry, stats)
         return request.build_results(self._session, values)
 
-    def _learn(self, request, entry):
-        """Budget mode: when the step measured over its predicted peak, correct the model
-        and plan the request again before the next step (this one is never run again).
+    def _learn(self, request, entry, stats):
+        """Budget mode: when the step (`stats`, its own figures: other threads' steps may
+        have run since) measured over its predicted peak, correct the model and plan the
+        request again before the next step (this one is never run again).
         memory_report() shows every partition's measured and predicted peak."""
         if entry.correction is None:
             entry.correction = budget.Correction()
         feed_shapes = request.feed_shapes()
         if not learning.learn_from_step(
-                entry.correction, entry.trace, self.last_step.partition_peak_bytes,
-                entry.executor.last_resident, entry.executor.last_scratch,
+                entry.correction, entry.trace, stats.partition_peak_bytes,
+                stats.resident_bytes, stats.kernel_scratch,
                 lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
                                                                       feed_shapes), extra)):
             return

@@ -41,6 +41,11 @@ class StepStats:
     upload_time: float = 0.0
     step: int = 0
     measured: bool = False
+    # This step's own figures budget mode learns from (concurrent steps of one plan each
+    # keep theirs): the device's bytes in use when it started (None: not measured), and
+    # the kernel scratch per op its step statistics showed (the Session front end only).
+    resident_bytes: int | None = None
+    kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def __str__(self):
         mib = MIB

@@ -116,7 +116,6 @@ class EagerExecutor:
         self._batches = {index: runtime.prefetcher.batch
                          for index, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
-        self.last_resident = None  # device bytes in use when the last step started
         self.last_peak_bounds = None  # (lower, upper) bytes around the last step's peak
 
     def run(self, feeds, timeline=None):
@@ -128,7 +127,6 @@ class EagerExecutor:
         peaks = PeakReader(runtime.device) if runtime.measure_device else None
         if peaks is not None and not peaks.start_step():
             peaks = None  # TensorFlow keeps no figures for this device
-        self.last_resident = peaks.resident if peaks is not None else None
         started = time.perf_counter()
         results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
         wall = time.perf_counter() - started
@@ -137,6 +135,7 @@ class EagerExecutor:
             partitions=len(self.functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,
             partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
+            resident_bytes=peaks.resident if peaks is not None else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall, call_time=call_time)

@@ -45,7 +45,7 @@ from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
-from tfmem.memory.scratch import ScratchCache, calibrate
+from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
@@ -149,9 +149,7 @@ def _make_runtime(settings):
     if policy.mode == "auto" and budget_bytes is None and not accelerator.has_own_memory(devices):
         # The "device" is host memory itself: a host copy would free nothing.
         policy = dataclasses.replace(policy, mode="none")
-    # Wherever TensorFlow's allocator keeps figures: an accelerator, the emulated cap, and
-    # also a CPU allocator with statistics but no cap (oneDNN on, or a BFC allocator).
-    measurable = accelerator.device_memory(device) is not None
+    measurable = accelerator.keeps_figures(device)  # the Session front end's rule
     return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
                     measurable, policy, budget_bytes)
 
@@ -328,14 +326,15 @@ class PartitionedFunction:
         fresh.correction = traced.correction
         return fresh
 
-    def _learn(self, traced):
-        """Budget mode: when the step measured over its prediction, correct the model and
-        plan again before the next call (see tfmem.memory.learning)."""
+    def _learn(self, traced, stats):
+        """Budget mode: when the step (`stats`, its own figures) measured over its
+        prediction, correct the model and plan again before the next call (see
+        tfmem.memory.learning)."""
         if traced.correction is None:
             traced.correction = budget.Correction()
         if learning.learn_from_step(
-                traced.correction, traced.trace, self.last_step.partition_peak_bytes,
-                traced.executor.last_resident, functools.partial(self._scratch_measured, traced),
+                traced.correction, traced.trace, stats.partition_peak_bytes,
+                stats.resident_bytes, functools.partial(self._scratch_measured, traced),
                 lambda extra: budget.predict(traced.plan, traced.sizing, extra),
                 what=f"tfmem.function {self.__name__!r}"):
             traced.replan = True
@@ -345,8 +344,10 @@ class PartitionedFunction:
         be stale, or written on another machine), once per kernel configuration: eager
         TensorFlow keeps no step statistics of a function call to read it from, as the
         Session front end does (see tfmem.memory.scratch)."""
-        return calibrate(traced.graph, traced.plan.view, traced.feed_shapes, None,
+        seen = calibrate(traced.graph, traced.plan.view, traced.feed_shapes, None,
                          cache=self._remeasured)
+        default_cache().correct(self._remeasured)  # and $TFMEM_SCRATCH_CACHE, for the next process
+        return seen
 
     def _compile(self, traced):
         runtime = self._runtime
@@ -388,7 +389,7 @@ class PartitionedFunction:
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
         traced = self._last_traced
-        return function_memory_report(self.last_step, traced.trace, traced.executor.last_resident,
+        return function_memory_report(self.last_step, traced.trace, self.last_step.resident_bytes,
                                       self._runtime.budget_bytes, traced.executor.last_peak_bounds)
 
     def __call__(self, *args, **kwargs):
@@ -402,11 +403,12 @@ class PartitionedFunction:
             if traced.executor is None:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
-        results, self.last_step = traced.executor.run(feeds, timeline)
+        results, stats = traced.executor.run(feeds, timeline)
+        self.last_step = stats
         self._last_traced = traced
         if self._runtime.budget_bytes is not None:
             with self._planning:
-                self._learn(traced)
+                self._learn(traced, stats)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
         log.debug("step: %s", self.last_step)
