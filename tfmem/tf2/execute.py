@@ -23,6 +23,7 @@ from tfmem.run.step_loop import Wiring, run_step
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
 from tfmem.tf2.measure import PeakReader
+from tfmem.tf2.profiled_peaks import ProfiledPeaks
 
 
 class GraphDevices:
@@ -125,12 +126,19 @@ class EagerExecutor:
         runtime = self._runtime
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
-        peaks = PeakReader(runtime.device) if runtime.measure_device else None
+        peaks = None
+        if runtime.measure_device:
+            peaks = (ProfiledPeaks if getattr(runtime, "profile_peaks", False) else PeakReader)(
+                runtime.device)
         if peaks is not None and not peaks.start_step():
             peaks = None  # TensorFlow keeps no figures for this device
         self.last_resident = peaks.resident if peaks is not None else None
         started = time.perf_counter()
-        results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
+        try:
+            results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
+        finally:
+            if peaks is not None:
+                peaks.finish_step()  # the profiler stops also when the step fails
         wall = time.perf_counter() - started
         self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(

@@ -67,6 +67,7 @@ class _Settings:
     policy: SwapPolicy
     budget: object  # the device_memory_budget as given, or None
     trace: object  # a path for Chrome traces, or None
+    profile_peaks: bool = False  # each partition's peak every step, from the profiler
 
 
 @dataclasses.dataclass
@@ -79,6 +80,7 @@ class _Runtime:
     measure_device: bool
     policy: SwapPolicy
     budget_bytes: int | None
+    profile_peaks: bool = False  # see tfmem.tf2.profiled_peaks
 
 
 class _Traced:
@@ -111,7 +113,7 @@ def _refuse_jit(jit_compile):
 
 def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
              swap_min_bytes=1 << 20, device_memory_budget=None, trace=None,
-             **tf_function_kwargs):
+             profile_peaks=False, **tf_function_kwargs):
     """Like `tf.function`, but runs each traced step as a sequence of partitions.
 
     Works as `@tfmem.function`, `@tfmem.function(...)` and `tfmem.function(fn, ...)`.
@@ -119,6 +121,9 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     device_memory_budget mean what they mean for `TFMemSession`; every other
     keyword (input_signature, reduce_retracing, autograph, ...) goes to
     `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
+    profile_peaks=True measures each partition's device peak every step with
+    TensorFlow's profiler (tfmem.tf2.profiled_peaks), also under an earlier,
+    higher process peak; it costs time per step (see the README).
     """
     _refuse_jit(tf_function_kwargs.get("jit_compile"))
     size = check_partition_size(partition_size)
@@ -126,7 +131,7 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     if device_memory_budget is not None:
         budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
         size = "auto"
-    settings = _Settings(size, policy, device_memory_budget, trace)
+    settings = _Settings(size, policy, device_memory_budget, trace, bool(profile_peaks))
 
     def decorate(python_function):
         return PartitionedFunction(python_function, settings, tf_function_kwargs)
@@ -153,7 +158,7 @@ def _make_runtime(settings):
     # also a CPU allocator with statistics but no cap (oneDNN on, or a BFC allocator).
     measurable = accelerator.device_memory(device) is not None
     return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
-                    measurable, policy, budget_bytes)
+                    measurable, policy, budget_bytes, settings.profile_peaks)
 
 
 def _check_sources(view):

@@ -38,12 +38,14 @@ class PeakReader:
         self.partition_peaks = []
         self.resident = None  # bytes in use when the step started: variables, inputs, the user's
         self._in_use = None  # the most bytes seen in use at a partition's start or end
+        self._current = None  # bytes in use at the last reading
 
     def _peak(self):
         memory = accelerator.device_memory(self._device)
         if memory is None:
             return None
-        self._in_use = max(self._in_use or 0, memory["current"])
+        self._current = memory["current"]
+        self._in_use = max(self._in_use or 0, self._current)
         return memory["peak"]
 
     def start_step(self):
@@ -65,6 +67,9 @@ class PeakReader:
             else None
         self.partition_peaks.append(peak)
         return peak
+
+    def finish_step(self):
+        """Called once the step's partitions have run (or failed); nothing to do here."""
 
     def step_peak(self):
         """The step's peak when the step raised the process peak, else None (unknown)."""
