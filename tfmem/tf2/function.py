@@ -49,7 +49,7 @@ from tfmem.memory.scratch import ScratchCache, calibrate
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
-from tfmem.tf2.compile import compile_partition
+from tfmem.tf2.compile import compile_partition, seen_names
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
@@ -364,7 +364,9 @@ class PartitionedFunction:
                 traced.executor = other.executor
                 return
         library = traced.graph.as_graph_def().library
-        functions = [compile_partition(traced.graph, plan, p, library) for p in plan.partitions]
+        seen = seen_names(traced.concrete)
+        functions = [compile_partition(traced.graph, plan, p, library, seen)
+                     for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,
