@@ -22,6 +22,7 @@ from tfmem.run.rewrite import HANDLE, HOST, RESULT
 from tfmem.run.step_loop import Wiring, run_step
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
+from tfmem.tf2 import sorted_names
 from tfmem.tf2.measure import PeakReader
 from tfmem.tf2.profiled_peaks import ProfiledPeaks
 
@@ -99,9 +100,21 @@ class _EagerStep:
         return oom.device_memory_error(devices, self.plan, shapes, index, error,
                                        accelerator.device_capacity(devices))
 
-    @staticmethod
-    def failure(index, error):
-        del index, error  # an eager step has no remote task to lose: as TensorFlow said
+    def _is_op_name(self, name):
+        try:
+            self._executor.graph.get_operation_by_name(name)
+        except (KeyError, ValueError):
+            return False
+        return True
+
+    def failure(self, index, error):
+        """An eager step has no remote task to lose: TensorFlow's error, in the traced
+        graph's op names (a partition's nodes are named by tfmem.tf2.sorted_names)."""
+        del index
+        message = sorted_names.readable_message(error.message, self._is_op_name)
+        if message == error.message:
+            return None
+        return type(error)(error.node_def, error.op, message)
 
 
 class EagerExecutor:

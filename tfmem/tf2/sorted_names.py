@@ -17,7 +17,11 @@ output suffix appended to a node's name, gives the order of the originals;
 an argument standing for output k > 0 of a producer is named with '__' in
 place of ':' (between the digits and the letters, where ':' sorts).  The
 encoding only uses [a-z0-9_], so it is a valid node and argument name.
+A TensorFlow error raised in a partition names its nodes so encoded:
+`readable_message` turns them back into the traced graph's names.
 """
+
+import re
 
 _BELOW_COLON = "-./0123456789"  # characters of op names that sort before ':'
 _ABOVE_COLON = ">ABCDEFGHIJKLMNOPQRSTUVWXYZ\\_abcdefghijklmnopqrstuvwxyz"
@@ -68,3 +72,16 @@ def decode(name):
     if not all(pair in _DECODE for pair in pairs):
         return name
     return "".join(_DECODE[pair] for pair in pairs)
+
+
+_ENCODED = re.compile(r"\bt[0-9a-z_]{4,}\b")
+
+
+def readable_message(message, is_op_name):
+    """`message` with every encoded node name that decodes to an op of the traced graph
+    (`is_op_name(name)`) replaced by that name: what a TensorFlow error raised in a
+    partition says, in the user's names."""
+    def back(match):
+        name = decode(match.group(0))
+        return name if name != match.group(0) and is_op_name(name) else match.group(0)
+    return _ENCODED.sub(back, message)
