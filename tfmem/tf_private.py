@@ -120,8 +120,9 @@ def start_profiler(directory):
     from tensorflow.python.profiler.internal import _pywrap_profiler  # pylint: disable=import-outside-toplevel
     session = _pywrap_profiler.ProfilerSession()
     try:
-        session.start(directory, {"host_tracer_level": 2, "python_tracer_level": 0,
-                                  "device_tracer_level": 0})
+        # TensorFlow's default options (host tracer level 2: the allocators' events; no
+        # Python tracer). 2.21 ignores Python ints given here, with a warning.
+        session.start(directory, {})
     except errors.AlreadyExistsError:
         return None
     return session
