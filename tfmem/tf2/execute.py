@@ -114,7 +114,10 @@ class _EagerStep:
         message = sorted_names.readable_message(error.message, self._is_op_name)
         if message == error.message:
             return None
-        return type(error)(error.node_def, error.op, message)
+        try:  # every subclass takes (node_def, op, message); OpError itself a code too
+            return type(error)(error.node_def, error.op, message)
+        except TypeError:
+            return None
 
 
 class EagerExecutor:
