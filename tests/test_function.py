@@ -385,3 +385,25 @@ def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     # No peak-within-cap check: a step that ran under the hard cap is within it by
     # construction (issue 11); test_function_measure.py checks the measured figures.
     assert result["partitions"] > 1
+
+
+def test_an_error_in_a_partition_names_the_op_as_tf_function_does():
+    """Partition nodes carry encoded names (tfmem.tf2.sorted_names); TensorFlow's error
+    reaches the user with the traced graph's op name, as tf.function's does."""
+    w = tf.Variable(tf.ones([4, 4]))
+
+    def step(x):
+        h = tf.nn.relu(x @ w)
+        h = tf.debugging.check_numerics(tf.math.log(h - 1.0), "the activations went bad")
+        return tf.reduce_sum(h * 2.0 + 1.0)
+
+    bad = tf.ones([2, 4]) * -1
+    with pytest.raises(tf.errors.InvalidArgumentError) as plain:
+        tf.function(step)(bad)
+    partitioned = tfmem.function(step, partition_size=2)
+    with pytest.raises(tf.errors.InvalidArgumentError) as got:
+        partitioned(bad)
+    assert len(partitioned.plan(bad).partitions) > 1
+    node = "{{node CheckNumerics}}"
+    assert node in plain.value.message and node in got.value.message, got.value.message
+    assert "the activations went bad" in got.value.message

@@ -24,7 +24,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (200, 50, 20, 5)
-MODELS = ("mlp", "convnet", "keras")
+MODELS = ("mlp", "convnet", "residual", "keras")
 
 SCRIPT = r"""
 import json, os, sys
@@ -86,6 +86,34 @@ def convnet(seed):
     return step, variables + velocity, (x, y)
 
 
+def residual(seed):
+    # A convnet whose blocks sum conv(h) + h + skip: the sum's leaves lie on one path
+    # (h's producer reaches the convolution), so the planner cannot keep them together.
+    rng = np.random.default_rng(seed)
+    stem = tf.Variable(rng.standard_normal((3, 3, 3, 8)).astype(np.float32) * 0.2)
+    kernels = [tf.Variable(rng.standard_normal((3, 3, 8, 8)).astype(np.float32) * 0.2)
+               for _ in range(4)]
+    biases = [tf.Variable(np.zeros(8, np.float32)) for _ in range(4)]
+    dense = tf.Variable(rng.standard_normal((8, 10)).astype(np.float32) * 0.1)
+    variables = [stem] + kernels + biases + [dense]
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            h = skip = tf.nn.relu(tf.nn.conv2d(x, stem, 1, "SAME"))
+            for k, b in zip(kernels, biases):
+                h, skip = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, k, 1, "SAME") + h + skip,
+                                                     b)), h
+            logits = tf.reduce_mean(h, axis=[1, 2]) @ dense
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+            v.assign_sub(0.05 * g)
+        return loss
+    r = np.random.default_rng(2)
+    x = tf.constant(r.standard_normal((8, 16, 16, 3)).astype(np.float32))
+    y = tf.constant(r.integers(0, 10, 8).astype(np.int32))
+    return step, variables, (x, y)
+
+
 def keras_model(seed):
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((16, 16, 3))
@@ -104,7 +132,7 @@ def keras_model(seed):
     return step, model.variables + optimizer.variables, (x, y)
 
 
-BUILD = dict(mlp=mlp, convnet=convnet, keras=keras_model)
+BUILD = dict(mlp=mlp, convnet=convnet, residual=residual, keras=keras_model)
 out = {}
 for name in sys.argv[1].split(","):
     for size in [int(s) for s in sys.argv[2].split(",")]:

@@ -12,6 +12,9 @@ it prints one JSON line.
     with tf.function's losses.
 (b) The suite's TF2 models (an MLP, a convnet, a Keras ResNet) in budget mode
     at a budget well under their plain peak: no step over the budget.
+(c) (a)'s stale cache again, under a 96 MiB peak the user made and did not reset:
+    with profile_peaks=True budget mode still measures the step that went over,
+    and learns.
 """
 
 import json
@@ -161,6 +164,21 @@ plain = tf.function(drawing(fn))
 plain_runs = [plain(*args) for _ in range(steps)]
 learn["plain_losses"] = [float(loss) for loss, _ in plain_runs]
 learn["plain_draws"] = [draw.numpy().tolist() for _, draw in plain_runs]
+# (c) The same stale cache, under a higher peak the user made and did not reset: the
+# process peak tells nothing then; profile_peaks=True measures every partition anyway.
+fn, args = resnet(1)
+big = tf.reduce_sum(tf.random.uniform([96 << 18], seed=1))  # 96 MiB, above the steps
+del big
+under = out["under_user_peak"] = dict(user_peak=accelerator.device_memory("CPU:0")["peak"],
+                                      partitions=[], measured=[])
+profiled = tfmem.function(fn, device_memory_budget=f"{budget_mib}MiB", profile_peaks=True)
+records.clear()
+for _ in range(3):
+    profiled(*args)
+    under["partitions"].append(profiled.last_step.partitions)
+    under["measured"].append(profiled.last_step.device_peak_bytes)
+under["peak_after"] = accelerator.device_memory("CPU:0")["peak"]
+under["log"] = list(records)
 del os.environ[scratch.CACHE_ENV]
 
 print(json.dumps(out))
@@ -261,3 +279,18 @@ def test_learning_uses_the_peaks_it_knows_and_only_what_went_over():
     fresh = budget.Correction()
     resident = trace.state_bytes + over[1] - trace.peak_device
     assert not learning.learn_from_step(fresh, trace, over, resident, {}, predict)
+
+
+def test_budget_mode_learns_under_a_users_higher_peak_with_profile_peaks(measured):
+    """(c): every step stays under the user's 96 MiB peak, so the process peak says
+    nothing; the profiler's figures show the first step over its prediction, and budget
+    mode plans again for the next, the user's peak untouched."""
+    under = measured["under_user_peak"]
+    print(f"\nunder the user's peak: measured {[m and round(m / MIB, 1) for m in under['measured']]}"
+          f" MiB, partitions {under['partitions']}; log: {under['log']}")
+    assert under["peak_after"] == under["user_peak"] >= 96 * MIB
+    assert None not in under["measured"]
+    assert all(m < under["user_peak"] for m in under["measured"])
+    assert under["measured"][0] > 0.9 * LEARN_BUDGET_MIB * MIB  # the stale plan went over
+    assert any("planned again" in line for line in under["log"]), under["log"]
+    assert under["partitions"][1] > under["partitions"][0]

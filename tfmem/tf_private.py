@@ -107,3 +107,69 @@ def canonical_inputs(tf_function, args, kwargs):
 def keras_autoconvert_optionals(model, step):
     """Keras 3's wrapper of a train step that turns optional inputs into tensors."""
     return model._autoconvert_optionals(step)  # pylint: disable=protected-access
+
+
+# Profiler (tfmem.tf2.profiled_peaks) ----------------------------------------------
+
+def start_profiler(directory):
+    """A started profiler session writing under `directory`, or None while another runs.
+
+    TensorFlow's own session object, not `tf.profiler.experimental.start`, whose
+    module-wide session is the user's."""
+    from tensorflow.python.framework import errors  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.profiler.internal import _pywrap_profiler  # pylint: disable=import-outside-toplevel
+    session = _pywrap_profiler.ProfilerSession()
+    try:
+        # TensorFlow's default options (host tracer level 2: the allocators' events; no
+        # Python tracer). 2.21 ignores Python ints given here, with a warning.
+        session.start(directory, {})
+    except errors.AlreadyExistsError:
+        return None
+    return session
+
+
+def trace_marker(name):
+    """A TraceMe context: an event named `name` in the running profile."""
+    from tensorflow.python.profiler.internal import _pywrap_traceme  # pylint: disable=import-outside-toplevel
+    return _TraceMe(_pywrap_traceme.TraceMe, name)
+
+
+class _TraceMe:
+    def __init__(self, factory, name):
+        self._factory, self._name, self._active = factory, name, None
+
+    def __enter__(self):
+        self._active = self._factory(self._name)
+        return self
+
+    def __exit__(self, *exc):
+        self._active.Stop()
+        self._active = None
+
+
+def profile_memory_events(raw):
+    """(name, start, end, {stat: value}) of the marker and memory events of an exported
+    profile (`*.xplane.pb`); times in picoseconds from the profile's start."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+    space = xplane_pb2.XSpace.FromString(raw)
+    events = []
+    for plane in space.planes:
+        stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
+        wanted = {key: value.name for key, value in plane.event_metadata.items()
+                  if value.name.startswith(("Memory", "tfmem_"))}
+        for line in plane.lines:
+            base = line.timestamp_ns * 1000
+            for event in line.events:
+                name = wanted.get(event.metadata_id)
+                if name is None:
+                    continue
+                stats = {}
+                for stat in event.stats:
+                    kind = stat.WhichOneof("value")
+                    value = getattr(stat, kind) if kind else None
+                    if kind == "ref_value":
+                        value = stat_names.get(value)
+                    stats[stat_names.get(stat.metadata_id, "")] = value
+                start = base + event.offset_ps
+                events.append((name, start, start + event.duration_ps, stats))
+    return events

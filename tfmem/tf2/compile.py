@@ -26,6 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
 from tfmem.run.rewrite import keep_colocation_within
+from tfmem.tf2 import sorted_names
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 
@@ -40,8 +41,11 @@ class PartitionFunction:
     concrete: object  # the ConcreteFunction, kept alive while `call` is used
 
 
-def partition_graph_def(graph, view, partition, library):
-    """A GraphDef of the partition's ops and the constants (state sources) they read."""
+def partition_graph_def(graph, view, partition, library, seen=None):
+    """A GraphDef of the partition's ops and the constants (state sources) they read,
+    every node named `sorted_names.encode` of the name Grappler sees in the whole
+    function (`seen(op name)`), so that it orders a sum's inputs as there."""
+    seen = seen or (lambda name: name)
     members = set(partition.ops)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
@@ -49,13 +53,37 @@ def partition_graph_def(graph, view, partition, library):
     for name in tuple(partition.sources) + tuple(partition.ops):
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
-        data = [inp for inp in node.input if not inp.startswith("^")]
+        data = [_reference(inp, seen) for inp in node.input if not inp.startswith("^")]
         edges = view.nodes[name].control_inputs if name in view.nodes else ()
         control = [src for src in edges if src in members]
         del node.input[:]
-        node.input.extend(data + ["^" + src for src in control])
+        node.input.extend(data + ["^" + sorted_names.encode(seen(src)) for src in control])
         keep_colocation_within(node, members)
+        if "_class" in node.attr:
+            node.attr["_class"].list.s[:] = [
+                b"loc:@" + sorted_names.encode(seen(c.decode()[5:])).encode()
+                for c in node.attr["_class"].list.s]
+        node.name = sorted_names.encode(seen(name))
     return graph_def
+
+
+def _reference(tensor, seen):
+    """A GraphDef input `op` or `op:k` of the traced graph, in encoded names."""
+    op_name, _, index = tensor.partition(":")
+    return sorted_names.tensor_reference(seen(op_name), int(index or 0))
+
+
+def seen_names(concrete):
+    """{op name: the name Grappler sees} of a traced function: its inputs are the
+    FunctionDef's arguments, named by TensorFlow's normalisation of the placeholders'
+    names (lower case, '_' for '/'); every other op keeps its name."""
+    arguments = [arg.name for arg in concrete.function_def.signature.input_arg]
+    names = {t.op.name: arg for t, arg in zip(concrete.graph.inputs, arguments)}
+    return lambda name: names.get(name, name)
+
+
+def _with_index(reference):
+    return reference if ":" in reference else reference + ":0"
 
 
 def _flat_call(concrete):
@@ -71,13 +99,18 @@ def _flat_call(concrete):
     return fallback
 
 
-def compile_partition(graph, plan, partition, library):
-    """The PartitionFunction of `partition` of `plan`, traced from `graph` (a FuncGraph)."""
+def compile_partition(graph, plan, partition, library, seen=None):
+    """The PartitionFunction of `partition` of `plan`, traced from `graph` (a FuncGraph);
+    `seen`: the names Grappler sees in the whole function (`seen_names`)."""
+    seen = seen or (lambda name: name)
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     outputs = tuple(dict.fromkeys(tuple(partition.outputs) + tuple(partition.fetches)))
     originals = [graph.get_tensor_by_name(name) for name in inputs]
-    graph_def = partition_graph_def(graph, plan.view, partition, library)
-    specs = [tf.TensorSpec(t.shape, t.dtype) for t in originals]
+    graph_def = partition_graph_def(graph, plan.view, partition, library, seen)
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=sorted_names.argument_name(
+        seen(t.op.name), t.value_index)) for t in originals]
+    encoded_inputs = [_reference(name, seen) for name in inputs]
+    encoded_outputs = [_reference(name, seen) for name in outputs]
 
     def body(*args):
         for arg, original in zip(args, originals):
@@ -85,9 +118,9 @@ def compile_partition(graph, plan, partition, library):
                 handle_data_util.copy_handle_data(original, arg)
         if not graph_def.node:
             return []
-        imported = tf.graph_util.import_graph_def(
-            graph_def, input_map=dict(zip(inputs, args)), return_elements=list(outputs),
-            name=f"p{partition.index}")
+        imported = tf.graph_util.import_graph_def(  # no prefix: the names as encoded
+            graph_def, input_map=dict(zip(map(_with_index, encoded_inputs), args)),
+            return_elements=[_with_index(name) for name in encoded_outputs], name="")
         return list(imported)
 
     body.__name__ = f"tfmem_partition_{partition.index}"

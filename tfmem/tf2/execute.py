@@ -22,7 +22,9 @@ from tfmem.run.rewrite import HANDLE, HOST, RESULT
 from tfmem.run.step_loop import Wiring, run_step
 from tfmem.run.swap_manager import SwapManager
 from tfmem.run.trace import NO_TIMELINE
+from tfmem.tf2 import sorted_names
 from tfmem.tf2.measure import PeakReader
+from tfmem.tf2.profiled_peaks import ProfiledPeaks
 
 
 class GraphDevices:
@@ -98,9 +100,24 @@ class _EagerStep:
         return oom.device_memory_error(devices, self.plan, shapes, index, error,
                                        accelerator.device_capacity(devices))
 
-    @staticmethod
-    def failure(index, error):
-        del index, error  # an eager step has no remote task to lose: as TensorFlow said
+    def _is_op_name(self, name):
+        try:
+            self._executor.graph.get_operation_by_name(name)
+        except (KeyError, ValueError):
+            return False
+        return True
+
+    def failure(self, index, error):
+        """An eager step has no remote task to lose: TensorFlow's error, in the traced
+        graph's op names (a partition's nodes are named by tfmem.tf2.sorted_names)."""
+        del index
+        message = sorted_names.readable_message(error.message, self._is_op_name)
+        if message == error.message:
+            return None
+        try:  # every subclass takes (node_def, op, message); OpError itself a code too
+            return type(error)(error.node_def, error.op, message)
+        except TypeError:
+            return None
 
 
 class EagerExecutor:
@@ -124,11 +141,18 @@ class EagerExecutor:
         runtime = self._runtime
         swaps = SwapManager(self._schedule, self._batches, runtime.pool, runtime.prefetcher,
                             runtime.releaser, timeline)
-        peaks = PeakReader(runtime.device) if runtime.measure_device else None
+        peaks = None
+        if runtime.measure_device:
+            peaks = (ProfiledPeaks if getattr(runtime, "profile_peaks", False) else PeakReader)(
+                runtime.device)
         if peaks is not None and not peaks.start_step():
             peaks = None  # TensorFlow keeps no figures for this device
         started = time.perf_counter()
-        results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
+        try:
+            results, call_time = run_step(_EagerStep(self, peaks, feeds), swaps, feeds, timeline)
+        finally:
+            if peaks is not None:
+                peaks.finish_step()  # the profiler stops also when the step fails
         wall = time.perf_counter() - started
         self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(

@@ -49,7 +49,7 @@ from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
-from tfmem.tf2.compile import compile_partition
+from tfmem.tf2.compile import compile_partition, seen_names
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
@@ -67,6 +67,7 @@ class _Settings:
     policy: SwapPolicy
     budget: object  # the device_memory_budget as given, or None
     trace: object  # a path for Chrome traces, or None
+    profile_peaks: bool = False  # each partition's peak every step, from the profiler
 
 
 @dataclasses.dataclass
@@ -79,6 +80,7 @@ class _Runtime:
     measure_device: bool
     policy: SwapPolicy
     budget_bytes: int | None
+    profile_peaks: bool = False  # see tfmem.tf2.profiled_peaks
 
 
 class _Traced:
@@ -111,7 +113,7 @@ def _refuse_jit(jit_compile):
 
 def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
              swap_min_bytes=1 << 20, device_memory_budget=None, trace=None,
-             **tf_function_kwargs):
+             profile_peaks=False, **tf_function_kwargs):
     """Like `tf.function`, but runs each traced step as a sequence of partitions.
 
     Works as `@tfmem.function`, `@tfmem.function(...)` and `tfmem.function(fn, ...)`.
@@ -119,6 +121,9 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     device_memory_budget mean what they mean for `TFMemSession`; every other
     keyword (input_signature, reduce_retracing, autograph, ...) goes to
     `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
+    profile_peaks=True measures each partition's device peak every step with
+    TensorFlow's profiler (tfmem.tf2.profiled_peaks), also under an earlier,
+    higher process peak; it costs time per step (see the README).
     """
     _refuse_jit(tf_function_kwargs.get("jit_compile"))
     size = check_partition_size(partition_size)
@@ -126,7 +131,7 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     if device_memory_budget is not None:
         budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
         size = "auto"
-    settings = _Settings(size, policy, device_memory_budget, trace)
+    settings = _Settings(size, policy, device_memory_budget, trace, bool(profile_peaks))
 
     def decorate(python_function):
         return PartitionedFunction(python_function, settings, tf_function_kwargs)
@@ -151,7 +156,7 @@ def _make_runtime(settings):
         policy = dataclasses.replace(policy, mode="none")
     measurable = accelerator.keeps_figures(device)  # the Session front end's rule
     return _Runtime(device, HostBufferPool(), EagerPrefetcher(device), DroppedHandles(),
-                    measurable, policy, budget_bytes)
+                    measurable, policy, budget_bytes, settings.profile_peaks)
 
 
 def _check_sources(view):
@@ -360,7 +365,9 @@ class PartitionedFunction:
                 traced.executor = other.executor
                 return
         library = traced.graph.as_graph_def().library
-        functions = [compile_partition(traced.graph, plan, p, library) for p in plan.partitions]
+        seen = seen_names(traced.concrete)
+        functions = [compile_partition(traced.graph, plan, p, library, seen)
+                     for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,

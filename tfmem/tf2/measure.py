@@ -23,6 +23,9 @@ use when it started and when it returned (its outputs still held), and at
 most the process peak.  `step_bounds()` gives (lower, upper) for the step:
 the most bytes seen in use at any partition's start or end, and the process
 peak.  Both are TensorFlow's own figures; the truth lies between them.
+
+`tfmem.function(profile_peaks=True)` measures every partition every step
+instead, from the profiler's allocation events (tfmem.tf2.profiled_peaks).
 """
 
 from tfmem.run import accelerator
@@ -38,12 +41,14 @@ class PeakReader:
         self.partition_peaks = []
         self.resident = None  # bytes in use when the step started: variables, inputs, the user's
         self._in_use = None  # the most bytes seen in use at a partition's start or end
+        self._current = None  # bytes in use at the last reading
 
     def _peak(self):
         memory = accelerator.device_memory(self._device)
         if memory is None:
             return None
-        self._in_use = max(self._in_use or 0, memory["current"])
+        self._current = memory["current"]
+        self._in_use = max(self._in_use or 0, self._current)
         return memory["peak"]
 
     def start_step(self):
@@ -65,6 +70,9 @@ class PeakReader:
             else None
         self.partition_peaks.append(peak)
         return peak
+
+    def finish_step(self):
+        """Called once the step's partitions have run (or failed); nothing to do here."""
 
     def step_peak(self):
         """The step's peak when the step raised the process peak, else None (unknown)."""
