@@ -62,6 +62,12 @@ def batches(steps):
     return [rs.randn(8, 16).astype(np.float32) for _ in range(steps)]
 
 
+def _unrewritten(op_type):
+    """The op type before oneDNN's graph rewrite, which runs MatMul as _MklMatMul (a
+    partition graph shows the rewritten type)."""
+    return op_type.removeprefix("_Mkl").removeprefix("Native")
+
+
 def placed(run, *args, by="op", **kwargs):
     """{op type (or node name, by="name"): set of devices} TensorFlow ran the request's
     ops on, from the run's partition graphs."""
@@ -71,7 +77,7 @@ def placed(run, *args, by="op", **kwargs):
     devices = {}
     for partition in metadata.partition_graphs:
         for node in partition.node:
-            key = node.op if by == "op" else node.name
+            key = _unrewritten(node.op) if by == "op" else node.name
             devices.setdefault(key, set()).add(node.device.rsplit("/", 1)[-1])
     return result, devices
 
