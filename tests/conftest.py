@@ -15,6 +15,11 @@ Two ways to get a fair comparison are used:
 import os
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+# The kernel path of the tests that run in this process, never the machine's default
+# (TensorFlow turns oneDNN on by itself on CPUs with AVX-512).  Tests that must cover
+# both paths start subprocesses with it set; `TF_ENABLE_ONEDNN_OPTS=1 python -m pytest`
+# runs this process's tests on the other path.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import collections  # noqa: E402
 import types  # noqa: E402
