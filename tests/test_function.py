@@ -327,7 +327,7 @@ def test_simulate_predicts_the_swapped_bytes_and_trace_records_the_step(tmp_path
 
 
 OOM_CHILD = r"""
-import json, os
+import json, os, re
 import tfmem
 tfmem.emulate_accelerator(24)
 import numpy as np
@@ -357,6 +357,12 @@ try:
 except tfmem.DeviceMemoryError as err:
     result.update(error=str(err), partition=err.partition, is_tf=isinstance(
         err, tf.errors.ResourceExhaustedError), suggested=err.partition_size)
+    # TensorFlow's error, chained, names the op as tf.function's would (not the
+    # partition's encoded node name)
+    node = re.search(r"\{\{node ([^}]+)\}\}", err.__cause__.message)
+    result["cause_node"] = node and node.group(1)
+    result["cause_node_traced"] = bool(node) and node.group(1) in {
+        op.name for op in whole.get_concrete_function(x).graph.get_operations()}
 result["unchanged"] = all(np.array_equal(w.numpy(), b) for w, b in zip(weights, before))
 # A budget below the 24 MiB device: after the out-of-memory step above, TensorFlow's BFC
 # allocator hands 1 MiB requests whole 1.75-2 MiB chunks (its log of the failure), so the
@@ -386,6 +392,7 @@ def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     assert result["partition"] == 0 and "partition 0 of 1" in result["error"]
     assert result["suggested"] and f"partition_size={result['suggested']}" in result["error"]
     assert result["unchanged"]  # the failed step updated no variable
+    assert result["cause_node_traced"], result["cause_node"]
     # No peak-within-cap check: a step that ran under the hard cap is within it by
     # construction (issue 11); test_function_measure.py checks the measured figures.
     assert result["partitions"] > 1

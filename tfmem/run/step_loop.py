@@ -16,6 +16,7 @@ A front end says how a partition is called and how tensors look to it:
     host_value(value)        a fetched output as the numpy array the swap manager copies
     out_of_memory(i, error)  the DeviceMemoryError to raise instead (it knows its feeds)
     failure(i, error)        another exception to raise instead of an OpError, or None
+                             (for an out-of-memory error: the cause to chain)
 
 The Session front end is `run/execute.py`'s `_Step` (one per step of an
 `Executor`), the eager one `tf2/execute.py`'s `_EagerStep` (of an
@@ -56,7 +57,10 @@ def run_step(front_end, swaps, feeds, timeline):
                     if not oom.is_out_of_memory(err):
                         raise  # another exhausted resource (a queue, a quota): as TensorFlow said
                     swaps.abort()  # free the step's device memory before diagnosing
-                    raise front_end.out_of_memory(index, err) from err
+                    # chained to TensorFlow's error as the front end would raise it (the
+                    # eager one names the traced graph's ops, not the partition's)
+                    raise front_end.out_of_memory(index, err) from (
+                        front_end.failure(index, err) or err)
                 except tf.errors.OpError as err:
                     replaced = front_end.failure(index, err)
                     if replaced is None:
