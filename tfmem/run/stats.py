@@ -46,6 +46,9 @@ class StepStats:
     # the kernel scratch per op its step statistics showed (the Session front end only).
     resident_bytes: int | None = None
     kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # (lower, upper) bytes around the step's device peak, known where the peak itself is
+    # not (tfmem.function under an earlier, higher process peak; see tfmem.tf2.measure)
+    device_peak_bounds: tuple | None = None
 
     def __str__(self):
         mib = MIB

@@ -133,7 +133,6 @@ class EagerExecutor:
         self._batches = {index: runtime.prefetcher.batch
                          for index, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
-        self.last_peak_bounds = None  # (lower, upper) bytes around the last step's peak
 
     def run(self, feeds, timeline=None):
         """Run one step on {fed tensor name: EagerTensor}; return ({fetch: value}, StepStats)."""
@@ -154,12 +153,12 @@ class EagerExecutor:
             if peaks is not None:
                 peaks.finish_step()  # the profiler stops also when the step fails
         wall = time.perf_counter() - started
-        self.last_peak_bounds = peaks.step_bounds() if peaks is not None else None
         stats = swaps.counts.step_stats(
             partitions=len(self.functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,
             partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
             resident_bytes=peaks.resident if peaks is not None else None,
+            device_peak_bounds=peaks.step_bounds() if peaks is not None else None,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall, call_time=call_time)

@@ -397,7 +397,7 @@ class PartitionedFunction:
             raise RuntimeError("memory_report() describes the last step; call the function first")
         traced = self._last_traced
         return function_memory_report(self.last_step, traced.trace, self.last_step.resident_bytes,
-                                      self._runtime.budget_bytes, traced.executor.last_peak_bounds)
+                                      self._runtime.budget_bytes, self.last_step.device_peak_bounds)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
