@@ -102,6 +102,12 @@ BAND_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
 # too (experiments/peak_spread.py: 8-19 %, the executor's op order); on the Eigen path
 # it read 20.57 MiB once (session 5, size 200), 12.4 % above its 18.01 MiB chunk figure.
 BAND_GAPS.update({("eigen", "moe", size): 0.15 for size in SIZES})
+# On the oneDNN path the same MoE plan (one partition and 200 give the same) read 22.29
+# MiB once (2026-11-23, steps 20.42-22.34 MiB) against 17.15 requested and 18.01 in
+# chunks: -23.1 % / -19.2 % of the band; 16.21-19.44 MiB in plain TensorFlow's fresh
+# processes (peak_spread.json).
+BAND_GAPS.update({("onednn", "moe", size): 0.22 for size in (100000, 200)})
+KNOWN_GAPS.update({("onednn", "moe", size): 0.26 for size in (100000, 200)})
 
 @pytest.fixture(scope="module")
 def accuracy():
