@@ -41,11 +41,10 @@ class PartitionFunction:
     concrete: object  # the ConcreteFunction, kept alive while `call` is used
 
 
-def partition_graph_def(graph, view, partition, library, seen=None):
+def partition_graph_def(graph, view, partition, library, seen):
     """A GraphDef of the partition's ops and the constants (state sources) they read,
     every node named `sorted_names.encode` of the name Grappler sees in the whole
     function (`seen(op name)`), so that it orders a sum's inputs as there."""
-    seen = seen or (lambda name: name)
     members = set(partition.ops)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
@@ -99,10 +98,9 @@ def _flat_call(concrete):
     return fallback
 
 
-def compile_partition(graph, plan, partition, library, seen=None):
+def compile_partition(graph, plan, partition, library, seen):
     """The PartitionFunction of `partition` of `plan`, traced from `graph` (a FuncGraph);
     `seen`: the names Grappler sees in the whole function (`seen_names`)."""
-    seen = seen or (lambda name: name)
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     outputs = tuple(dict.fromkeys(tuple(partition.outputs) + tuple(partition.fetches)))
     originals = [graph.get_tensor_by_name(name) for name in inputs]

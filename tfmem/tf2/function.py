@@ -396,8 +396,7 @@ class PartitionedFunction:
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
         traced = self._last_traced
-        return function_memory_report(self.last_step, traced.trace, self.last_step.resident_bytes,
-                                      self._runtime.budget_bytes, self.last_step.device_peak_bounds)
+        return function_memory_report(self.last_step, traced.trace, self._runtime.budget_bytes)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():

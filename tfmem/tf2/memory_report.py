@@ -40,7 +40,7 @@ class FunctionMemoryReport(MemoryReport):
         return text
 
 
-def function_memory_report(step, trace, resident, budget_bytes, bounds=None):
+def function_memory_report(step, trace, budget_bytes):
     """The FunctionMemoryReport of StepStats `step`, run by a plan predicted as `trace`."""
     return FunctionMemoryReport(
         device_peak=step.device_peak_bytes,
@@ -52,6 +52,6 @@ def function_memory_report(step, trace, resident, budget_bytes, bounds=None):
         host_available=psutil.virtual_memory().available,
         predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
         partition_peaks=step.partition_peak_bytes,
-        device_resident=resident,
-        device_peak_bounds=bounds,
+        device_resident=step.resident_bytes,
+        device_peak_bounds=step.device_peak_bounds,
         **report_text.trace_figures(trace))
