@@ -547,7 +547,7 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
         plan, trace = budgets.fit(view, sizing, budget, policy)
     else:
         plan = make_plan(view, partition_size or DEFAULT_PARTITION_SIZE, policy)
-        trace = simulate(plan, sizing.shapes, scratch=sizing.scratch)
+        trace = simulate(plan, sizing.shapes, scratch=sizing.scratch, **sizing.simulate_options())
     return plan, trace, sizing.shapes
 
 

@@ -152,7 +152,8 @@ def predict(plan, sizing, extra_scratch=None):
     the BFC-chunk figures) and its chunk slack."""
     return simulate(plan, sizing.shapes, early_frees=False,
                     scratch=_raised(sizing.scratch, extra_scratch),
-                    slack=chunk_slack(plan.view, TensorSizes(plan.view, sizing.shapes)), chunks=True)
+                    slack=chunk_slack(plan.view, TensorSizes(plan.view, sizing.shapes)), chunks=True,
+                    **sizing.simulate_options())
 
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
@@ -174,6 +175,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     """
     groups = units(view)
     shapes = sizing.shapes
+    options = sizing.simulate_options()
     scratch = merged_scratch(sizing.scratch, correction)
     factor = correction.factor if correction is not None else 1.0
     slack = chunk_slack(view, TensorSizes(view, shapes))
@@ -183,7 +185,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
             trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                             chunks=True)
+                             chunks=True, **options)
             if trace.peak_device <= limit:
                 return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
@@ -198,7 +200,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                     policy, swap_distance=distance)
                 plan = build_plan(view, partition(view, groups, size), size, candidate, placement)
                 trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                                 chunks=True)
+                                 chunks=True, **options)
                 if trace.peak_device <= limit:
                     tried[size] = (plan, trace)
                     break
@@ -212,7 +214,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     if fits is None:
         trace = simulate(build_plan(view, partition(view, groups, 1), 1,
                                     dataclasses.replace(policy, swap_distance=0), placement),
-                         shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True)
+                         shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
+                         **options)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "

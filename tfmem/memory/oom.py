@@ -105,7 +105,7 @@ def device_memory_error(session, plan, feeds, index, error, capacity):
     sizes = TensorSizes(plan.view, sizing.shapes)
     fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
     largest = largest_tensors(plan, index, sizes, fed_bytes)
-    trace = simulate(plan, sizing.shapes, scratch=sizing.scratch)
+    trace = simulate(plan, sizing.shapes, scratch=sizing.scratch, **sizing.simulate_options())
     ops = len(plan.partitions[index].ops)
     reason = _allocation_failure(error)
     lines = [f"partition {index} of {len(plan.partitions)} ({ops} ops, partition_size="

@@ -46,6 +46,8 @@ from tfmem import tf_private
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "TFMEM_SCRATCH_CACHE"
+# Cache keys of a configuration's extra output bytes (see workspace.py): this prefix + its key.
+OUTPUTS = "outputs:"
 _VALUE_LIMIT = 64  # integer inputs up to this many elements are passed by value
 # Ops whose kernels allocate their outputs and nothing else (or return views).
 _NO_SCRATCH = frozenset({
@@ -90,7 +92,7 @@ class ScratchCache:
     def update(self, measured):
         with self._lock:
             self._bytes.update(measured)
-            self.measured += len(measured)
+            self.measured += sum(1 for key in measured if not key.startswith(OUTPUTS))
             if measured:
                 self._save()
 
@@ -147,7 +149,7 @@ def _calibratable(node):
                    for o in node.outputs)
 
 
-def _input_spec(tensor):
+def input_spec(tensor):
     """(dtype, shape, value or None) of a scratch-graph tensor, or None if its shape is open."""
     shape = tensor.shape
     if shape.rank is None or not shape.is_fully_defined():
@@ -199,7 +201,7 @@ def kernel_key(op_type, node_def, specs, threads):
     return json.dumps([environment(), threads, op_type, _attrs(node_def), specs])
 
 
-def _session_config(threads):
+def session_config(threads):
     """No Grappler and no classic constant folding: they would compute the op at
     optimisation time instead of in the step being measured."""
     config = config_pb2.ConfigProto(intra_op_parallelism_threads=threads,
@@ -210,7 +212,7 @@ def _session_config(threads):
     return config
 
 
-def _threads(session):
+def threads_of(session):
     config = getattr(session, "_config", None) if session is not None else None
     return int(config.intra_op_parallelism_threads) if config is not None else 0
 
@@ -249,7 +251,7 @@ def _measure(configs, threads):
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
     # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
     # (a wrapped one would calibrate its own kernels again, without end).
-    session = tf_session.BaseSession(graph=graph, config=_session_config(threads))
+    session = tf_session.BaseSession(graph=graph, config=session_config(threads))
     try:
         for key, op in ops.items():
             metadata = config_pb2.RunMetadata()
@@ -258,15 +260,28 @@ def _measure(configs, threads):
             except tf.errors.OpError as err:  # zeros are not valid input for every kernel
                 log.debug("kernel scratch of %s not measured: %s", op.type,
                           str(err).splitlines()[0])
-                measured[key] = 0
+                measured[key] = measured[OUTPUTS + key] = 0
                 continue
-            measured[key] = max(
-                (max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
-                 for d in metadata.step_stats.dev_stats for n in d.node_stats
-                 if n.node_name == op.name), default=0)
+            measured[key] = op_scratch(metadata, op.name)
+            measured[OUTPUTS + key] = _extra_output_bytes(metadata, op)
     finally:
         session.close()
     return measured
+
+
+def op_scratch(metadata, name):
+    """The bytes op `name` allocated at its peak beyond what it returned."""
+    return max((max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
+                for d in metadata.step_stats.dev_stats for n in d.node_stats
+                if n.node_name == name), default=0)
+
+
+def _extra_output_bytes(metadata, op):
+    """Bytes of the outputs op's kernel returned past the op's own (oneDNN's max pooling
+    returns a workspace), from its step statistics."""
+    return sum(o.tensor_description.allocation_description.requested_bytes
+               for d in metadata.step_stats.dev_stats for n in d.node_stats
+               if n.node_name == op.name for o in n.output if o.slot >= len(op.outputs))
 
 
 def calibrate(graph, view, feed_shapes, session=None, cache=None):
@@ -275,27 +290,39 @@ def calibrate(graph, view, feed_shapes, session=None, cache=None):
     Configurations not in `cache` (default: `default_cache()`) are measured now,
     in a scratch graph and session of their own.
     """
+    return calibrate_kernels(graph, view, feed_shapes, session, cache)[0]
+
+
+def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None):
+    """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
+    the scratch graph) of the request's calibratable ops: `calibrate`'s figures, the
+    bytes of outputs their kernels return past the op's own (see workspace.py), and
+    what workspace.py needs to measure pairs in the same configurations."""
     cache = default_cache() if cache is None else cache
-    threads = _threads(session)
+    threads = threads_of(session)
     candidates = [name for name, node in view.nodes.items() if _calibratable(node)]
     if not candidates:
-        return {}
+        return {}, {}, {}, None
     scratch_graph = import_request(graph, view, feed_shapes)
     keys, missing = {}, {}
     limit = _input_limit()
     for name in candidates:
         op = scratch_graph.get_operation_by_name("s/" + name)
-        specs = [_input_spec(t) for t in op.inputs]
+        specs = [input_spec(t) for t in op.inputs]
         if any(s is None for s in specs) or _input_bytes(specs) > limit:
             continue
         key = kernel_key(op.type, op.node_def, specs, threads)
         keys[name] = key
-        if cache.get(key) is None and key not in missing:
+        if (cache.get(key) is None or cache.get(OUTPUTS + key) is None) and key not in missing:
             missing[key] = (key, op.node_def, specs)
     if missing:
         measured = _measure(list(missing.values()), threads)
         cache.update(measured)
+        scratch_figures = [v for k, v in measured.items() if not k.startswith(OUTPUTS)]
         log.info("measured the scratch memory of %d kernel configurations (%d with scratch, "
-                 "largest %.1f MiB)", len(measured), sum(1 for v in measured.values() if v),
-                 max(measured.values(), default=0) / (1 << 20))
-    return {name: cache.get(key) for name, key in keys.items() if cache.get(key)}
+                 "largest %.1f MiB)", len(scratch_figures), sum(1 for v in scratch_figures if v),
+                 max(scratch_figures, default=0) / (1 << 20))
+    scratch = {name: cache.get(key) for name, key in keys.items() if cache.get(key)}
+    extra = {name: cache.get(OUTPUTS + key) for name, key in keys.items()
+             if cache.get(OUTPUTS + key)}
+    return scratch, extra, keys, scratch_graph

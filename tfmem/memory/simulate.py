@@ -27,7 +27,9 @@ peak in the chunks that allocator reports, which can exceed the bytes requested
 import dataclasses
 import heapq
 
+from tfmem.memory import dedup
 from tfmem.memory.allocator import AllocationLog, replay
+from tfmem.memory.workspace import Workspaces
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name, tensor_bytes
 from tfmem.plan.optypes import SHAPE_ONLY, reads_state
@@ -185,11 +187,17 @@ VIEWS = ALIASING - frozenset({"Const", "ReadVariableOp", "GetSessionTensor", "Me
                               "RefMerge", "NextIteration"})
 
 
-def _buffers(view, order):
-    """{tensor: the tensor whose buffer it is}, through chains of views."""
+def _buffers(view, order, merged=None):
+    """{tensor: the tensor whose buffer it is}, through chains of views, and through the
+    equal ops Grappler merges (`merged`: {op: the op kept in its place}, see dedup)."""
     root = {}
     for name in order:
         node = view.nodes[name]
+        if merged and name in merged:
+            kept = merged[name]
+            for index, _ in enumerate(node.outputs):
+                root[f"{name}:{index}"] = root.get(f"{kept}:{index}", f"{kept}:{index}")
+            continue
         if node.type not in VIEWS or not node.inputs:
             continue
         for index, _ in enumerate(node.outputs):
@@ -198,7 +206,8 @@ def _buffers(view, order):
     return root
 
 
-def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None):
+def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None,
+                 workspaces=Workspaces(), signatures=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -210,10 +219,17 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
     Buffers, not tensors, are alive: a view (Identity, Reshape, a gradient's
     control-dependency Identity) keeps the buffer it views until its own last
-    reader, as TensorFlow's reference-counted buffers do.
+    reader, as TensorFlow's reference-counted buffers do.  An op equal to an earlier
+    one of the partition (`signatures`, see dedup) is merged into it, as Grappler
+    does: it allocates nothing and its readers keep the earlier op's buffers.
+    A kernel's extra outputs (`workspaces`, see workspace) live from its op to the
+    last reader paired with it in the partition, whose scratch is then the paired one.
     """
     order = _dependency_order(view, partition.ops)
-    root = _buffers(view, order)
+    merged = dedup.duplicates(view, order, signatures, keep_until_end)
+    root = _buffers(view, order, merged)
+    scratch = _scratch_in_partition(scratch, workspaces, order, merged)
+    workspace_end = _workspace_ends(view, order, workspaces, merged)
     last_read = {}
     for step, name in enumerate(order):
         if view.nodes[name].type not in SHAPE_ONLY:
@@ -242,9 +258,15 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
             current += nbytes
             if events is not None:
                 events.produce(tensor, nbytes, reuse)
+        if name in workspace_end:  # its kernel's extra outputs (a workspace)
+            live[(name, "workspace")] = workspaces.extra[name]
+            current += workspaces.extra[name]
+            if events is not None:
+                events.allocate((name, "workspace"), workspaces.extra[name])
         if events is not None and scratch.get(name):
             events.scratch(scratch[name])
         peak = max(peak, current + scratch.get(name, 0))
+        dying += [(op, "workspace") for op, end in workspace_end.items() if end == step]
         for buffer in dying:
             current -= live.pop(buffer)
             if events is not None:
@@ -266,16 +288,46 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     return peak
 
 
+def _scratch_in_partition(scratch, workspaces, order, merged):
+    """The partition's scratch per op: none for merged ops, the paired figure for a reader
+    whose forward op (see workspace) runs in the partition too."""
+    present = set(order) - set(merged)
+    if not merged and not any(r in present and f in present
+                              for r, (f, _) in workspaces.paired.items()):
+        return scratch
+    adjusted = {name: nbytes for name, nbytes in scratch.items() if name not in merged}
+    for reader, (forward, nbytes) in workspaces.paired.items():
+        if reader in present and forward in present:
+            adjusted[reader] = nbytes
+    return adjusted
+
+
+def _workspace_ends(view, order, workspaces, merged):
+    """{forward op: the step its extra outputs are freed after}: its last paired reader's,
+    or its own when no paired reader runs in the partition."""
+    if not workspaces.extra:
+        return {}
+    step_of = {name: step for step, name in enumerate(order) if name not in merged}
+    ends = {name: step_of[name] for name in workspaces.extra if name in step_of}
+    for reader, (forward, _) in workspaces.paired.items():
+        if forward in ends and reader in step_of and step_of[reader] > step_of[forward]:
+            ends[forward] = max(ends[forward], step_of[reader])
+    return ends
+
+
 def state_bytes(view, size):
     """Bytes of the variables and constants the request reads: resident for the whole step."""
     return sum(node.state_bytes for node in view.sources.values()) + sum(
         size(f"{name}:0") for name, node in view.sources.items() if node.type == "Const")
 
 
-def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False):
+def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
+             workspaces=None, signatures=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
+    `workspaces` (workspace.Workspaces) and `signatures` (dedup.signatures) come with
+    the scratch in a `Sizing` (`**sizing.simulate_options()`).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
     after its last reader there (what usually happens); without, at the
@@ -312,7 +364,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if key in live and early_frees:
                 log.rename(key, key[0])
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
-                                     scratch or {}, log)
+                                     scratch or {}, log, workspaces or Workspaces(),
+                                     signatures)
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)

@@ -3,8 +3,11 @@
 Planning is a pure function of the analysed view; predicting memory needs two
 more things that only TensorFlow knows, both fixed by the shapes fed:
 
-    shapes   every tensor's shape, unknown dimensions resolved (`shapes.resolve_shapes`)
-    scratch  each kernel's scratch bytes at those shapes (`scratch.calibrate`)
+    shapes      every tensor's shape, unknown dimensions resolved (`shapes.resolve_shapes`)
+    scratch     each kernel's scratch bytes at those shapes (`scratch.calibrate`)
+    workspaces  outputs kernels return past the op's own, and the scratch that saves
+                their readers (`workspace.measure`: oneDNN's max pooling)
+    signatures  what makes ops equal for Grappler's merge of equal ops (`dedup`)
 
 `Sizing.of` asks the graph for both; `budget.fit` and the out-of-memory
 advice then search plans from the view and this value alone, and never touch
@@ -13,19 +16,27 @@ the graph again.
 
 import dataclasses
 
-from tfmem.memory.scratch import calibrate
+from tfmem.memory import dedup, workspace
 from tfmem.memory.shapes import resolve_shapes
 
 
 @dataclasses.dataclass(frozen=True)
 class Sizing:
-    """A request's tensor shapes ({tensor: shape or None}) and kernel scratch ({op: bytes})."""
+    """A request's tensor shapes ({tensor: shape or None}) and kernel scratch ({op: bytes}),
+    its kernels' workspaces and its ops' dedup signatures (both may be empty)."""
     shapes: dict
     scratch: dict
+    workspaces: workspace.Workspaces = dataclasses.field(default_factory=workspace.Workspaces)
+    signatures: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, graph, view, feed_shapes, session=None):
         """The sizing of the request `view` of `graph` at `feed_shapes` ({fed tensor name:
         shape}); kernel scratch measured under `session`'s threads (see scratch)."""
-        return cls(resolve_shapes(graph, view, feed_shapes),
-                   calibrate(graph, view, feed_shapes, session))
+        scratch, workspaces = workspace.measure(graph, view, feed_shapes, session)
+        return cls(resolve_shapes(graph, view, feed_shapes), scratch, workspaces,
+                   dedup.signatures(graph, view, session))
+
+    def simulate_options(self):
+        """The keyword arguments of `simulate` this sizing fixes besides shapes and scratch."""
+        return dict(workspaces=self.workspaces, signatures=self.signatures)

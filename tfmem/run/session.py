@@ -228,7 +228,7 @@ class TFMemSession(SessionInterfaceMethods):
         if self._budget is not None:
             return budget.predict(plan, self._sizing(plan.view, feed_shapes))
         sizing = self._sizing(plan.view, feed_shapes)
-        return simulate(plan, sizing.shapes, scratch=sizing.scratch)
+        return simulate(plan, sizing.shapes, scratch=sizing.scratch, **sizing.simulate_options())
 
     def _sizing(self, view, feed_shapes):
         """The request's Sizing at these fed shapes (kernel scratch under this session's

@@ -1,0 +1,138 @@
+"""Workspace: outputs a kernel returns besides the op's own, and the scratch they save.
+
+With oneDNN on, TensorFlow runs a max pooling as `_MklNativeMaxPool`, which
+returns a second output the graph's MaxPool does not have: a workspace, one
+byte per pooled element.  The pooling gradient run in the same graph reads it
+and needs no scratch; run where the workspace does not exist (its forward op
+in another partition, or alone in a calibration), the same gradient allocates
+scratch of twice its pooled input instead (1.2 MiB for the test conv net's
+first pooling, whose workspace is 0.15 MiB).  Both are measured, not assumed:
+
+    forward op alone (kernel calibration)   -> bytes of outputs past the op's own
+    forward op -> reader, in one graph      -> the reader's scratch beside it
+
+and the simulator uses them per partition:
+
+    forward op F with extra outputs   they are allocated with F's outputs and held
+                                      until the last reader of F in the partition
+                                      that was measured paired with it (freed at
+                                      once when none runs there)
+    reader G paired with F            in F's partition its paired scratch replaces
+                                      its calibrated one; elsewhere, the calibrated
+                                      (unpaired) figure stands
+"""
+
+import dataclasses
+import json
+
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+from tensorflow.python.client import session as tf_session
+
+from tfmem.memory import scratch as kernels
+from tfmem.plan.analyse import split_tensor_name
+
+PAIRED = "paired:"  # cache keys of a reader's scratch beside its forward op
+
+
+@dataclasses.dataclass(frozen=True)
+class Workspaces:
+    """What kernels return besides the op's outputs, and what that saves their readers."""
+    extra: dict = dataclasses.field(default_factory=dict)  # forward op -> extra output bytes
+    # reader op -> (forward op, the reader's scratch bytes when both run in one partition)
+    paired: dict = dataclasses.field(default_factory=dict)
+
+    def __bool__(self):
+        return bool(self.extra)
+
+
+def measure(graph, view, feed_shapes, session=None, cache=None):
+    """({op name: scratch bytes}, Workspaces) of the request: `scratch.calibrate`'s
+    figures, and the workspaces and paired scratch of the ops whose kernels return
+    extra outputs (measured once per configuration pair, cached like the scratch)."""
+    cache = kernels.default_cache() if cache is None else cache
+    scratch, extra, keys, scratch_graph = kernels.calibrate_kernels(
+        graph, view, feed_shapes, session, cache)
+    if not extra:
+        return scratch, Workspaces()
+    pairs = {}  # reader -> (forward, pair key, forward's output index, reader's input index)
+    for name, key in keys.items():
+        for position, tensor in enumerate(view.nodes[name].inputs):
+            forward, index = split_tensor_name(tensor)
+            if forward in extra and forward in keys:
+                pair_key = PAIRED + json.dumps([key, keys[forward], int(index), position])
+                pairs[name] = (forward, pair_key, int(index), position)
+                break
+    missing = {k: (reader, forward, index, position)
+               for reader, (forward, k, index, position) in pairs.items() if cache.get(k) is None}
+    if missing:
+        cache.update(_measure_pairs(scratch_graph, missing, kernels.threads_of(session)))
+    paired = {reader: (forward, cache.get(k) or 0) for reader, (forward, k, _, _) in pairs.items()}
+    return scratch, Workspaces(dict(extra), paired)
+
+
+def _measure_pairs(scratch_graph, pairs, threads):
+    """{pair key: the reader's scratch} for {pair key: (reader, forward, forward's output
+    index, reader's input index)}: both ops copied into a graph of their own, the reader
+    fed the forward op's output, every other input zeros (as the calibration)."""
+    graph = tf.Graph()
+    readers = {}
+    with graph.as_default():
+        for number, (key, (reader, forward, index, position)) in enumerate(pairs.items()):
+            forward_op = scratch_graph.get_operation_by_name("s/" + forward)
+            reader_op = scratch_graph.get_operation_by_name("s/" + reader)
+            copied = _copy(forward_op, f"forward{number}",
+                           [_zeros(t) for t in forward_op.inputs])
+            if copied is None:
+                continue
+            inputs = [copied.outputs[index] if i == position else _zeros(t)
+                      for i, t in enumerate(reader_op.inputs)]
+            op = _copy(reader_op, f"reader{number}", inputs)
+            if op is not None:
+                readers[key] = op
+    measured = {key: 0 for key in pairs}
+    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
+    session = tf_session.BaseSession(graph=graph, config=kernels.session_config(threads))
+    try:
+        for key, op in readers.items():
+            metadata = config_pb2.RunMetadata()
+            try:
+                session.run(op, options=options, run_metadata=metadata)
+            except tf.errors.OpError:  # zeros are not valid input for every kernel
+                continue
+            measured[key] = kernels.op_scratch(metadata, op.name)
+    finally:
+        session.close()
+    return measured
+
+
+def _zeros(tensor):
+    spec = kernels.input_spec(tensor)
+    if spec is None:
+        return None
+    dtype, shape, value = spec
+    return tf.constant(value, dtype=dtype, shape=shape) if value is not None \
+        else tf.zeros(shape, dtype)
+
+
+def _copy(op, name, inputs):
+    """A copy of `op` named `name` reading `inputs`, or None when one cannot be made."""
+    if any(t is None for t in inputs):
+        return None
+    node_def = tf.compat.v1.NodeDef()
+    node_def.CopyFrom(op.node_def)
+    node_def.name = name
+    del node_def.input[:]
+    node_def.input.extend(f"{name}_input{i}:0" for i in range(len(inputs)))
+    node_def.device = ""
+    for attr in [a for a in node_def.attr if a.startswith("_")]:
+        del node_def.attr[attr]
+    definition = tf.compat.v1.GraphDef(node=[node_def])
+    definition.versions.producer = tf.compat.v1.get_default_graph().graph_def_versions.producer
+    try:
+        tf.graph_util.import_graph_def(
+            definition, name="",
+            input_map={f"{name}_input{i}:0": t for i, t in enumerate(inputs)})
+    except ValueError:
+        return None
+    return tf.compat.v1.get_default_graph().get_operation_by_name(name)
