@@ -1,7 +1,8 @@
 """Dedup: the equal ops Grappler merges before a partition runs.
 
-Grappler's common subgraph elimination (on by default, in every Session
-callable and every `tf.function`) keeps one of several ops that compute the
+TensorFlow's graph optimizer (its CSE), and Grappler's common subgraph elimination
+and arithmetic optimizer (all on by default, in every Session callable and every
+`tf.function`) keep one of several ops that compute the
 same thing: same op type, device, attributes and inputs (commutative ops'
 inputs in any order), free of side effects.  The other copies never run, and
 their outputs are the kept op's buffers.  An unrolled bidirectional RNN slices
@@ -20,6 +21,8 @@ Constants count as equal by value (Grappler merges equal Const nodes first, and
 their readers become equal through them).
 """
 
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan import optypes
 
@@ -30,21 +33,29 @@ COMMUTATIVE = frozenset({"Add", "AddV2", "AddN", "Mul", "Maximum", "Minimum", "E
 _NEVER = optypes.CONTROL_FLOW | optypes.FEEDABLE_PLACEHOLDERS
 
 
-def cse_enabled(session):
-    """Whether Grappler's common subgraph elimination runs in `session`'s callables
-    (default: on; a session config can turn it, or Grappler, off)."""
+def merges_equal_ops(session):
+    """Whether TensorFlow merges equal ops in `session`'s callables.  Three passes do:
+    the classic graph optimizer's CSE (at its default level, L1), Grappler's common
+    subgraph elimination and its arithmetic optimizer (measured: with any one of them
+    on, two equal transposes run as one).  On unless the session's config turns all
+    three off."""
     config = getattr(session, "_config", None) if session is not None else None
     if config is None:
         return True
+    classic = config.graph_options.optimizer_options
+    if classic.opt_level != config_pb2.OptimizerOptions.L0 or \
+            classic.do_common_subexpression_elimination:
+        return True
     rewrite = config.graph_options.rewrite_options
-    off = rewrite.OFF if hasattr(rewrite, "OFF") else 2
-    return not (rewrite.disable_meta_optimizer or rewrite.common_subgraph_elimination == off)
+    off = rewriter_config_pb2.RewriterConfig.OFF
+    return not (rewrite.disable_meta_optimizer or (
+        rewrite.common_subgraph_elimination == off and rewrite.arithmetic_optimization == off))
 
 
 def signatures(graph, view, session=None):
     """{op name: hashable signature} of the request's ops Grappler may merge, and of its
     constants (by value).  Empty when the session turns the merge off."""
-    if not cse_enabled(session):
+    if not merges_equal_ops(session):
         return {}
     found = {}
     for name, node in list(view.nodes.items()) + list(view.sources.items()):

@@ -15,8 +15,9 @@ and the simulator uses them per partition:
 
     forward op F with extra outputs   they are allocated with F's outputs and held
                                       until the last reader of F in the partition
-                                      that was measured paired with it (freed at
-                                      once when none runs there)
+                                      that uses them (freed at once when none runs
+                                      there); a reader uses them when it measured
+                                      less scratch beside F than alone
     reader G paired with F            in F's partition its paired scratch replaces
                                       its calibrated one; elsewhere, the calibrated
                                       (unpaired) figure stands
@@ -67,7 +68,10 @@ def measure(graph, view, feed_shapes, session=None, cache=None):
                for reader, (forward, k, index, position) in pairs.items() if cache.get(k) is None}
     if missing:
         cache.update(_measure_pairs(scratch_graph, missing, kernels.threads_of(session)))
-    paired = {reader: (forward, cache.get(k) or 0) for reader, (forward, k, _, _) in pairs.items()}
+    # A reader that needs less scratch beside its forward op than alone uses the workspace
+    # (the pooling gradient); the others (the next layer, a ShapeN) only read the output.
+    paired = {reader: (forward, cache.get(k) or 0) for reader, (forward, k, _, _) in pairs.items()
+              if (cache.get(k) or 0) < scratch.get(reader, 0)}
     return scratch, Workspaces(dict(extra), paired)
 
 

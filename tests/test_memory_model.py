@@ -1,0 +1,194 @@
+"""What TensorFlow does to a step's memory besides running its ops, in the simulator.
+
+Each test measures TensorFlow's own figures in a fresh process (a BFC allocator
+far above the step, the kernel path set explicitly, pinned thread pools) and
+sets tfmem's prediction beside them:
+
+* Grappler merges equal ops (common subgraph elimination): two equal transposes
+  of one input leave one buffer, not two (`tfmem/memory/dedup.py`);
+* oneDNN's max pooling returns a workspace the graph's MaxPool does not have,
+  and its gradient, given the workspace, needs no scratch; without it (the
+  forward op in another partition) the gradient allocates scratch
+  (`tfmem/memory/workspace.py`).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from tfmem.cli.child_env import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+
+EQUAL_OPS = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+import tfmem
+from tfmem.run import accelerator
+
+def build():
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [512, 1024], name="x")
+        s1 = tf.transpose(x, name="s1")  # equal ops: Grappler keeps one
+        s2 = tf.transpose(x, name="s2")
+        p = tf.matmul(s1, tf.constant(np.full((512, 64), 0.5, np.float32)))
+        q = tf.matmul(s2, tf.constant(np.full((512, 64), 0.25, np.float32)))
+        out = tf.reduce_sum(tf.concat([p, q, s1, s2], 1))
+    return graph, x, out
+
+figures = {}
+for merge in (True, False):
+    graph, x, out = build()
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=1)
+    if not merge:  # the three passes that merge equal ops off (see dedup)
+        config.graph_options.optimizer_options.opt_level = config_pb2.OptimizerOptions.L0
+        rewrite = config.graph_options.rewrite_options
+        rewrite.common_subgraph_elimination = rewriter_config_pb2.RewriterConfig.OFF
+        rewrite.arithmetic_optimization = rewriter_config_pb2.RewriterConfig.OFF
+    sess = tf.compat.v1.Session(graph=graph, config=config)
+    feed = {x: np.ones((512, 1024), np.float32)}
+    for _ in range(2):
+        plain = sess.run(out, feed)
+    start = accelerator.device_memory("CPU:0")["current"]
+    accelerator.reset_peak("CPU:0")
+    metadata = config_pb2.RunMetadata()
+    sess.run(out, feed, run_metadata=metadata,
+             options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
+    measured = accelerator.device_memory("CPU:0")["peak"] - start
+    # TensorFlow's own records: the bytes its live tensors requested at the peak.
+    events = sorted((r.alloc_micros, r.alloc_bytes, n.node_name)
+                    for d in metadata.step_stats.dev_stats for n in d.node_stats
+                    for m in n.memory for r in m.allocation_records)
+    requested = {n.node_name: sum(o.tensor_description.allocation_description.requested_bytes
+                                  for o in n.output)
+                 for d in metadata.step_stats.dev_stats for n in d.node_stats}
+    live, current, best = {}, 0, (0, {})
+    for _, nbytes, name in events:
+        live[name] = live.get(name, 0) + nbytes
+        current += nbytes
+        if current > best[0]:
+            best = (current, {k for k, v in live.items() if v > 0})
+    transposes = sum(1 for d in metadata.step_stats.dev_stats for n in d.node_stats
+                     if "= Transpose(" in n.timeline_label)
+    tfs = tfmem.TFMemSession(sess, partition_size=100000)
+    trace = tfs.simulate(out, feed)
+    figures["merged" if merge else "apart"] = dict(
+        measured=measured, requested=sum(requested[name] for name in best[1]),
+        transposes=transposes, predicted=trace.peak_device - trace.state_bytes,
+        predicted_chunks=trace.peak_device_chunks - trace.state_bytes,
+        tfmem_equals_plain=bool(np.array_equal(tfs.run(out, feed), plain)))
+    tfs.close()
+    sess.close()
+print(json.dumps(figures))
+"""
+
+MAX_POOL = r"""
+import json, sys
+sys.path.insert(0, "experiments")
+import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2
+import tfmem
+from tfmem.cli import models
+from tfmem.memory.sizing import Sizing
+from tfmem.run import accelerator
+
+POOL, GRAD = "MaxPool2d", "gradients/MaxPool2d_grad/MaxPoolGrad"
+model = models.convnet()
+config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+sess = tf.compat.v1.Session(graph=model.graph, config=config)
+tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+feed = model.feed(48)
+fetches = [model.train, model.loss]
+for _ in range(2):
+    sess.run(fetches, feed)
+metadata = config_pb2.RunMetadata()
+sess.run(fetches, feed, run_metadata=metadata,
+         options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
+extra_outputs = {}  # TensorFlow's own: bytes of outputs past the op's own, per node
+for device in metadata.step_stats.dev_stats:
+    for node in device.node_stats:
+        try:
+            own = len(model.graph.get_operation_by_name(node.node_name).outputs)
+        except KeyError:  # TensorFlow's own nodes (_SOURCE, args)
+            continue
+        extra_outputs[node.node_name] = sum(
+            o.tensor_description.allocation_description.requested_bytes
+            for o in node.output if o.slot >= own)
+pools = {op.name: op.outputs[0].consumers() for op in model.graph.get_operations()
+         if op.type == "MaxPool"}
+rows = {}
+for size in (100000, 50):
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    for _ in range(3):
+        tfs.run(fetches, feed)
+    plan = tfs.plan(fetches, feed)
+    together = any(POOL in p.ops and GRAD in p.ops for p in plan.partitions)
+    sizing = Sizing.of(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess)
+    trace = tfs.simulate(fetches, feed)
+    rows[size] = dict(together=together, grad_scratch=tfs.last_step.kernel_scratch.get(GRAD, 0),
+                      partitions=len(plan.partitions), measured=tfs.last_step.device_peak_bytes,
+                      predicted_chunks=trace.peak_device_chunks)
+gradients = {pool: [c.name for c in readers if c.type == "MaxPoolGrad"]
+             for pool, readers in pools.items()}
+print(json.dumps(dict(extra_outputs=extra_outputs, rows=rows, gradients=gradients,
+                      extra=sizing.workspaces.extra, paired=sizing.workspaces.paired,
+                      calibrated=sizing.scratch.get(GRAD, 0))))
+"""
+
+
+def _child(script, onednn):
+    env = child_env(onednn=onednn)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_equal_ops_are_merged_as_grappler_merges_them():
+    """Two equal transposes of a 2 MiB input, both read at the peak: TensorFlow runs one
+    when Grappler merges them (the default) and two when the session turns the merge
+    off; the prediction follows the session's config: its requested bytes are the
+    requests TensorFlow's records hold at the peak, its chunk figure TensorFlow's peak."""
+    figures = _child(EQUAL_OPS, onednn=False)
+    merged, apart = figures["merged"], figures["apart"]
+    assert merged["tfmem_equals_plain"] and apart["tfmem_equals_plain"]
+    assert (merged["transposes"], apart["transposes"]) == (1, 2), figures
+    assert apart["requested"] - merged["requested"] == 2 * MIB, figures
+    for case in (merged, apart):
+        assert case["predicted"] == case["requested"], figures
+        assert abs(case["predicted_chunks"] - case["measured"]) <= 0.02 * case["measured"], \
+            figures
+
+
+def test_onednn_max_pooling_workspace_and_paired_gradient_scratch():
+    """oneDNN's max pooling: the workspace tfmem measures is the second output TensorFlow's
+    step statistics show for the plain step's MaxPool; the gradient's scratch is what the
+    step measured: none beside its forward op (one partition), the calibrated figure when
+    the plan puts them in different partitions.  Without oneDNN there is no workspace."""
+    onednn = _child(MAX_POOL, onednn=True)
+    pool, grad = "MaxPool2d", "gradients/MaxPool2d_grad/MaxPoolGrad"
+    assert len(onednn["gradients"]) == 3 and onednn["extra_outputs"][pool] > 0, onednn
+    # Every op's extra outputs as TensorFlow's step statistics show them, and no other op.
+    assert onednn["extra"] == {k: v for k, v in onednn["extra_outputs"].items() if v}, onednn
+    assert set(onednn["extra"]) == set(onednn["gradients"]), onednn
+    # Each pooling gradient (and nothing else) uses its forward op's workspace.
+    assert {r: f for r, (f, _) in onednn["paired"].items()} == {
+        readers[0]: forward for forward, readers in onednn["gradients"].items()}, onednn
+    whole, split = onednn["rows"]["100000"], onednn["rows"]["50"]
+    assert whole["together"] and not split["together"], onednn
+    assert onednn["paired"][grad][1] == whole["grad_scratch"] == 0, onednn
+    assert onednn["calibrated"] == split["grad_scratch"] > 0, onednn
+    # The chunk figure of both plans within 5 % of the step tfmem measured.
+    for row in (whole, split):
+        assert abs(row["predicted_chunks"] - row["measured"]) <= 0.05 * row["measured"], onednn
+    eigen = _child(MAX_POOL, onednn=False)
+    assert not any(eigen["extra_outputs"].values()), eigen
+    assert eigen["extra"] == {} and eigen["paired"] == {}, eigen
