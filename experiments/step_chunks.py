@@ -2,6 +2,7 @@
 
     python experiments/step_chunks.py --model pool --onednn 1
     python experiments/step_chunks.py --model conv --onednn 1 --steps 4
+    python experiments/step_chunks.py --model conv --onednn 1 --partition-size 50
 
 Trains one model of experiments/accuracy.py's MODELS with a plain
 `tf.compat.v1.Session` (pinned thread pools, TensorFlow's BFC allocator far
@@ -19,13 +20,24 @@ output's requested bytes.  From them it prints:
 * tfmem's two predicted figures for the one-partition plan (bytes requested;
   the simulator's allocations replayed in its own op order).
 
-Session 7 (issue 10) used it to find the oneDNN pool net's missing 1.4 MiB.
+With `--partition-size`, the step runs through `TFMemSession` in that plan
+instead, and the traced step's statistics are read per partition: what the
+allocator held when each partition started (TensorFlow's bytes in use at its
+first op, less that op's own) against the simulator's `device_before`, each
+partition's measured peak against its two predicted figures, and the op at
+the peak with the scratch it allocated.  A plan of several partitions that
+measures more than the same model in one shows there where the bytes go.
+
+Session 7 (issue 10) used it to find the oneDNN pool net's missing 1.4 MiB;
+session 8 the oneDNN conv net's (the max pooling gradient's scratch, which
+its forward op's workspace saves only in the same partition).
 Nothing here is asserted: it prints what it measured.
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -140,25 +152,106 @@ def worker(name, steps):
                 predicted_chunks=trace.peak_device_chunks - trace.state_bytes)
 
 
+def _partition_of(node_name):
+    """The partition index of a copy named `tfmem/plan<k>/p<i>[_in|_out]/...`, or None."""
+    match = re.search(r"/p(\d+)(?:_in|_out)?/", node_name)
+    return int(match.group(1)) if match else None
+
+
+def partitions_worker(name, steps, size):
+    """Per partition of the plan at `size`: measured and predicted bytes (see the docstring)."""
+    # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tensorflow.core.protobuf import config_pb2
+    import tfmem
+    import accuracy
+    from tfmem.cli import models
+    from tfmem.run import accelerator
+
+    builder, kwargs, batch = accuracy.MODELS[name]
+    model = getattr(models, builder)(**kwargs)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=1)
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    trace = tfs.simulate(fetches, feed)
+    for _ in range(steps):
+        tfs.run(fetches, feed)
+    measured = list(tfs.last_step.partition_peak_bytes)
+    # What the allocator holds beyond the request's state (earlier sessions' leftovers).
+    foreign = accelerator.device_memory("CPU:0")["current"] - trace.state_bytes
+    metadata = config_pb2.RunMetadata()
+    tfs.run(fetches, feed, run_metadata=metadata,
+            options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
+    first, top = {}, {}
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            index = _partition_of(node.node_name)
+            for memory in node.memory:
+                if index is None or not memory.allocator_bytes_in_use:
+                    continue
+                before = memory.allocator_bytes_in_use - memory.live_bytes
+                if index not in first or node.all_start_micros < first[index][0]:
+                    first[index] = (node.all_start_micros, before)
+                at_peak = before + memory.peak_bytes
+                if at_peak > top.get(index, (0,))[0]:
+                    top[index] = (at_peak, node.node_name.split(f"/p{index}/", 1)[-1],
+                                  memory.peak_bytes - memory.live_bytes)
+    tfs.close()
+    rows = []
+    for p in trace.partitions:
+        rows.append(dict(index=p.index, measured=measured[p.index] - foreign,
+                         held_at_start=first.get(p.index, (0, foreign))[1] - foreign,
+                         predicted_before=p.device_before, predicted=p.device_peak,
+                         predicted_chunks=p.device_peak_chunks,
+                         op_at_peak=top.get(p.index, (0, None, 0))[1],
+                         its_scratch=top.get(p.index, (0, None, 0))[2]))
+    return dict(model=name, partition_size=size, partitions=rows)
+
+
+def _print_partitions(data):
+    print(f"{data['model']}, partition size {data['partition_size']}: per partition of one "
+          f"traced step (MiB, the request's state included)")
+    print(f"{'part':>4} {'held at start':>13} {'predicted':>9}  {'peak':>7} "
+          f"{'predicted':>9} {'in chunks':>9}  op at the peak (its scratch)")
+    for row in data["partitions"]:
+        print(f"{row['index']:>4} {row['held_at_start'] / MIB:>13.3f} "
+              f"{row['predicted_before'] / MIB:>9.3f}  {row['measured'] / MIB:>7.3f} "
+              f"{row['predicted'] / MIB:>9.3f} {row['predicted_chunks'] / MIB:>9.3f}  "
+              f"{row['op_at_peak']} ({row['its_scratch'] / MIB:.3f})")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="pool", help="a name of accuracy.MODELS")
     parser.add_argument("--onednn", choices=("0", "1"), default="1")
     parser.add_argument("--steps", type=int, default=4, help="plain steps before the traced one")
+    parser.add_argument("--partition-size", type=int, default=None,
+                        help="trace a TFMemSession step of this plan, per partition")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.model, args.steps)))
+        if args.partition_size:
+            print(json.dumps(partitions_worker(args.model, args.steps, args.partition_size)))
+        else:
+            print(json.dumps(worker(args.model, args.steps)))
         return 0
     from tfmem.cli.child_env import child_env  # pylint: disable=import-outside-toplevel
+    size = ["--partition-size", str(args.partition_size)] if args.partition_size else []
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", "--model",
-                           args.model, "--steps", str(args.steps)],
+                           args.model, "--steps", str(args.steps)] + size,
                           env=child_env(onednn=args.onednn == "1"), capture_output=True,
                           text=True, timeout=900, check=False)
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
         return 1
     data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.partition_size:
+        _print_partitions(data)
+        return 0
     print(f"{data['model']}, oneDNN {'on' if args.onednn == '1' else 'off'}, one traced plain "
           f"step (bytes above what was allocated when it started):")
     print(f"  TensorFlow's peak                          {data['measured'] / MIB:7.3f} MiB")
