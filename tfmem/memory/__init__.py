@@ -3,7 +3,9 @@
     shapes.py     every tensor of a request with its unknown dimensions resolved
     simulate.py   replay a plan's device and host memory
     scratch.py    the scratch memory of each kernel, measured once in a scratch session
-    sizing.py     a request's shapes and kernel scratch at its fed shapes, read once
+    workspace.py  outputs kernels return past the op's own (oneDNN max pooling's), measured
+    dedup.py      the equal ops TensorFlow merges before a partition runs
+    sizing.py     a request's shapes, kernel scratch, workspaces and op signatures, read once
     budget.py     the plan with the fewest partitions that fits a device budget
     learning.py   budget mode's correction after a step that measured over its prediction
     oom.py        out-of-memory advice: what held the memory, what would fit

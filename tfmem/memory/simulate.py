@@ -16,7 +16,9 @@ an input that dies with them, as TensorFlow's kernels forward buffers.
 Shape, Size and Rank read no data: TensorFlow runs them as soon as their
 input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
 feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
-reported in `unknown_tensors`.
+reported in `unknown_tensors`.  Equal ops of a partition are merged, as
+TensorFlow merges them (`dedup.py`), and a kernel's extra outputs (oneDNN max
+pooling's workspace) live until the reader that uses them (`workspace.py`).
 
 Every allocation and free is also logged in order and replayed through
 TensorFlow's BFC allocator policy (`allocator.py`): `device_peak_chunks` is the
