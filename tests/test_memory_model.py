@@ -192,3 +192,40 @@ def test_onednn_max_pooling_workspace_and_paired_gradient_scratch():
     eigen = _child(MAX_POOL, onednn=False)
     assert not any(eigen["extra_outputs"].values()), eigen
     assert eigen["extra"] == {} and eigen["paired"] == {}, eigen
+
+
+def test_merging_equal_ops_never_adds_memory_and_stays_within_a_partition():
+    """Pure: on the unrolled RNN (two directions slicing one input), merging equal ops lowers
+    the one-partition peak by the merged slices and never raises any partition's peak; with
+    one op per partition nothing is merged (ops of different partitions stay apart)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import dedup  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
+
+    model = models.unrolled_rnn(steps=16)
+    x, y = model.inputs
+    view = analyse([model.loss], [model.train], [x, y])
+    shapes = resolve_shapes(model.graph, view, {x.name: (256, 16, 64), y.name: (256,)})
+    signatures = dedup.signatures(model.graph, view)
+    config = tf.compat.v1.ConfigProto()
+    config.graph_options.optimizer_options.opt_level = tf.compat.v1.OptimizerOptions.L0
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    assert dedup.signatures(model.graph, view, tf.compat.v1.Session(graph=model.graph,
+                                                                    config=config)) == {}
+    for size in (100000, 40, 1):
+        plan = make_plan(view, size)
+        apart = simulate(plan, shapes)
+        merged = simulate(plan, shapes, signatures=signatures)
+        assert all(m.device_peak <= a.device_peak
+                   for m, a in zip(merged.partitions, apart.partitions)), size
+        if size == 1:
+            assert merged == apart
+    whole = make_plan(view, 100000)
+    slice_bytes = 256 * 64 * 4  # one time step's x[:, t, :]
+    saved = simulate(whole, shapes).peak_device - simulate(
+        whole, shapes, signatures=signatures).peak_device
+    assert saved == 16 * slice_bytes  # the backward direction's 16 slices
