@@ -64,14 +64,16 @@ KNOWN_GAPS = {
 # Results, "Views and chunks (session 7)"), -32.5 % at worst.  The oneDNN conv net:
 # since session 8 the model has oneDNN max pooling's workspace and drops the pooling
 # gradient's scratch beside it (tfmem/memory/workspace.py): in one partition 6.39 MiB
-# requested, 7.95 in chunks, measured 7.96 (-19.8 %, within the oneDNN tolerance; its
-# first convolution's 2.44 MiB output holds a 4 MiB chunk, which only the chunk figure
-# sees; before, a phantom 1.2 MiB of gradient scratch hid it: -7 %); at 50 and 20 (2-3
-# partitions, the gradient apart from its forward op, so with its scratch) it measured
-# 9.03-9.74 MiB against 7.45 requested (-17.5 to -23.5 %), 9.05 in chunks (band within
-# 1 % on 2026-11-23, session 8; 7.1 % before).
+# requested, 7.95 in chunks, measured 7.96-8.02 (-19.8 to -20.3 %; its first
+# convolution's 2.44 MiB output holds a 4 MiB chunk, which only the chunk figure sees;
+# before, a phantom 1.2 MiB of gradient scratch hid it: -7 %, so this entry is new and
+# WIDER than the 22 % oneDNN tolerance that held it before: plain TensorFlow read up
+# to 8.15 MiB here, -21.6 %, peak_spread.json); at 50 and 20 (2-3 partitions, the
+# gradient apart from its forward op, so with its scratch) it measured 9.03-9.74 MiB
+# against 7.45 requested (-17.5 to -23.5 %), 9.05 in chunks (band within 1 % in both
+# of session 8's runs, 2026-11-23; 7.1 % before).
 KNOWN_GAPS.update({("onednn", "pool", size): 0.35 for size in (100000, 200, 50, 20)})
-KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in (50, 20)})
+KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in SIZES})
 # The oneDNN ResNet at 50 and 20 (the same predicted figures, 16.75 / 18.80 MiB) read
 # 13.76, 14.51, 14.75, 14.76 and 16.76 MiB in runs on 2026-11-22/23 (+21.8 % at most,
 # over-predicted: the executor's order kept fewer tensors alive; unchanged by session 7).
