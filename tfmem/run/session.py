@@ -41,7 +41,7 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run import plan_import, remote, residence as residences
+from tfmem.run import partial_run, remote, residence as residences
 from tfmem.plan import updates
 from tfmem import tf_private
 
@@ -429,7 +429,8 @@ class TFMemSession(SessionInterfaceMethods):
         self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
-        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
+        # one partial run per step where it serves, else callables (see partial_run)
+        partial, programs = partial_run.copy_plan(self._session, plan, scope, residence)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -441,7 +442,7 @@ class TFMemSession(SessionInterfaceMethods):
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
-        executor = Executor(self._session, plan, programs, self._runtime, residence)
+        executor = Executor(self._session, plan, programs, self._runtime, residence, partial)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)
 
