@@ -162,6 +162,11 @@ class Executor:
         self._ops = [frozenset(p.ops) for p in plan.partitions]
 
     @property
+    def partial_run(self):
+        """Whether steps that allow it run as one partial run (see partial_run)."""
+        return self._partial is not None
+
+    @property
     def programs(self):
         """The callables' Programs (copied into the graph on first use for a partial-run plan)."""
         if callable(self._programs):
@@ -235,7 +240,7 @@ class Executor:
         keys = self._residence.for_step()  # the step's own tickets (see residence)
         if self._partial is not None and options is None and run_metadata is None \
                 and not measure:  # else the callables (a partial run takes no RunOptions)
-            step_run = partial_run.StepRun(self._partial)
+            step_run = partial_run.StepRun(self._partial, keys.inputs(feeds))
             swaps = partial_run.StoppingSwaps(SwapManager(
                 self._partial_schedule, keys.bind(self._batches), runtime.pool,
                 runtime.prefetcher, keys, timeline), step_run)
@@ -252,7 +257,11 @@ class Executor:
         if measure:
             memory = accelerator.device_memory(runtime.device)
             resident = memory["current"] if memory else None
-        results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
+        try:
+            results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
+        finally:
+            if step_run is not None and step_run.failed is not None:
+                runtime.cancelled_by = step_run.failed  # see partial_run: the session is gone
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(

@@ -13,10 +13,19 @@ A step is then:
                             its done token (returns when all of partition k has run)
 
 The last call consumes every feed and fetch, and TensorFlow ends the partial
-run.  A call that fails ends it too (DirectSession drops a partial run whose
-call failed).  A step that stops early in Python (Ctrl-C between partitions,
-an error in tfmem) feeds the cancel flag: the executor fails on purpose,
-runs nothing more, and TensorFlow drops it.
+run.  A step that stops early in Python (Ctrl-C between partitions, an error
+in tfmem) closes the gates of the partitions left: their ops are dead and
+never run, the executor finishes and frees what it held, without an error
+(TensorFlow keeps a small record of the run, unfetched, until the session
+closes).
+
+**A step that fails inside TensorFlow cancels the session.** DirectSession
+gives a partial run's executor the session's own CancellationManager, and an
+executor that fails cancels it: every later run of that session, partial
+or not, fails with "Run call was cancelled" (checked on TensorFlow 2.21).
+So partial runs are opt-in (`TFMemSession(partial_runs=True)`), for jobs
+whose steps do not fail or that make a new session when one does; tfmem
+then raises `SessionCancelledError` instead of running a step on it.
 
 A partial run takes no RunOptions and returns no RunMetadata, so steps with
 `options`, `run_metadata` or measured device peaks run the callables (see
@@ -32,17 +41,29 @@ import numpy as np
 from tensorflow.python.client import pywrap_tf_session as tf_c
 import tensorflow as tf
 
+from tfmem.errors import TFMemError
 from tfmem.run import plan_import, prun_import
 from tfmem.run.step_loop import Wiring
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
-ENABLED = True  # False: every plan runs its callables (tools/bench.py --callables compares)
 
-_OPEN = np.asarray(0, np.int32)
-_STOP = np.asarray(True)
-_GO = np.asarray(False)
+class SessionCancelledError(TFMemError):
+    """A partial-run step failed inside TensorFlow, which cancelled the session for good."""
+
+
+def cancelled_error(cause):
+    return SessionCancelledError(
+        "this session was cancelled by TensorFlow when a step run as a partial run failed "
+        f"({type(cause).__name__}: {cause.message.splitlines()[0]}); DirectSession cancels "
+        "the whole session when a partial run's op fails, so every later run of it fails. "
+        "To change: make a new session (restore your variables from a checkpoint), or "
+        "use TFMemSession(partial_runs=False), whose failed steps leave the session usable")
+
+_OPEN = np.asarray(True)
+_CLOSED = np.asarray(False)
+_NO_TICKET = np.asarray(b"", dtype=object)
 
 
 def wiring(program):
@@ -77,7 +98,6 @@ class PartialRun:
         self._setup_fetches = [output(n) for n in graph_names.setup_fetches]
         self._calls = [([output(p.gate)] + [output(n) for n in p.feeds],
                         [output(n) for n in p.fetches]) for p in graph_names.programs]
-        self._cancel = (output(graph_names.cancel_flag), output(graph_names.cancel_done))
         self._targets = [tf_private.c_op(graph.get_operation_by_name(n))
                          for n in graph_names.targets]
         self.wiring = [wiring(p) for p in graph_names.programs]
@@ -93,20 +113,20 @@ class PartialRun:
         """Run partition `index`; its fetched values (done token dropped)."""
         feeds, fetches = self._calls[index]
         feed_dict = dict(zip(feeds, [_OPEN] + [np.asarray(a) for a in args]))
-        if index == len(self._calls) - 1:  # every feed and fetch consumed: the run ends
-            feed_dict[self._cancel[0]] = _GO
-            fetches = fetches + [self._cancel[1]]
-            values = self._run(handle, feed_dict, fetches)
-            return values[:-2]
         return self._run(handle, feed_dict, fetches)[:-1]
 
-    def cancel(self, handle):
-        """End a partial run that stopped early: the cancel check fails the executor,
-        which then runs nothing more, and TensorFlow drops the run."""
-        try:
-            self._run(handle, {self._cancel[0]: _STOP}, [self._cancel[1]])
-        except tf.errors.OpError:
-            pass  # the expected failure, or a run TensorFlow had dropped already
+    def close_from(self, handle, index, step_feeds):
+        """End a run stopped before partition `index`: its gate and every later one
+        closed (their ops dead), the other feeds given what the step has (fed
+        values; an empty ticket for uploads, whose reads are dead too)."""
+        feed_dict = {}
+        for k in range(index, len(self._calls)):
+            gate, *feeds = self._calls[k][0]
+            feed_dict[gate] = _CLOSED
+            for output, source in zip(feeds, self.graph_names.programs[k].feed_sources):
+                value = step_feeds.get(source)
+                feed_dict[output] = _NO_TICKET if value is None else np.asarray(value)
+        self._run(handle, feed_dict, [])
 
     def _run(self, handle, feed_dict, fetches):
         return tf_c.TF_SessionPRun_wrapper(tf_private.c_session(self.session), handle,
@@ -114,32 +134,40 @@ class PartialRun:
 
 
 class StepRun:
-    """One step's partial run: started at its first call, cancelled if it stops early."""
+    """One step's partial run: started at its first call, closed if it stops early."""
 
-    def __init__(self, partial_run):
+    def __init__(self, partial_run, feeds):
         self._partial_run = partial_run
+        self._feeds = feeds  # the step's fed values by tensor name
         self._handle = None
-        self._open = False
+        self._next = 0  # the partition whose call comes next
+        self.failed = None  # the OpError a call raised: the session is cancelled
         self.setup_time = 0.0
 
     def call(self, index, args):
         if self._handle is None:
             started = time.perf_counter()
             self._handle = self._partial_run.start()
-            self._open = True
             self.setup_time = time.perf_counter() - started
-        # A failed call leaves the run open here: DirectSession drops it after an error
-        # while running, and stop() (ignoring "Must run 'setup'") covers the others.
-        values = self._partial_run.call(self._handle, index, args)
-        if index == len(self._partial_run.wiring) - 1:
-            self._open = False
+        try:
+            values = self._partial_run.call(self._handle, index, args)
+        except tf.errors.OpError as err:
+            self.failed = err  # TensorFlow dropped the run (and cancelled the session)
+            self._next = None
+            raise
+        self._next = index + 1
         return values
 
     def stop(self):
-        """Cancel the partial run if the step ended before its last partition."""
-        if self._open:
-            self._open = False
-            self._partial_run.cancel(self._handle)
+        """Close the partial run if the step ended before its last partition."""
+        if self._handle is not None and self._next is not None and \
+                self._next < len(self._partial_run.wiring):
+            index, self._next = self._next, None
+            try:
+                self._partial_run.close_from(self._handle, index, self._feeds)
+            except tf.errors.OpError as err:  # not expected: say so, keep the step's error
+                log.warning("could not close a stopped step's partial run: %s",
+                            err.message.splitlines()[0])
 
 
 class StoppingSwaps:
@@ -187,7 +215,7 @@ class PartialStep:
         return self._diagnosis.failure(index, error)
 
 
-def copy_plan(session, plan, scope, residence):
+def copy_plan(session, plan, scope, residence, enabled=True):
     """(PartialRun or None, the callables' Programs or a function making them): a plan
     whose steps can run as partial runs is copied for them now, and for its callables
     only when a step first needs them (options, run_metadata, measured peaks)."""
@@ -198,7 +226,7 @@ def copy_plan(session, plan, scope, residence):
             callable_scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         return plan_import.rewrite_plan(graph, plan, callable_scope, residence)
 
-    why = _unsupported(session, plan, residence)
+    why = _unsupported(session, plan, residence) if enabled else "partial_runs=False"
     if why is not None:
         log.info("plan %s runs one callable per partition: %s", scope, why)
         return None, for_callables()
@@ -206,8 +234,6 @@ def copy_plan(session, plan, scope, residence):
 
 
 def _unsupported(session, plan, residence):
-    if not ENABLED:
-        return "partial runs are off (partial_run.ENABLED)"
     if session.sess_str or not plan_import.supports(residence):
         return "a distributed session has no partial runs with session state"
     return prun_import.unsupported(session.graph, plan)

@@ -6,13 +6,13 @@ fetches others of that running executor.  One import per plan, as in
 `plan_import`, but written for that executor:
 
     r3/<op>                 copy of the user's op
-    r3_gate/gate            Placeholder(int32): fed by call 3, nothing of r3 runs before
-    r3_gate/done            Identity(gate) after every op of r3: call 3 fetches it, so it
+    r3_gate/gate            Placeholder(bool): fed by call 3, nothing of r3 runs before
+    r3_gate/open            Switch(gate, gate):1: every copy of r3 waits for it; fed
+                            False, it is dead, and so is all of r3 (nothing runs)
+    r3_gate/done            Identity(open) after every op of r3: call 3 fetches it, so it
                             returns only when the whole partition has run
     r3_in/<stem>_handle     ticket placeholder of an uploaded (swapped) transfer,
     r3_in/<stem>_read/_free GetSessionTensor / DeleteSessionTensor, as in plan_import
-    cancel/flag, cancel/done   fed True by a step that stops early: the executor fails
-                            and TensorFlow tears the partial run down
 
 A copy with no input from another copy of its partition gets a control
 input from the gate: otherwise the executor would start it at setup (a
@@ -61,18 +61,15 @@ class PartialProgram:
 class PartialRunGraph:
     """The plan's partial-run copies: one PartialProgram per partition, and the step's names."""
     programs: tuple
-    cancel_flag: str
-    cancel_done: str
     targets: tuple  # your ops run as they are (originals reading only feeds and state)
 
     @property
     def setup_feeds(self):
-        return tuple(name for p in self.programs for name in (p.gate,) + p.feeds) + \
-            (self.cancel_flag,)
+        return tuple(name for p in self.programs for name in (p.gate,) + p.feeds)
 
     @property
     def setup_fetches(self):
-        return tuple(name for p in self.programs for name in p.fetches) + (self.cancel_done,)
+        return tuple(name for p in self.programs for name in p.fetches)
 
 
 def unsupported(graph, plan):
@@ -143,7 +140,10 @@ class _Writer:
         ops = [op for op in partition.ops if op not in plan.view.originals]
         members = set(ops)
         gate = f"{prefix}_gate/gate"
-        _scalar_placeholder(graph_def, gate, tf.int32)
+        _scalar_placeholder(graph_def, gate, tf.bool)
+        switch = _node(graph_def, f"{prefix}_gate/switch", "Switch", [gate, gate], T=tf.bool).name
+        opened = _node(graph_def, f"{prefix}_gate/open", "Identity", [switch + ":1"],
+                       T=tf.bool).name
         feeds, sources, frees, reads = [], [], [], {}
         for name in partition.inputs:  # uploaded spans: read by ticket, as plan_import
             transfer = plan.transfer(name)
@@ -155,7 +155,7 @@ class _Writer:
             holder = _scalar_placeholder(graph_def, f"{prefix}_in/{stem}_handle", tf.string).name
             info = plan.view.tensor(name)
             read_node = _node(graph_def, f"{prefix}_in/{stem}_read", "GetSessionTensor",
-                              [holder], dtype=info.dtype)
+                              [holder, "^" + opened], dtype=info.dtype)
             if info.shape is not None:  # as plan_import: the copies infer from it
                 read_node.attr["_output_shapes"].list.shape.add().CopyFrom(
                     tf.TensorShape(info.shape).as_proto())
@@ -189,12 +189,12 @@ class _Writer:
                 if op in members:
                     inputs.append(f"{prefix}/{op}:{index}")
                     inside = True
-                elif tensor in reads:
+                elif tensor in reads and not reads[tensor].startswith(_EXTERNAL):
                     inputs.append(reads[tensor])
                 else:
                     inputs.append(self.external(tensor))
             if not inside and node.name != done:
-                inputs.append("^" + gate)
+                inputs.append("^" + opened)
             del node.input[:]
             node.input.extend(inputs)
             if "_class" in node.attr:  # kept only within the copy (see rewrite)
@@ -205,9 +205,9 @@ class _Writer:
         for name in partition.outputs:
             op, index = split_tensor_name(name)
             self.producers[name] = (f"{prefix}/{op}:{index}" if op in members
-                                    else self.external(name))
+                                    else _EXTERNAL + name)  # an original's: read as yours
         token = _node(graph_def, f"{prefix}_gate/done", "Identity",
-                      [gate, f"^{prefix}/{done}"] + ["^" + f for f in frees], T=tf.int32).name
+                      [opened, f"^{prefix}/{done}"] + ["^" + f for f in frees], T=tf.bool).name
         fetches, sinks = [], []
 
         def fetch(tensor, kind, name):
@@ -220,23 +220,10 @@ class _Writer:
                 fetch(self.producers[name], HOST, name)
         for name in partition.fetches:
             op, index = split_tensor_name(name)
-            fetch(f"{prefix}/{op}:{index}" if op in members else self.external(name),
+            fetch(f"{prefix}/{op}:{index}" if op in members else _EXTERNAL + name,
                   RESULT, name)
         fetches.append(token + ":0")
         return gate + ":0", feeds, sources, fetches, sinks
-
-    def cancel(self):
-        """flag -> Assert(not flag) -> done: fed True, it fails the executor (see module)."""
-        graph_def = self.graph_def
-        flag = _scalar_placeholder(graph_def, "cancel/flag", tf.bool).name
-        keep_going = _node(graph_def, "cancel/keep_going", "LogicalNot", [flag]).name
-        message = _node(graph_def, "cancel/message", "Const", dtype=tf.string)
-        message.attr["value"].tensor.CopyFrom(tf.make_tensor_proto("tfmem: step stopped early"))
-        check = _node(graph_def, "cancel/check", "Assert", [keep_going, message.name])
-        check.attr["T"].list.type.append(tf.string.as_datatype_enum)
-        check.attr["summarize"].i = 3
-        done = _node(graph_def, "cancel/done", "Identity", [flag, "^" + check.name], T=tf.bool)
-        return flag + ":0", done.name + ":0"
 
 
 def import_plan(graph, plan, scope):
@@ -244,7 +231,6 @@ def import_plan(graph, plan, scope):
     host_copies = partition_rewrite._host_copies(graph, plan, scope)  # pylint: disable=protected-access
     writer = _Writer(graph, plan, host_copies)
     written = [writer.partition(p) for p in plan.partitions]
-    cancel_flag, cancel_done = writer.cancel()
     with clean_context(graph):
         with graph.name_scope(f"{scope}/gates/"):  # input_map names tensors, not ops
             for src in sorted(writer.after_originals):
@@ -265,5 +251,4 @@ def import_plan(graph, plan, scope):
         PartialProgram(p.index, inside(gate), tuple(local(f) for f in feeds), tuple(sources),
                        tuple(local(f) for f in fetches), tuple(sinks))
         for p, (gate, feeds, sources, fetches, sinks) in zip(plan.partitions, written))
-    return PartialRunGraph(programs, inside(cancel_flag), inside(cancel_done),
-                           tuple(writer.originals))
+    return PartialRunGraph(programs, tuple(writer.originals))
