@@ -245,9 +245,11 @@ session.run(model.init)
 feed = model.feed(512)
 peaks = {}
 for name, partial in (("callables", False), ("partial_run", True), ("callables2", False)):
-    tfs = tfmem.TFMemSession(session, partition_size=12, swap="all", measure="off",
-                             partial_runs=partial)
+    tfs = tfmem.TFMemSession(session, partition_size=12, swap="auto", swap_distance=1,
+                             measure="off", partial_runs=partial)
     tfs.run([model.train, model.loss], feed)
+    transfers = tfs.plan([model.train, model.loss], feed).transfers
+    assert any(t.kept for t in transfers) and any(t.swapped for t in transfers)
     runs = []
     for _ in range(3):
         tf.config.experimental.reset_memory_stats("CPU:0")

@@ -15,9 +15,10 @@ A step is then:
 The last call consumes every feed and fetch, and TensorFlow ends the partial
 run.  A step that stops early in Python (Ctrl-C between partitions, an error
 in tfmem) closes the gates of the partitions left: their ops are dead and
-never run, the executor finishes and frees what it held, without an error
-(TensorFlow keeps a small record of the run, unfetched, until the session
-closes).
+never run; it opens the stop gate, which closes the step's stacks (the kept
+tensors); the executor finishes and frees what it held, without an error
+(TensorFlow keeps a small record of the run, whose dead fetches stay
+unfetched, until the session closes).
 
 **A step that fails inside TensorFlow cancels the session.** DirectSession
 gives a partial run's executor the session's own CancellationManager, and an
@@ -100,6 +101,7 @@ class PartialRun:
                         [output(n) for n in p.fetches]) for p in graph_names.programs]
         self._targets = [tf_private.c_op(graph.get_operation_by_name(n))
                          for n in graph_names.targets]
+        self._stop = (output(graph_names.stop_gate), output(graph_names.stop_done))
         self.wiring = [wiring(p) for p in graph_names.programs]
 
     def start(self):
@@ -113,20 +115,23 @@ class PartialRun:
         """Run partition `index`; its fetched values (done token dropped)."""
         feeds, fetches = self._calls[index]
         feed_dict = dict(zip(feeds, [_OPEN] + [np.asarray(a) for a in args]))
+        if index == len(self._calls) - 1:  # every feed and fetch consumed: the run ends
+            feed_dict[self._stop[0]] = _CLOSED
+            return self._run(handle, feed_dict, fetches + [self._stop[1]])[:-2]
         return self._run(handle, feed_dict, fetches)[:-1]
 
     def close_from(self, handle, index, step_feeds):
         """End a run stopped before partition `index`: its gate and every later one
         closed (their ops dead), the other feeds given what the step has (fed
         values; an empty ticket for uploads, whose reads are dead too)."""
-        feed_dict = {}
+        feed_dict = {self._stop[0]: _OPEN}  # close the stacks: free what they hold
         for k in range(index, len(self._calls)):
             gate, *feeds = self._calls[k][0]
             feed_dict[gate] = _CLOSED
             for output, source in zip(feeds, self.graph_names.programs[k].feed_sources):
                 value = step_feeds.get(source)
                 feed_dict[output] = _NO_TICKET if value is None else np.asarray(value)
-        self._run(handle, feed_dict, [])
+        self._run(handle, feed_dict, [self._stop[1]])
 
     def _run(self, handle, feed_dict, fetches):
         return tf_c.TF_SessionPRun_wrapper(tf_private.c_session(self.session), handle,
