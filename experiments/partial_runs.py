@@ -60,7 +60,7 @@ def measure(size, steps):
             started = time.perf_counter()
             losses[name] = sides[name](fetches, feed)[1]
             times[name].append(time.perf_counter() - started)
-        equal = equal and losses["plain"] == losses["callables"] == losses["partial"]
+        equal = equal and bool(losses["plain"] == losses["callables"] == losses["partial"])
     for session in sessions.values():
         session.close()
     med = {name: statistics.median(t) for name, t in times.items()}

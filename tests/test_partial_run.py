@@ -82,6 +82,27 @@ def test_training_steps_equal_plain_bit_for_bit(two_sessions, swap):
     assert tfs.host_buffers.in_use_bytes == 0
 
 
+def test_training_steps_with_grappler_on_match_plain():
+    """TensorFlow's default config (Grappler on) optimises the partial run's graph: the
+    gates (Switch) and stacks survive it.  Grappler rewrites each side's graph on its
+    own, so the last bits may differ (see README): compared within 1e-5."""
+    model = models.mlp(layers=6, width=32, features=16)
+    config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
+    with tf1.Session(graph=model.graph, config=config) as plain, \
+            tf1.Session(graph=model.graph, config=config) as wrapped:
+        plain.run(model.init)
+        wrapped.run(model.init)
+        tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap="auto", swap_distance=1,
+                                 swap_min_bytes=0, partial_runs=True)
+        feed = model.feed(8)
+        for _ in range(3):
+            expected = plain.run(model.loss, feed)
+            plain.run(model.train, feed)
+            got = tfs.run([model.loss, model.train], feed)[0]
+            assert tfs.last_step.partial_run
+            np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
 def _reread_graph():
     """x read at the start and again at the end; a variable update; a counter."""
     rs = np.random.RandomState(1)
