@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -25,7 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tfmem  # noqa: E402
-from tfmem.cli import models  # noqa: E402
+from tfmem.cli import models, provenance  # noqa: E402
 
 
 def measure(size, steps):
@@ -72,6 +71,28 @@ def measure(size, steps):
                 times_ms={k: [t * 1e3 for t in v] for k, v in times.items()})
 
 
+def markdown(data, provenance_text):
+    """The README table of a result file (tools/results_tables.py renders it)."""
+    args = data["args"]
+    lines = [
+        f"`python experiments/partial_runs.py --sizes {' '.join(map(str, args['sizes']))} "
+        f"--steps {args['steps']} --out experiments/results/partial-runs.json` (ResNet-56, "
+        f"batch 32, tfmem config on all three sessions, steps rotating plain / callables / "
+        f"partial runs; {provenance_text}):", "",
+        "| partition_size | plain step ms | callables ms (x plain, paired) | partial runs ms "
+        "(x plain, paired) | losses bit-equal | first step s: plain / callables / partial runs |",
+        "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        s, x, p, f = r["step_ms"], r["ratio"], r["paired_ratio"], r["first_step_s"]
+        lines.append(
+            f"| {r['partition_size']} | {s['plain']:.0f} | {s['callables']:.0f} "
+            f"({x['callables']:.3f}, {p['callables']:.3f}) | {s['partial']:.0f} "
+            f"({x['partial']:.3f}, {p['partial']:.3f}) | "
+            f"{'yes' if r['losses_bit_equal'] else 'NO'} | "
+            f"{f['plain']:.1f} / {f['callables']:.1f} / {f['partial']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200])
@@ -80,20 +101,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     rows = [measure(size, args.steps) for size in args.sizes]
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True, check=False, cwd=os.path.dirname(__file__)).stdout.strip()
-    result = dict(commit=commit, tensorflow=tf.__version__, cpus=os.cpu_count(),
-                  onednn=os.environ["TF_ENABLE_ONEDNN_OPTS"], loadavg=os.getloadavg(),
-                  date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rows=rows)
-    print("ps  plain ms  callables ms (x plain, paired)  partial runs ms (x plain, paired)  "
-          "bit-equal  first step s: plain / callables / partial")
-    for r in rows:
-        s, x, p, f = r["step_ms"], r["ratio"], r["paired_ratio"], r["first_step_s"]
-        print(f"{r['partition_size']:>3} {s['plain']:>8.0f} {s['callables']:>9.0f} "
-              f"({x['callables']:.3f}, {p['callables']:.3f}) {s['partial']:>14.0f} "
-              f"({x['partial']:.3f}, {p['partial']:.3f})  {r['losses_bit_equal']}  "
-              f"{f['plain']:.1f} / {f['callables']:.1f} / {f['partial']:.1f}")
-    print(f"load average at the end: {os.getloadavg()}")
+    kernel_path = "oneDNN on" if os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1" else "oneDNN off"
+    result = dict(kind="partial-runs", args=dict(sizes=args.sizes, steps=args.steps),
+                  provenance=provenance.provenance(kernel_path), rows=rows)
+    print(markdown(result, provenance.describe(result["provenance"])))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)
