@@ -62,6 +62,7 @@ def cancelled_error(cause):
         "To change: make a new session (restore your variables from a checkpoint), or "
         "use TFMemSession(partial_runs=False), whose failed steps leave the session usable")
 
+
 _OPEN = np.asarray(True)
 _CLOSED = np.asarray(False)
 _NO_TICKET = np.asarray(b"", dtype=object)
@@ -73,8 +74,9 @@ def wiring(program):
 
 
 def schedule_for(schedule):
-    """The plan's Schedule as the partial run follows it: kept spans are direct edges in
-    the executor, so only uploaded copies are tickets the swap manager holds and frees."""
+    """The plan's Schedule as the partial run follows it: kept spans wait on the step's
+    stacks, in-graph (see prun_import), so only uploaded copies are tickets the swap
+    manager holds and frees (and counts in StepStats' handle peaks)."""
     uploaded = {key for keys in schedule.uploads for key in keys}
     result = copy.copy(schedule)
     result.reads = [{t: key for t, key in reads.items() if key in uploaded}
