@@ -37,6 +37,17 @@ def session_run(session, options, feeds, fetches, targets, metadata):
         options, feeds, fetches, targets, metadata)
 
 
+def extend_graph(session):
+    """Let `session` take in the ops added to its graph since its last run (as every
+    Session call does first)."""
+    session._extend_graph()  # pylint: disable=protected-access
+
+
+def c_session(session):
+    """The C API's TF_Session of a Python session (partial runs: see run/partial_run.py)."""
+    return session._session  # pylint: disable=protected-access
+
+
 def fetch_handler(graph, fetches, feeds_by_ref):
     """`Session.run`'s fetch handler: its checks and the structure of what it returns."""
     return _client_session()._FetchHandler(graph, fetches, feeds_by_ref)  # pylint: disable=protected-access

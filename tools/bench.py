@@ -188,7 +188,7 @@ def _request_ops(tfs, fetches, feed):
 
 def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
                warmup=2, budget="8GiB", breakdown_steps=2, width=16, image=32, swap="auto",
-               tfmem_config="tfmem", log=None):
+               tfmem_config="tfmem", partial_runs=False, log=None):
     """Plain vs tfmem on one graph in this process; a dict with one entry per partition size.
 
     The plain session has TensorFlow's default config; tfmem's has `tfmem_config`.
@@ -219,11 +219,13 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
     trace_dir = tempfile.mkdtemp(prefix="tfmem-bench-")
     for size in partition_sizes:
         kwargs = dict(device_memory_budget=budget) if size == "auto" else {}
-        tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap, **kwargs)
+        tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap,
+                                 partial_runs=partial_runs, **kwargs)
         t0 = time.perf_counter()
         tfs.run(fetches, feed)  # plans, rewrites, compiles
         first_s = time.perf_counter() - t0
         compiled = tfs.last_compile
+        first_step = tfs.last_step
         plain.run(fetches, feed)  # the plain session extends itself to the grown graph
         for _ in range(warmup):
             plain.run(fetches, feed)
@@ -270,6 +272,7 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
             compile=dict(plan_s=compiled.plan_time, simulate_s=compiled.simulate_time,
                          rewrite_s=compiled.rewrite_time, extend_s=compiled.extend_time,
                          callables_s=compiled.callables_time,
+                         setup_s=first_step.setup_time, partial_run=first_step.partial_run,
                          graph_ops_before=compiled.graph_ops_before,
                          graph_ops_after=compiled.graph_ops_after),
             request_ops=_request_ops(tfs, fetches, feed),
@@ -396,7 +399,7 @@ def bench_plan(n_ops=100_000, partition_size=200, log=None):
 
 def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 200),
                      configs=("tfmem", "default"), default_sizes=None, layers=16, batch=32,
-                     log=None):
+                     partial_runs=False, log=None):
     """tfmem's first step of one fixed request, in session graphs of growing size.
 
     The request is an MLP training step (`models.mlp(layers, width=64)`); the
@@ -432,7 +435,7 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
             wrapped = _session(tf, model.graph, config)
             wrapped.run(model.init)
             for size in sizes:
-                tfs = tfmem.TFMemSession(wrapped, partition_size=size)
+                tfs = tfmem.TFMemSession(wrapped, partition_size=size, partial_runs=partial_runs)
                 started = time.perf_counter()
                 tfs.run(fetches, feed)
                 first_s = time.perf_counter() - started
@@ -445,19 +448,27 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                            extend_s=c.extend_time,
                            callables_s=c.callables_time,
                            ms_per_callable=c.callables_time / max(c.callables, 1) * 1e3,
+                           # a partial run's one executor, built by its first setup
+                           setup_s=tfs.last_step.setup_time,
+                           partial_run=tfs.last_step.partial_run,
+                           ms_per_partition=(c.callables_time + tfs.last_step.setup_time)
+                           / max(c.callables, 1) * 1e3,
                            first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
                            plain_first_step_s=plain_first_s)
                 rows.append(row)
                 log(f"(c) {config} config, {c.graph_ops_before} ops in the session graph, "
                     f"partition_size={size}: {c.callables} partitions, callables "
-                    f"{row['ms_per_callable']:.0f} ms each, first step {first_s:.1f} s "
+                    f"{row['ms_per_callable']:.0f} ms each, setup {row['setup_s']:.2f} s, "
+                    f"first step {first_s:.1f} s "
                     f"(plain {plain_first_s:.2f} s)")
             wrapped.close()
     return dict(layers=layers, batch=batch, rows=rows)
 
 
 def first_step_targets(first):
-    """{name: value}: per-callable cost at the largest graph over the smallest, at ps 50."""
+    """{name: value}: per-partition compile cost (callables, and a partial run's setup,
+    which builds one executor for all partitions) at the largest graph over the
+    smallest, at ps 50."""
     values = {}
     for config in ("tfmem", "default"):
         rows = {r["graph_ops"]: r for r in first["rows"]
@@ -466,7 +477,7 @@ def first_step_targets(first):
             low, high = rows[min(rows)], rows[max(rows)]
             name = "compile_ratio" if config == "tfmem" else "compile_ratio_default_config"
             values[f"{name}_{high['graph_ops'] // 1000}k_{low['graph_ops'] // 1000}k"] = \
-                high["ms_per_callable"] / low["ms_per_callable"]
+                high["ms_per_partition"] / low["ms_per_partition"]
     return values
 
 
@@ -789,7 +800,9 @@ def report(results, out=print):
                 f"({c['first_step_ratio']:.2f}x plain's): planning {k['plan_s']:.1f} s, "
                 f"prediction {k['simulate_s']:.1f} s, rewrite {k['rewrite_s']:.1f} s, "
                 f"extend {k['extend_s']:.1f} s, "
-                f"callables {k['callables_s']:.1f} s, graph {k['graph_ops_before']} -> "
+                f"callables {k['callables_s']:.1f} s, "
+                + (f"partial-run setup {k['setup_s']:.1f} s, " if k.get("partial_run") else "")
+                + f"graph {k['graph_ops_before']} -> "
                 f"{k['graph_ops_after']} ops")
     plan = results.get("plan")
     if plan:
@@ -853,17 +866,20 @@ def report_first_step(first, out=print):
     out(f"\n(c) first step vs session graph: MLP training step ({first['layers']} layers, "
         f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
     out(f"{'config':>7} {'graph':>6} {'ps':>4} {'parts':>5} {'plan':>5} {'pred.':>5} "
-        f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'ms/call':>7} {'run':>5} {'first':>6} {'plain':>6} "
+        f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
         f"{'+ops':>5}")
     for r in first["rows"]:
         out(f"{r['config']:>7} {r['session_graph_ops']:>6} {r['partition_size']:>4} "
             f"{r['partitions']:>5} {r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
-            f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} {r['ms_per_callable']:>7.1f} "
+            f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} "
+            f"{r.get('setup_s', 0.0):>6.2f} {r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
             f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
             f"{r['added_ops']:>5}")
     out("  graph: ops in the session graph when the plan was compiled; ps: partition_size;")
     out("  plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying "
         "into the graph, TensorFlow taking in the grown graph, making the Session callables;")
+    out("  setup: the first partial run's setup (one executor for every partition; 0 with "
+        "callables); ms/part: (callab. + setup) / parts")
     out("  run: the first run of the partitions; first: tfs.run's first call in all; plain: "
         "plain Session.run's first call, same config; +ops: ops the plan's copies added")
 
@@ -893,6 +909,7 @@ def run_all(args, log=None):
                                      breakdown_steps=settings["breakdown_steps"],
                                      budget=args.budget, swap=args.swap,
                                      tfmem_config=args.tfmem_config,
+                                     partial_runs=args.partial_runs,
                                      partition_sizes=tuple(
                                          p if p == "auto" else int(p)
                                          for p in args.partition_sizes),
@@ -902,7 +919,8 @@ def run_all(args, log=None):
     if not args.skip_first_step:
         results["first_step"] = bench_first_step(
             graph_ops=tuple(args.first_step_graphs),
-            default_sizes=(50,) if args.quick else None, log=log)
+            default_sizes=(50,) if args.quick else None, partial_runs=args.partial_runs,
+            log=log)
     if not args.skip_capped:
         results["capped"] = bench_capped(
             layers=args.capped_layers, width=256, batch=args.capped_batch,
@@ -955,6 +973,9 @@ def build_parser():
     parser.add_argument("--per-partition-rewrite", action="store_true",
                         help="copy plans with one import per partition (the rewrite before "
                              "plan_import), to compare")
+    parser.add_argument("--partial-runs", action="store_true",
+                        help="TFMemSession(partial_runs=True) in (a) and (c): one partial run "
+                             "per step instead of one callable per partition")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile tfmem steps at partition_size 50 and 200")
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON")

@@ -221,6 +221,9 @@ def block(name):
         return tf2_speed_block(data)
     if data.get("kind") == "partition-graphs":
         return partition_graphs_block(data)
+    if data.get("kind") == "partial-runs":  # experiments/partial_runs.py (issue 12)
+        import partial_runs  # pylint: disable=import-outside-toplevel
+        return partial_runs.markdown(data, _provenance(data.get("provenance")))
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
     return experiment_block(data, name)

@@ -20,6 +20,7 @@ class CompileStats:
     graph_ops_before: int = 0
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
+    partial_run: bool = False  # True: steps run as partial runs, callables made when needed
 
     def __str__(self):
         if self.reused:
@@ -27,6 +28,7 @@ class CompileStats:
                     f"prediction {self.simulate_time:.2f} s)")
         return (f"planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
                 f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
-                f"{self.callables} callables "
-                f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
+                + ("partial runs (callables when needed), upload callables "
+                   if self.partial_run else f"{self.callables} callables ")
+                + f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")

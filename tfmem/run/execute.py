@@ -16,7 +16,7 @@ import time
 import psutil
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.run import accelerator, c_path, remote
+from tfmem.run import accelerator, c_path, partial_run, remote
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.plan.schedule import Schedule
@@ -89,7 +89,8 @@ class _Step:
 
     def __init__(self, executor, callables, run_metadata, measure, feeds):
         self.plan = executor.plan
-        self.wiring = executor.wiring
+        # (made only for a callable step: a partial-run step borrows only the diagnosis)
+        self.wiring = executor.wiring if callables is not None else None
         self._executor = executor
         self._callables = callables
         self._run_metadata = run_metadata  # the caller's RunMetadata, or None
@@ -129,32 +130,52 @@ class _Step:
     def failure(self, index, error):
         """A RemoteTaskError when a task of a distributed session was lost, else None."""
         return remote.lost_task_error(self._executor.remote_info, error, index,
-                                      len(self.wiring), updates.update_partitions(self.plan))
+                                      len(self.plan.partitions), updates.update_partitions(self.plan))
 
 
 class Executor:
     """Runs the programs of one plan on one session."""
 
-    def __init__(self, session, plan, programs, runtime, residence):
+    def __init__(self, session, plan, programs, runtime, residence, partial=None):
+        """`programs`: the callables' Programs, or a function making them when first
+        needed (a plan whose steps run as partial runs: `partial`, see partial_run)."""
         self.session = session
         self.plan = plan
         self._programs = programs
-        self.wiring = [_wiring(p) for p in programs]
+        self._partial = partial  # partial_run.PartialRun, or None
         self._runtime = runtime  # the session-wide pool, prefetcher and device
         self.remote_info = runtime.remote_info  # of a session on TF's distributed runtime
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
         self._schedule = Schedule(plan)
+        self._partial_schedule = partial_run.schedule_for(self._schedule)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(self._schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
-        self._callables_for(None, measure=runtime.measure_device)
+        if partial is None:
+            self._callables_for(None, measure=runtime.measure_device)
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         self._process = psutil.Process()
         self._ops = [frozenset(p.ops) for p in plan.partitions]
+
+    @property
+    def partial_run(self):
+        """Whether steps that allow it run as one partial run (see partial_run)."""
+        return self._partial is not None
+
+    @property
+    def programs(self):
+        """The callables' Programs (copied into the graph on first use for a partial-run plan)."""
+        if callable(self._programs):
+            self._programs = self._programs()
+        return self._programs
+
+    @property
+    def wiring(self):
+        return [_wiring(p) for p in self.programs]
 
     def _callables_for(self, options, run_metadata=None, measure=False):
         """The partitions' callables for these run options; measuring ones (allocation
@@ -178,7 +199,7 @@ class Executor:
                 return tf_private.make_callable(self.session, callable_options)
             return c_path.RunPathCallable(self.session, callable_options)
 
-        return [make(p) for p in self._programs]
+        return [make(p) for p in self.programs]
 
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
@@ -216,26 +237,41 @@ class Executor:
         traced = (options is not None
                   and options.trace_level >= config_pb2.RunOptions.SOFTWARE_TRACE)
         measure = runtime.measure_device and (measure or traced)
-        callables = self._callables_for(options, run_metadata, measure)
         keys = self._residence.for_step()  # the step's own tickets (see residence)
-        swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
-                            runtime.prefetcher, keys, timeline)
+        if self._partial is not None and options is None and run_metadata is None \
+                and not measure:  # else the callables (a partial run takes no RunOptions)
+            step_run = partial_run.StepRun(self._partial, keys.inputs(feeds))
+            swaps = partial_run.StoppingSwaps(SwapManager(
+                self._partial_schedule, keys.bind(self._batches), runtime.pool,
+                runtime.prefetcher, keys, timeline), step_run)
+            step = partial_run.PartialStep(self._partial, step_run,
+                                           _Step(self, None, None, False, feeds))
+        else:
+            step_run = None
+            callables = self._callables_for(options, run_metadata, measure)
+            swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
+                                runtime.prefetcher, keys, timeline)
+            step = _Step(self, callables, run_metadata, measure, feeds)
         started = time.perf_counter()
-        step = _Step(self, callables, run_metadata, measure, feeds)
         resident = None
         if measure:
             memory = accelerator.device_memory(runtime.device)
             resident = memory["current"] if memory else None
-        results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
+        try:
+            results, call_time = run_step(step, swaps, keys.inputs(feeds), timeline)
+        finally:
+            if step_run is not None and step_run.failed is not None:
+                runtime.cancelled_by = step_run.failed  # see partial_run: the session is gone
         wall = time.perf_counter() - started
         measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
         stats = swaps.counts.step_stats(
-            partitions=len(self._programs),
+            partitions=len(self.plan.partitions),
             device_peak_bytes=max(measured) if measured else None,
             partition_peak_bytes=measured,
             measured=measured is not None,
             resident_bytes=resident, kernel_scratch=step.scratch,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
-            wall_time=wall, call_time=call_time)
+            wall_time=wall, call_time=call_time, partial_run=step_run is not None,
+            setup_time=step_run.setup_time if step_run is not None else 0.0)
         return results, stats

@@ -41,7 +41,7 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run import plan_import, remote, residence as residences
+from tfmem.run import partial_run, remote, residence as residences
 from tfmem.plan import updates
 from tfmem import tf_private
 
@@ -86,6 +86,8 @@ class _Runtime:
     residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (see accelerator.keeps_figures)
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
+    partial_runs: bool = False  # steps of plans that allow it run as partial runs
+    cancelled_by: object = None  # the OpError of a failed partial-run step (see partial_run)
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -125,12 +127,19 @@ class TFMemSession(SessionInterfaceMethods):
         steps of each plan until their figures agree, then one in 50 (and every
         step again after a re-plan or when a sample moved); "every" each step;
         "off" none (budget mode then learns nothing).  See sampling.
+    partial_runs: run each step of a plan as one DirectSession partial run
+        instead of one callable per partition: TensorFlow then builds one
+        executor per request, not one per partition, which makes the first
+        step much cheaper on large graphs.  Steps with options, run_metadata
+        or measured peaks still run callables.  Off by default, because a
+        step that fails inside TensorFlow (out of memory, a bad value)
+        cancels the whole session for good (see run/partial_run.py).
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
                  device_memory_budget=None, accelerator_device=None, atomic_updates=None,
-                 measure="sample"):
+                 measure="sample", partial_runs=False):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = check_partition_size(partition_size)
@@ -161,7 +170,7 @@ class TFMemSession(SessionInterfaceMethods):
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
                                  residences.for_session(sess, device), measure_device=measurable,
-                                 remote_info=remote_info)
+                                 remote_info=remote_info, partial_runs=bool(partial_runs))
         self._trace_path = trace  # where each step's Chrome trace goes, or None
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
@@ -325,6 +334,8 @@ class TFMemSession(SessionInterfaceMethods):
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         """Run like `Session.run`, one partition at a time."""
         self._check_open()
+        if self._runtime.cancelled_by is not None:
+            raise partial_run.cancelled_error(self._runtime.cancelled_by)
         request = Request(self.graph, fetches, feed_dict)
         entry = self._entry(request)
         self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
@@ -417,6 +428,7 @@ class TFMemSession(SessionInterfaceMethods):
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=len(entry.plan.partitions), graph_ops_before=before,
+            partial_run=executor.partial_run,
             graph_ops_after=self.graph.version)
         log.info("compiled: %s", self.last_compile)
         return executor
@@ -429,7 +441,9 @@ class TFMemSession(SessionInterfaceMethods):
         self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
-        programs = plan_import.rewrite_plan(graph, plan, scope, residence)
+        # one partial run per step where it serves, else callables (see partial_run)
+        partial, programs = partial_run.copy_plan(self._session, plan, scope, residence,
+                                                  self._runtime.partial_runs)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -441,7 +455,7 @@ class TFMemSession(SessionInterfaceMethods):
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
-        executor = Executor(self._session, plan, programs, self._runtime, residence)
+        executor = Executor(self._session, plan, programs, self._runtime, residence, partial)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)
 

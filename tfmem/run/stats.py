@@ -49,6 +49,11 @@ class StepStats:
     # (lower, upper) bytes around the step's device peak, known where the peak itself is
     # not (tfmem.function under an earlier, higher process peak; see tfmem.tf2.measure)
     device_peak_bounds: tuple | None = None
+    # The step ran as one partial run (see run/partial_run.py), not one callable per
+    # partition; setup_time: starting it (counted in call_time; building its executor
+    # on a request's first step)
+    partial_run: bool = False
+    setup_time: float = 0.0
 
     def __str__(self):
         mib = MIB
