@@ -148,6 +148,14 @@ def _shape_of(tensor):
     return None if unknown_rank else tuple(dims)
 
 
+def control_inputs(op):
+    """`op`'s control inputs in a fixed order (by name).  TensorFlow returns them in the
+    order of its in-edge set, which follows memory addresses: the same graph built twice
+    lists them differently, and the walk (so the view, the plan and its prediction) would
+    differ from process to process."""
+    return sorted(op.control_inputs, key=lambda c: c.name)
+
+
 def _node(op, stateful_types):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type."""
     frame = None
@@ -162,7 +170,7 @@ def _node(op, stateful_types):
         name=op.name,
         type=op.type,
         inputs=tuple(t.name for t in inputs),
-        control_inputs=tuple(c.name for c in op.control_inputs),
+        control_inputs=tuple(c.name for c in control_inputs(op)),
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
         stateful=stateful,
         side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
@@ -352,7 +360,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
             draws.add(op.name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
-        pending += [c for c in op.control_inputs
+        pending += [c for c in control_inputs(op)
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
