@@ -39,7 +39,6 @@ from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
-from tfmem.plan.optypes import draws_random_stream
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
@@ -52,6 +51,7 @@ from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition, seen_names
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
+from tfmem.tf2.streams import TraceStreams, compile_with_streams
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.run.trace import Timeline, write_chrome_trace
 
@@ -189,6 +189,7 @@ class PartitionedFunction:
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
         self._last_traced = None  # the _Traced the last step ran
         self._remeasured = ScratchCache()  # kernel scratch measured again when learning
+        self._streams = {}  # budget mode: id of ConcreteFunction -> its TraceStreams
         self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
 
@@ -277,8 +278,8 @@ class PartitionedFunction:
                 plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
             else:
                 # Plans of this trace for other shapes come first: one that fits these
-                # shapes serves them with the same compiled partitions, so each random op
-                # keeps its one stream, as in tf.function (and nothing is compiled again).
+                # shapes serves them with the same compiled partitions (nothing is compiled
+                # again; random streams continue either way, see tfmem.tf2.streams).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
                 sizing = Sizing.of(graph, view, shapes)
                 plan, trace = self._fit(view, sizing, None, earlier)
@@ -288,11 +289,6 @@ class PartitionedFunction:
             trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
         traced.sizing, traced.feed_shapes = sizing, shapes
-        if runtime.budget_bytes is not None and earlier and all(
-                t.plan is not plan for t in earlier):
-            self._warn_streams_restart(
-                graph, f"the fed shapes {sorted(shapes.values())} need a new plan to fit "
-                "the budget")
         return traced
 
     def _fit(self, view, sizing, correction, earlier):
@@ -302,14 +298,6 @@ class PartitionedFunction:
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
                           resident_bytes=memory["current"] if memory else 0,
                           correction=correction, prefer=[t.plan for t in earlier])
-
-    @staticmethod
-    def _warn_streams_restart(graph, why):
-        if any(draws_random_stream(op) for op in graph.get_operations()):
-            log.warning(
-                "%s: %s; its random ops start their streams again from their seeds "
-                "(tf.function would continue them). Give partition_size=N instead of a "
-                "budget to keep one stream per op.", graph.name, why)
 
     def _replanned(self, key, traced):
         """Budget mode, after a step that measured over its prediction (see _learn): the
@@ -324,8 +312,6 @@ class PartitionedFunction:
         log.info("tfmem.function %r planned again with the corrected model: %d partitions "
                  "(partition_size=%s), was %d", self.__name__, len(plan.partitions),
                  plan.partition_size, len(traced.plan.partitions))
-        if all(t.plan is not plan for t in earlier):
-            self._warn_streams_restart(traced.graph, "learning needs a new plan to fit the budget")
         fresh = self._traced[key] = _Traced(traced.concrete, plan, trace)
         fresh.sizing, fresh.feed_shapes = traced.sizing, traced.feed_shapes
         fresh.correction = traced.correction
@@ -361,13 +347,18 @@ class PartitionedFunction:
         for other in self._traced.values():
             if other.plan is plan and other.executor is not None:
                 # Another shape of the same trace runs this plan (budget mode): its compiled
-                # partitions serve both, so each random op keeps one stream.
+                # partitions serve both.
                 traced.executor = other.executor
                 return
         library = traced.graph.as_graph_def().library
         seen = seen_names(traced.concrete)
-        functions = [compile_partition(traced.graph, plan, p, library, seen)
-                     for p in plan.partitions]
+        if runtime.budget_bytes is None:  # one plan per trace: its partitions keep the streams
+            functions = [compile_partition(traced.graph, plan, p, library, seen)
+                         for p in plan.partitions]
+        else:  # plans per shape and re-plans: stream ops run in functions shared by all
+            streams = self._streams.setdefault(id(traced.concrete), TraceStreams(traced.graph))
+            functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams)
+                         for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,
