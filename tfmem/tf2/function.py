@@ -187,11 +187,16 @@ class PartitionedFunction:
         self._runtime = None
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
-        self._last_traced = None  # the _Traced the last step ran
+        self._last = None  # (StepStats, the MemoryTrace predicted for the plan that ran it)
         self._remeasured = ScratchCache()  # kernel scratch measured again when learning
         self._streams = {}  # budget mode: id of ConcreteFunction -> its TraceStreams
-        self.last_step = None
         functools.update_wrapper(self, python_function, updated=())
+
+    @property
+    def last_step(self):
+        """The StepStats of the last call (None before the first)."""
+        last = self._last
+        return last[0] if last is not None else None
 
     @property
     def tf_function(self):
@@ -384,10 +389,11 @@ class PartitionedFunction:
         """A FunctionMemoryReport of the last step: measured and predicted device and host
         bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started
         and bounds of its device peak (known also when the peak itself is not)."""
-        if self.last_step is None:
+        last = self._last  # one read: the step and its plan's prediction, published together
+        if last is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
-        traced = self._last_traced
-        return function_memory_report(self.last_step, traced.trace, self._runtime.budget_bytes)
+        stats, trace = last
+        return function_memory_report(stats, trace, self._runtime.budget_bytes)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
@@ -400,14 +406,14 @@ class PartitionedFunction:
             if traced.executor is None:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
+        trace = traced.trace  # the prediction of this plan as it runs (learning may replace it)
         results, stats = traced.executor.run(feeds, timeline)
-        self.last_step = stats
-        self._last_traced = traced
+        self._last = (stats, trace)  # one store: a concurrent call publishes a whole pair too
         if self._runtime.budget_bytes is not None:
             with self._planning:
                 self._learn(traced, stats)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
-        log.debug("step: %s", self.last_step)
+        log.debug("step: %s", stats)
         flat = [feeds[name] if name in feeds else results[name] for name in traced.output_names]
         return concrete.function_type.pack_output(flat)
