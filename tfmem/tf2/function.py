@@ -49,6 +49,7 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition, seen_names
+from tfmem.tf2.dedup import kept_copies
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.streams import TraceStreams, compile_with_streams
@@ -190,6 +191,7 @@ class PartitionedFunction:
         self._last = None  # (StepStats, the MemoryTrace predicted for the plan that ran it)
         self._remeasured = ScratchCache()  # kernel scratch measured again when learning
         self._streams = {}  # budget mode: id of ConcreteFunction -> its TraceStreams
+        self._kept = {}  # id of ConcreteFunction -> dedup.kept_copies of its graph
         functools.update_wrapper(self, python_function, updated=())
 
     @property
@@ -357,12 +359,13 @@ class PartitionedFunction:
                 return
         library = traced.graph.as_graph_def().library
         seen = seen_names(traced.concrete)
+        kept = self._kept_copies(traced) if len(plan.partitions) > 1 else {}
         if runtime.budget_bytes is None:  # one plan per trace: its partitions keep the streams
-            functions = [compile_partition(traced.graph, plan, p, library, seen)
+            functions = [compile_partition(traced.graph, plan, p, library, seen, kept)
                          for p in plan.partitions]
         else:  # plans per shape and re-plans: stream ops run in functions shared by all
             streams = self._streams.setdefault(id(traced.concrete), TraceStreams(traced.graph))
-            functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams)
+            functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams, kept)
                          for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -370,6 +373,14 @@ class PartitionedFunction:
                  len(plan.partitions), plan.partition_size, len(swapped),
                  traced.trace.bytes_to_host / (1 << 20), traced.trace.peak_device / (1 << 20))
         traced.executor = EagerExecutor(traced.graph, plan, functions, runtime)
+
+    def _kept_copies(self, traced):
+        """The copy of each equal computation Grappler keeps in the whole traced function,
+        asked once per trace (see tfmem.tf2.dedup)."""
+        key = id(traced.concrete)
+        if key not in self._kept:
+            self._kept[key] = kept_copies(traced.graph)
+        return self._kept[key]
 
     def plan(self, *args, **kwargs):
         """The tfmem.Plan a call with these arguments runs (traced, not run)."""

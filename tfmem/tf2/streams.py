@@ -98,11 +98,11 @@ class TraceStreams:
         return function
 
 
-def compile_with_streams(graph, plan, partition, library, seen, streams):
+def compile_with_streams(graph, plan, partition, library, seen, streams, kept=None):
     """The PartitionFunction of `partition`: compile_partition's, or, when the partition
     runs stream ops, a chain of pieces whose stream ops are `streams`' shared functions."""
     if not any(streams.draws(name) for name in partition.ops):
-        return compile_partition(graph, plan, partition, library, seen)
+        return compile_partition(graph, plan, partition, library, seen, kept)
     sources = set(partition.sources)
     runs, current = [], []
     for name in partition.ops:
@@ -127,12 +127,12 @@ def compile_with_streams(graph, plan, partition, library, seen, streams):
         extra = [t for t in outputs if t.rpartition(":")[0] in sources] \
             if position == len(runs) - 1 else ()
         piece = _piece(graph, partition.index, ops, sources, later, extra)
-        functions.append(compile_partition(graph, plan, piece, library, seen))
+        functions.append(compile_partition(graph, plan, piece, library, seen, kept))
     if runs[-1][1]:  # the chain ends with a stream op: fetched sources need a piece
         extra = [t for t in outputs if t.rpartition(":")[0] in sources]
         if extra:
             piece = _piece(graph, partition.index, (), sources, (), extra)
-            functions.append(compile_partition(graph, plan, piece, library, seen))
+            functions.append(compile_partition(graph, plan, piece, library, seen, kept))
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     return PartitionFunction(partition.index, inputs, outputs,
                              _chain(functions, inputs, outputs),
