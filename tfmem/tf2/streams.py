@@ -25,6 +25,11 @@ So a partition holding stream ops runs as a short chain of eager calls:
                                      ^ one function per op and trace, shared
                                        by every plan of that trace
 
+A random op whose inputs the trace fixes (dropout's `Shape` of an
+activation of static shape) draws first, fed those values, and the
+partition is not cut for it: its stream does not depend on what runs
+around it.
+
 The pieces between are compiled as partitions of their own
 (`compile.compile_partition`), named as in the whole function, so sums keep
 their order (`sorted_names`).  A tensor lives in the chain until its last
@@ -33,7 +38,9 @@ reader there has run.
 
 import dataclasses
 
-from tfmem.plan.optypes import draws_random_stream
+import tensorflow as tf
+
+from tfmem.plan.optypes import RANDOM_STREAM, draws_random_stream
 from tfmem.tf2.compile import PartitionFunction, compile_partition
 
 
@@ -87,6 +94,17 @@ class TraceStreams:
     def draws(self, name):
         return draws_random_stream(self.graph.get_operation_by_name(name))
 
+    def static_inputs(self, name):
+        """{input tensor name: its value} of a random op whose inputs the trace fixes (a
+        shape of static dims), else None: such an op can draw before its partition runs."""
+        op = self.graph.get_operation_by_name(name)
+        if op.type not in RANDOM_STREAM:
+            return None
+        values = {t.name: tf.get_static_value(t) for t in op.inputs}
+        if any(v is None for v in values.values()):
+            return None
+        return {t.name: tf.constant(values[t.name], t.dtype) for t in op.inputs}
+
     def function(self, plan, name, sources, library, seen):
         function = self._functions.get(name)
         if function is None:
@@ -104,8 +122,18 @@ def compile_with_streams(graph, plan, partition, library, seen, streams, kept=No
     if not any(streams.draws(name) for name in partition.ops):
         return compile_partition(graph, plan, partition, library, seen, kept)
     sources = set(partition.sources)
-    runs, current = [], []
+    # A random op whose inputs the trace fixes draws first (its own stream does not care
+    # what runs around it): one call, and no cut in the partition.
+    constants, first = {}, []
     for name in partition.ops:
+        values = streams.static_inputs(name) if streams.draws(name) else None
+        if values is not None:
+            constants.update(values)
+            first.append(name)
+    runs, current = [((name,), True) for name in first], []
+    for name in partition.ops:
+        if name in first:
+            continue
         if streams.draws(name):
             if current:
                 runs.append((tuple(current), False))
@@ -135,25 +163,27 @@ def compile_with_streams(graph, plan, partition, library, seen, streams, kept=No
             functions.append(compile_partition(graph, plan, piece, library, seen, kept))
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     return PartitionFunction(partition.index, inputs, outputs,
-                             _chain(functions, inputs, outputs),
+                             _chain(functions, inputs, outputs, constants),
                              tuple(f.concrete for f in functions))
 
 
-def _chain(functions, inputs, outputs):
-    """One call running `functions` in order, each fed by name from the arguments and the
-    earlier functions' results; each value is dropped after its last reader."""
+def _chain(functions, inputs, outputs, constants):
+    """One call running `functions` in order, each fed by name from the arguments, the
+    `constants` and the earlier functions' results; each value is dropped after its
+    last reader."""
     last_reader = {}
     for position, function in enumerate(functions):
         for name in function.input_sources:
             last_reader[name] = position
-    kept = set(outputs) | set(inputs)
+    kept = set(outputs) | set(inputs) | set(constants)
     drops = [[] for _ in functions]
     for name, position in last_reader.items():
         if name not in kept:
             drops[position].append(name)
 
     def call(*args):
-        values = dict(zip(inputs, args))
+        values = dict(constants)
+        values.update(zip(inputs, args))
         for function, drop in zip(functions, drops):
             results = function.call(*[values[name] for name in function.input_sources])
             values.update(zip(function.output_sinks, results))
