@@ -359,12 +359,15 @@ class PartitionedFunction:
                 return
         library = traced.graph.as_graph_def().library
         seen = seen_names(traced.concrete)
-        kept = self._kept_copies(traced) if len(plan.partitions) > 1 else {}
         if runtime.budget_bytes is None:  # one plan per trace: its partitions keep the streams
+            kept = self._kept_copies(traced) if len(plan.partitions) > 1 else {}
             functions = [compile_partition(traced.graph, plan, p, library, seen, kept)
                          for p in plan.partitions]
         else:  # plans per shape and re-plans: stream ops run in functions shared by all
             streams = self._streams.setdefault(id(traced.concrete), TraceStreams(traced.graph))
+            cut = len(plan.partitions) > 1 or any(  # stream ops cut a partition too
+                streams.draws(name) for p in plan.partitions for name in p.ops)
+            kept = self._kept_copies(traced) if cut else {}
             functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams, kept)
                          for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
