@@ -70,7 +70,7 @@ out["user_profile_has_partitions"] = any(
     b"tfmem_partition_" in open(path, "rb").read() for path in written)
 # TensorFlow's own figure for each call: this test (not tfmem) resets the peak before
 # each partition call and reads it after.
-executor = profiled._last_traced.executor  # pylint: disable=protected-access
+executor, = {t.executor for t in profiled._traced.values()}  # pylint: disable=protected-access
 originals = list(executor.functions)
 tf_figures = []
 def reset_around(call):

@@ -60,9 +60,7 @@ def test_random_ops_draw_tf_functions_numbers_across_shapes_and_plans(options, o
         assert wrapped.last_step.partitions > 1
 
 
-def test_a_new_plan_for_a_shape_warns_that_random_streams_restart(caplog):
-    """Budget mode: a shape no earlier plan of the trace fits gets a plan of its own, whose
-    random ops start again; tfmem says so rather than differing silently."""
+def _masked_mlp():
     weights = [tf.Variable(tf.eye(256) * 0.5) for _ in range(6)]
 
     def step(x):
@@ -74,14 +72,38 @@ def test_a_new_plan_for_a_shape_warns_that_random_streams_restart(caplog):
             loss = tf.reduce_sum(h)
         for w, g in zip(weights, tape.gradient(loss, weights)):
             w.assign_sub(1e-6 * g)
-        return loss
+        # Draws inside a loop and a cond: stream ops that are calls, cut around, not hoisted.
+        noise = tf.while_loop(lambda i, a: i < 3,
+                              lambda i, a: (i + 1, a + tf.random.uniform([4], seed=9)),
+                              (0, tf.zeros([4])))[1]
+        flip = tf.cond(tf.reduce_sum(x) > 0, lambda: tf.random.normal([2], seed=2),
+                       lambda: tf.zeros([2]))
+        return loss, tf.random.normal([3], seed=4), noise, flip
+    return step, weights
 
+
+def test_a_shape_that_needs_a_new_plan_continues_the_random_streams(caplog):
+    """Budget mode: a shape no earlier plan of the trace fits gets a plan of its own
+    (more partitions); its random ops continue the streams the first plan drew from,
+    as tf.function's one trace does, because each stream op runs in a function shared
+    by every plan of the trace (tfmem.tf2.streams).  On main the 4096-row step, and
+    every step after it, drew from restarted streams."""
+    shapes = [4, 5, 1 << 12, 4, 1 << 12, 5]  # 4096 rows: 4 MiB a tensor, kept for gradients
+    tf.random.set_seed(3)
+    step, plain_weights = _masked_mlp()
+    plain = tf.function(step, reduce_retracing=True)
+    expected = [plain(tf.ones((n, 256))) for n in shapes]
+    tf.random.set_seed(3)
+    step, weights = _masked_mlp()
     wrapped = tfmem.function(step, device_memory_budget="64MiB", reduce_retracing=True)
-    wrapped(tf.ones((4, 256)))
-    wrapped(tf.ones((5, 256)))  # the generic trace: its plan fits, nothing said
-    assert not [r for r in caplog.records if "streams again" in r.getMessage()]
-    small = wrapped.last_step.partitions
+    partitions = []
     with caplog.at_level("WARNING", logger="tfmem"):
-        wrapped(tf.ones((1 << 12, 256)))  # 4 MiB a tensor, kept for the gradients
-    assert wrapped.last_step.partitions > small
-    assert [r for r in caplog.records if "streams again" in r.getMessage()]
+        for n, want in zip(shapes, expected):
+            got = wrapped(tf.ones((n, 256)))
+            partitions.append(wrapped.last_step.partitions)
+            for value, plain_value in zip(got, want):
+                np.testing.assert_array_equal(value.numpy(), plain_value.numpy(), err_msg=str(n))
+    assert partitions[2] > partitions[0] == partitions[3]  # two plans, interleaved
+    for w, plain_w in zip(weights, plain_weights):
+        np.testing.assert_array_equal(w.numpy(), plain_w.numpy())
+    assert not [r for r in caplog.records if "stream" in r.getMessage()]

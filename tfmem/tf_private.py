@@ -184,3 +184,11 @@ def profile_memory_events(raw):
                 start = base + event.offset_ps
                 events.append((name, start, start + event.duration_ps, stats))
     return events
+
+
+# Grappler -------------------------------------------------------------------
+
+def grappler_optimize(config_proto, meta_graph):
+    """The GraphDef Grappler's meta optimizer makes of `meta_graph` under `config_proto`."""
+    from tensorflow.python.grappler import tf_optimizer  # pylint: disable=import-outside-toplevel
+    return tf_optimizer.OptimizeGraph(config_proto, meta_graph)

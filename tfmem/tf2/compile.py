@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
 from tfmem.run.rewrite import keep_colocation_within
-from tfmem.tf2 import sorted_names
+from tfmem.tf2 import dedup, sorted_names
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 
@@ -41,10 +41,11 @@ class PartitionFunction:
     concrete: object  # the ConcreteFunction, kept alive while `call` is used
 
 
-def partition_graph_def(graph, view, partition, library, seen):
+def partition_graph_def(graph, view, partition, library, seen, read=lambda tensor: tensor):
     """A GraphDef of the partition's ops and the constants (state sources) they read,
     every node named `sorted_names.encode` of the name Grappler sees in the whole
-    function (`seen(op name)`), so that it orders a sum's inputs as there."""
+    function (`seen(op name)`), so that it orders a sum's inputs as there; `read`: the
+    tensor a reader of a tensor reads (see tfmem.tf2.dedup)."""
     members = set(partition.ops)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
@@ -52,7 +53,7 @@ def partition_graph_def(graph, view, partition, library, seen):
     for name in tuple(partition.sources) + tuple(partition.ops):
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
-        data = [_reference(inp, seen) for inp in node.input if not inp.startswith("^")]
+        data = [_reference(read(inp), seen) for inp in node.input if not inp.startswith("^")]
         edges = view.nodes[name].control_inputs if name in view.nodes else ()
         control = [src for src in edges if src in members]
         del node.input[:]
@@ -98,17 +99,24 @@ def _flat_call(concrete):
     return fallback
 
 
-def compile_partition(graph, plan, partition, library, seen):
+def compile_partition(graph, plan, partition, library, seen, kept=None):
     """The PartitionFunction of `partition` of `plan`, traced from `graph` (a FuncGraph);
-    `seen`: the names Grappler sees in the whole function (`seen_names`)."""
+    `seen`: the names Grappler sees in the whole function (`seen_names`); `kept`: the
+    copy of each equal computation Grappler keeps there (`dedup.kept_copies`)."""
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     outputs = tuple(dict.fromkeys(tuple(partition.outputs) + tuple(partition.fetches)))
     originals = [graph.get_tensor_by_name(name) for name in inputs]
-    graph_def = partition_graph_def(graph, plan.view, partition, library, seen)
+    names = dedup.PartitionNames(seen, kept or {},
+                                 tuple(partition.ops) + tuple(partition.sources), inputs)
+    seen = names.seen
+    graph_def = partition_graph_def(graph, plan.view, partition, library, seen, names.read)
     specs = [tf.TensorSpec(t.shape, t.dtype, name=sorted_names.argument_name(
         seen(t.op.name), t.value_index)) for t in originals]
     encoded_inputs = [_reference(name, seen) for name in inputs]
     encoded_outputs = [_reference(name, seen) for name in outputs]
+
+    read = {_with_index(inp) for node in graph_def.node for inp in node.input
+            if not inp.startswith("^")}
 
     def body(*args):
         for arg, original in zip(args, originals):
@@ -116,8 +124,10 @@ def compile_partition(graph, plan, partition, library, seen):
                 handle_data_util.copy_handle_data(original, arg)
         if not graph_def.node:
             return []
+        mapped = {name: arg for name, arg in zip(map(_with_index, encoded_inputs), args)
+                  if name in read}  # an input whose readers read an equal one is left out
         imported = tf.graph_util.import_graph_def(  # no prefix: the names as encoded
-            graph_def, input_map=dict(zip(map(_with_index, encoded_inputs), args)),
+            graph_def, input_map=mapped,
             return_elements=[_with_index(name) for name in encoded_outputs], name="")
         return list(imported)
 

@@ -39,7 +39,6 @@ from tfmem.run.buffers import HostBufferPool
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
-from tfmem.plan.optypes import draws_random_stream
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
@@ -50,8 +49,10 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition, seen_names
+from tfmem.tf2.dedup import kept_copies
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
+from tfmem.tf2.streams import TraceStreams, compile_with_streams
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.run.trace import Timeline, write_chrome_trace
 
@@ -187,10 +188,17 @@ class PartitionedFunction:
         self._runtime = None
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
-        self._last_traced = None  # the _Traced the last step ran
+        self._last = None  # (StepStats, the MemoryTrace predicted for the plan that ran it)
         self._remeasured = ScratchCache()  # kernel scratch measured again when learning
-        self.last_step = None
+        self._streams = {}  # budget mode: id of ConcreteFunction -> its TraceStreams
+        self._kept = {}  # id of ConcreteFunction -> dedup.kept_copies of its graph
         functools.update_wrapper(self, python_function, updated=())
+
+    @property
+    def last_step(self):
+        """The StepStats of the last call (None before the first)."""
+        last = self._last
+        return last[0] if last is not None else None
 
     @property
     def tf_function(self):
@@ -277,8 +285,8 @@ class PartitionedFunction:
                 plan, trace = make_plan(view, self._settings.partition_size, runtime.policy), None
             else:
                 # Plans of this trace for other shapes come first: one that fits these
-                # shapes serves them with the same compiled partitions, so each random op
-                # keeps its one stream, as in tf.function (and nothing is compiled again).
+                # shapes serves them with the same compiled partitions (nothing is compiled
+                # again; random streams continue either way, see tfmem.tf2.streams).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
                 sizing = Sizing.of(graph, view, shapes)
                 plan, trace = self._fit(view, sizing, None, earlier)
@@ -288,11 +296,6 @@ class PartitionedFunction:
             trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
         traced.sizing, traced.feed_shapes = sizing, shapes
-        if runtime.budget_bytes is not None and earlier and all(
-                t.plan is not plan for t in earlier):
-            self._warn_streams_restart(
-                graph, f"the fed shapes {sorted(shapes.values())} need a new plan to fit "
-                "the budget")
         return traced
 
     def _fit(self, view, sizing, correction, earlier):
@@ -302,14 +305,6 @@ class PartitionedFunction:
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
                           resident_bytes=memory["current"] if memory else 0,
                           correction=correction, prefer=[t.plan for t in earlier])
-
-    @staticmethod
-    def _warn_streams_restart(graph, why):
-        if any(draws_random_stream(op) for op in graph.get_operations()):
-            log.warning(
-                "%s: %s; its random ops start their streams again from their seeds "
-                "(tf.function would continue them). Give partition_size=N instead of a "
-                "budget to keep one stream per op.", graph.name, why)
 
     def _replanned(self, key, traced):
         """Budget mode, after a step that measured over its prediction (see _learn): the
@@ -324,8 +319,6 @@ class PartitionedFunction:
         log.info("tfmem.function %r planned again with the corrected model: %d partitions "
                  "(partition_size=%s), was %d", self.__name__, len(plan.partitions),
                  plan.partition_size, len(traced.plan.partitions))
-        if all(t.plan is not plan for t in earlier):
-            self._warn_streams_restart(traced.graph, "learning needs a new plan to fit the budget")
         fresh = self._traced[key] = _Traced(traced.concrete, plan, trace)
         fresh.sizing, fresh.feed_shapes = traced.sizing, traced.feed_shapes
         fresh.correction = traced.correction
@@ -361,19 +354,36 @@ class PartitionedFunction:
         for other in self._traced.values():
             if other.plan is plan and other.executor is not None:
                 # Another shape of the same trace runs this plan (budget mode): its compiled
-                # partitions serve both, so each random op keeps one stream.
+                # partitions serve both.
                 traced.executor = other.executor
                 return
         library = traced.graph.as_graph_def().library
         seen = seen_names(traced.concrete)
-        functions = [compile_partition(traced.graph, plan, p, library, seen)
-                     for p in plan.partitions]
+        if runtime.budget_bytes is None:  # one plan per trace: its partitions keep the streams
+            kept = self._kept_copies(traced) if len(plan.partitions) > 1 else {}
+            functions = [compile_partition(traced.graph, plan, p, library, seen, kept)
+                         for p in plan.partitions]
+        else:  # plans per shape and re-plans: stream ops run in functions shared by all
+            streams = self._streams.setdefault(id(traced.concrete), TraceStreams(traced.graph))
+            cut = len(plan.partitions) > 1 or any(  # stream ops cut a partition too
+                streams.draws(name) for p in plan.partitions for name in p.ops)
+            kept = self._kept_copies(traced) if cut else {}
+            functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams, kept)
+                         for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
                  "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,
                  len(plan.partitions), plan.partition_size, len(swapped),
                  traced.trace.bytes_to_host / (1 << 20), traced.trace.peak_device / (1 << 20))
         traced.executor = EagerExecutor(traced.graph, plan, functions, runtime)
+
+    def _kept_copies(self, traced):
+        """The copy of each equal computation Grappler keeps in the whole traced function,
+        asked once per trace (see tfmem.tf2.dedup)."""
+        key = id(traced.concrete)
+        if key not in self._kept:
+            self._kept[key] = kept_copies(traced.graph)
+        return self._kept[key]
 
     def plan(self, *args, **kwargs):
         """The tfmem.Plan a call with these arguments runs (traced, not run)."""
@@ -393,10 +403,11 @@ class PartitionedFunction:
         """A FunctionMemoryReport of the last step: measured and predicted device and host
         bytes, as `TFMemSession.memory_report()`, plus the bytes resident when it started
         and bounds of its device peak (known also when the peak itself is not)."""
-        if self.last_step is None:
+        last = self._last  # one read: the step and its plan's prediction, published together
+        if last is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
-        traced = self._last_traced
-        return function_memory_report(self.last_step, traced.trace, self._runtime.budget_bytes)
+        stats, trace = last
+        return function_memory_report(stats, trace, self._runtime.budget_bytes)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
@@ -409,14 +420,14 @@ class PartitionedFunction:
             if traced.executor is None:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
+        trace = traced.trace  # the prediction of this plan as it runs (learning may replace it)
         results, stats = traced.executor.run(feeds, timeline)
-        self.last_step = stats
-        self._last_traced = traced
+        self._last = (stats, trace)  # one store: a concurrent call publishes a whole pair too
         if self._runtime.budget_bytes is not None:
             with self._planning:
                 self._learn(traced, stats)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
-        log.debug("step: %s", self.last_step)
+        log.debug("step: %s", stats)
         flat = [feeds[name] if name in feeds else results[name] for name in traced.output_names]
         return concrete.function_type.pack_output(flat)
