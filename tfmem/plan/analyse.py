@@ -141,6 +141,11 @@ def split_tensor_name(name):
     return op_name, int(index)
 
 
+def canonical_input(name):
+    """A NodeDef's data input as a tensor name ("op" reads "op:0")."""
+    return name if ":" in name else name + ":0"
+
+
 def _shape_of(tensor):
     # The C shape, without building a TensorShape per tensor: planning a
     # 100k-op graph reads hundreds of thousands of shapes.

@@ -28,9 +28,9 @@ a host copy of a constant, the keep of an original's output) is built as in
 import tensorflow as tf
 
 from tfmem.run import rewrite as partition_rewrite
-from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.analyse import canonical_input, split_tensor_name
 from tfmem.run.residence import SessionHandles
-from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, clean_context
+from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, add_node, clean_context
 
 _EXTERNAL = "ext/"
 
@@ -38,10 +38,6 @@ _EXTERNAL = "ext/"
 def supports(residence):
     """True where the residence's ops are the session-handle ops written here."""
     return type(residence) is SessionHandles  # pylint: disable=unidiomatic-typecheck
-
-
-def _canonical(name):
-    return name if ":" in name else name + ":0"
 
 
 class _Names:
@@ -57,14 +53,6 @@ class _Names:
             unique = f"{name}_{n}"
         self._used.add(unique)
         return unique
-
-
-def _node(graph_def, name, op, inputs=(), **types):
-    node = graph_def.node.add(name=name, op=op)
-    node.input.extend(inputs)
-    for attr, dtype in types.items():
-        node.attr[attr].type = tf.as_dtype(dtype).as_datatype_enum
-    return node
 
 
 class _PartitionDef:
@@ -89,15 +77,15 @@ class _PartitionDef:
             info = plan.view.tensor(name)
             stem = split_tensor_name(name)[0].replace("/", "_")
             holder = names(f"{self.prefix}_in/{stem}_handle")
-            node = _node(graph_def, holder, "Placeholder", dtype=tf.string)
+            node = add_node(graph_def, holder, "Placeholder", dtype=tf.string)
             node.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
             read = names(f"{self.prefix}_in/{stem}_read")
-            node = _node(graph_def, read, "GetSessionTensor", [holder], dtype=info.dtype)
+            node = add_node(graph_def, read, "GetSessionTensor", [holder], dtype=info.dtype)
             if info.shape is not None:  # as rewrite's set_shape: the copies infer from it
                 node.attr["_output_shapes"].list.shape.add().CopyFrom(tf.TensorShape(info.shape).as_proto())
             if plan.transfer(name).frees_at(self.partition.index):
                 free = names(f"{self.prefix}_in/{stem}_free")
-                _node(graph_def, free, "DeleteSessionTensor", [holder, "^" + read])
+                add_node(graph_def, free, "DeleteSessionTensor", [holder, "^" + read])
                 self.frees.append(free)
             self.holders.append(holder)
             self.reads[name] = read + ":0"
@@ -120,7 +108,7 @@ class _PartitionDef:
                         inputs.append("^" + _EXTERNAL + src)
                         self.gates.append(src)
                     continue
-                tensor = _canonical(inp)
+                tensor = canonical_input(inp)
                 op, index = split_tensor_name(tensor)
                 if op in copied:
                     inputs.append(f"{self.prefix}/{op}:{index}")
@@ -154,7 +142,7 @@ class _PartitionDef:
             stem = split_tensor_name(name)[0].replace("/", "_")
             keep = names(f"{self.prefix}_out/{stem}_keep")
             dtype = plan.view.tensor(name).dtype
-            node = _node(graph_def, keep, "GetSessionHandle", [copy], T=dtype)
+            node = add_node(graph_def, keep, "GetSessionHandle", [copy], T=dtype)
             node.attr["_class"].list.s.append(b"loc:@" + copy.rpartition(":")[0].encode())
             self.keeps[name] = keep + ":0"
 

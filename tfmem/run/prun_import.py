@@ -49,9 +49,9 @@ import dataclasses
 import tensorflow as tf
 
 from tfmem.plan import optypes
-from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.analyse import canonical_input, split_tensor_name
 from tfmem.run import rewrite as partition_rewrite
-from tfmem.run.rewrite import HOST, RESULT, clean_context
+from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context
 
 _EXTERNAL = "ext/"
 
@@ -106,20 +106,8 @@ def unsupported(graph, plan):
     return None
 
 
-def _canonical(name):
-    return name if ":" in name else name + ":0"
-
-
-def _node(graph_def, name, op, inputs=(), **types):
-    node = graph_def.node.add(name=name, op=op)
-    node.input.extend(inputs)
-    for attr, dtype in types.items():
-        node.attr[attr].type = tf.as_dtype(dtype).as_datatype_enum
-    return node
-
-
 def _scalar_placeholder(graph_def, name, dtype):
-    node = _node(graph_def, name, "Placeholder", dtype=dtype)
+    node = add_node(graph_def, name, "Placeholder", dtype=dtype)
     node.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())
     return node
 
@@ -154,27 +142,27 @@ class _Writer:
         and the producer's push of `tensor` on it; the push's name."""
         dtype = self.plan.view.tensor(name).dtype
         stem = self.stem(name)
-        size = _node(self.graph_def, f"stacks/{stem}_size", "Const", dtype=tf.int32)
+        size = add_node(self.graph_def, f"stacks/{stem}_size", "Const", dtype=tf.int32)
         size.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(-1, tf.int32))
-        stack = _node(self.graph_def, f"stacks/{stem}", "StackV2", [size.name], elem_type=dtype)
+        stack = add_node(self.graph_def, f"stacks/{stem}", "StackV2", [size.name], elem_type=dtype)
         stack.attr["stack_name"].s = stem.encode()
         self.stacks[name] = (stack.name, dtype)
-        return _node(self.graph_def, f"{prefix}_out/{stem}_push", "StackPushV2",
-                     [stack.name, tensor], T=dtype).name
+        return add_node(self.graph_def, f"{prefix}_out/{stem}_push", "StackPushV2",
+                        [stack.name, tensor], T=dtype).name
 
     def stop(self):
         """stop/gate fed True closes every stack (what a stopped step kept is freed);
         stop/done is alive either way (a Merge), so a normal step's last call fetches it."""
         graph_def = self.graph_def
         gate = _scalar_placeholder(graph_def, "stop/gate", tf.bool).name
-        switch = _node(graph_def, "stop/switch", "Switch", [gate, gate], T=tf.bool).name
-        opened = _node(graph_def, "stop/open", "Identity", [switch + ":1"], T=tf.bool).name
-        closes = [_node(graph_def, f"stop/close_{self.stem(name)}", "StackCloseV2",
-                        [stack, "^" + opened]).name
+        switch = add_node(graph_def, "stop/switch", "Switch", [gate, gate], T=tf.bool).name
+        opened = add_node(graph_def, "stop/open", "Identity", [switch + ":1"], T=tf.bool).name
+        closes = [add_node(graph_def, f"stop/close_{self.stem(name)}", "StackCloseV2",
+                           [stack, "^" + opened]).name
                   for name, (stack, _) in self.stacks.items()]
-        closed = _node(graph_def, "stop/closed", "Identity", [opened] + ["^" + c for c in closes],
-                       T=tf.bool).name
-        done = _node(graph_def, "stop/done", "Merge", [closed, switch + ":0"], T=tf.bool)
+        closed = add_node(graph_def, "stop/closed", "Identity",
+                          [opened] + ["^" + c for c in closes], T=tf.bool).name
+        done = add_node(graph_def, "stop/done", "Merge", [closed, switch + ":0"], T=tf.bool)
         done.attr["N"].i = 2
         return gate + ":0", done.name + ":0"
 
@@ -189,9 +177,10 @@ class _Writer:
         members = set(ops)
         gate = f"{prefix}_gate/gate"
         _scalar_placeholder(graph_def, gate, tf.bool)
-        switch = _node(graph_def, f"{prefix}_gate/switch", "Switch", [gate, gate], T=tf.bool).name
-        opened = _node(graph_def, f"{prefix}_gate/open", "Identity", [switch + ":1"],
-                       T=tf.bool).name
+        switch = add_node(graph_def, f"{prefix}_gate/switch", "Switch", [gate, gate],
+                          T=tf.bool).name
+        opened = add_node(graph_def, f"{prefix}_gate/open", "Identity", [switch + ":1"],
+                          T=tf.bool).name
         feeds, sources, frees, reads = [], [], [], {}
         for name in partition.inputs:  # uploaded spans: read by ticket, as plan_import
             transfer = plan.transfer(name)
@@ -201,26 +190,26 @@ class _Writer:
                 if name in self.stacks:  # kept: popped (and pushed back for later readers)
                     stack, dtype = self.stacks[name]
                     stem = self.stem(name)
-                    pop = _node(graph_def, f"{prefix}_in/{stem}_pop", "StackPopV2",
-                                [stack, "^" + opened], elem_type=dtype).name
+                    pop = add_node(graph_def, f"{prefix}_in/{stem}_pop", "StackPopV2",
+                                   [stack, "^" + opened], elem_type=dtype).name
                     reads[name] = pop + ":0"
                     if span.readers[-1] != k:
-                        frees.append(_node(graph_def, f"{prefix}_in/{stem}_repush",
-                                           "StackPushV2", [stack, pop + ":0"], T=dtype).name)
+                        frees.append(add_node(graph_def, f"{prefix}_in/{stem}_repush",
+                                              "StackPushV2", [stack, pop + ":0"], T=dtype).name)
                 continue
             op, index = split_tensor_name(name)
             stem = f"{op.replace('/', '_')}_{index}"
             holder = _scalar_placeholder(graph_def, f"{prefix}_in/{stem}_handle", tf.string).name
             info = plan.view.tensor(name)
-            read_node = _node(graph_def, f"{prefix}_in/{stem}_read", "GetSessionTensor",
-                              [holder, "^" + opened], dtype=info.dtype)
+            read_node = add_node(graph_def, f"{prefix}_in/{stem}_read", "GetSessionTensor",
+                                 [holder, "^" + opened], dtype=info.dtype)
             if info.shape is not None:  # as plan_import: the copies infer from it
                 read_node.attr["_output_shapes"].list.shape.add().CopyFrom(
                     tf.TensorShape(info.shape).as_proto())
             read = read_node.name
             if transfer.frees_at(k):
-                frees.append(_node(graph_def, f"{prefix}_in/{stem}_free", "DeleteSessionTensor",
-                                   [holder, "^" + read]).name)
+                frees.append(add_node(graph_def, f"{prefix}_in/{stem}_free", "DeleteSessionTensor",
+                                      [holder, "^" + read]).name)
             feeds.append(holder + ":0")
             sources.append(name)
             reads[name] = read + ":0"
@@ -242,7 +231,7 @@ class _Writer:
                         inputs.append("^" + _EXTERNAL + inp[1:])
                         self.after_originals.add(inp[1:])
                     continue
-                tensor = _canonical(inp)
+                tensor = canonical_input(inp)
                 op, index = split_tensor_name(tensor)
                 if op in members:
                     inputs.append(f"{prefix}/{op}:{index}")
@@ -266,8 +255,8 @@ class _Writer:
                                     else _EXTERNAL + name)  # an original's: read as yours
             if op in members and plan.transfer(name).kept:
                 frees.append(self.push(name, self.producers[name], prefix))
-        token = _node(graph_def, f"{prefix}_gate/done", "Identity",
-                      [opened, f"^{prefix}/{done}"] + ["^" + f for f in frees], T=tf.bool).name
+        token = add_node(graph_def, f"{prefix}_gate/done", "Identity",
+                         [opened, f"^{prefix}/{done}"] + ["^" + f for f in frees], T=tf.bool).name
         fetches, sinks = [], []
 
         def fetch(tensor, kind, name):

@@ -37,7 +37,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfmem.run import graph_growth
-from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.analyse import canonical_input, split_tensor_name
 
 _DONE = "tfmem_partition_done"
 
@@ -78,8 +78,13 @@ def clean_context(graph):
         yield
 
 
-def _canonical(name):
-    return name if ":" in name else name + ":0"
+def add_node(graph_def, name, op, inputs=(), **types):
+    """Append a NodeDef `name` of type `op` reading `inputs`; `types`: its type attributes."""
+    node = graph_def.node.add(name=name, op=op)
+    node.input.extend(inputs)
+    for attr, dtype in types.items():
+        node.attr[attr].type = tf.as_dtype(dtype).as_datatype_enum
+    return node
 
 
 def _partition_graph_def(graph, view, ops, originals):
@@ -99,7 +104,7 @@ def _partition_graph_def(graph, view, ops, originals):
         data = [inp for inp in node.input if not inp.startswith("^")]
         control = [src for src in view.nodes[name].control_inputs
                    if src in members or src in originals]
-        consumed.update(split_tensor_name(_canonical(inp))[0] for inp in data)
+        consumed.update(split_tensor_name(canonical_input(inp))[0] for inp in data)
         consumed.update(control)
         del node.input[:]
         node.input.extend(data + ["^" + src for src in control])
