@@ -217,36 +217,46 @@ def threads_of(session):
     return int(config.intra_op_parallelism_threads) if config is not None else 0
 
 
+def input_value(spec):
+    """A calibration input for `spec` (dtype, shape, value): the value where analysis
+    knew it (a shape, an axis), else zeros."""
+    dtype, shape, value = spec
+    return tf.constant(value, dtype=dtype, shape=shape) if value is not None \
+        else tf.zeros(shape, dtype)
+
+
+def copy_kernel(node_def, name, inputs):
+    """A copy of the op `node_def` describes, named `name`, reading `inputs`, in the
+    default graph (free of its devices and private attributes).  Raises ValueError when
+    the inputs do not fit it."""
+    copy = tf.compat.v1.NodeDef()
+    copy.CopyFrom(node_def)
+    copy.name = name
+    del copy.input[:]
+    copy.input.extend(f"{name}_input{i}:0" for i in range(len(inputs)))
+    copy.device = ""
+    for attr in [a for a in copy.attr if a.startswith("_")]:
+        del copy.attr[attr]
+    graph = tf.compat.v1.get_default_graph()
+    definition = tf.compat.v1.GraphDef(node=[copy])
+    definition.versions.producer = graph.graph_def_versions.producer
+    tf.graph_util.import_graph_def(
+        definition, name="", input_map={f"{name}_input{i}:0": t for i, t in enumerate(inputs)})
+    return graph.get_operation_by_name(name)
+
+
 def _measure(configs, threads):
     """{key: scratch bytes} for [(key, node_def, specs)], each op run alone once."""
     graph = tf.Graph()
     ops = {}
     with graph.as_default():
         for number, (key, node_def, specs) in enumerate(configs):
-            inputs = []
-            for dtype, shape, value in specs:
-                if value is not None:
-                    inputs.append(tf.constant(value, dtype=dtype, shape=shape))
-                else:
-                    inputs.append(tf.zeros(shape, dtype))
-            copy = tf.compat.v1.NodeDef()
-            copy.CopyFrom(node_def)
-            copy.name = f"kernel{number}"
-            del copy.input[:]
-            copy.input.extend(f"input{number}_{i}:0" for i in range(len(specs)))
-            copy.device = ""
-            for attr in [a for a in copy.attr if a.startswith("_")]:
-                del copy.attr[attr]
-            definition = tf.compat.v1.GraphDef(node=[copy])
-            definition.versions.producer = graph.graph_def_versions.producer
             try:
-                tf.graph_util.import_graph_def(
-                    definition, name="",
-                    input_map={f"input{number}_{i}:0": t for i, t in enumerate(inputs)})
+                op = copy_kernel(node_def, f"kernel{number}", [input_value(s) for s in specs])
             except ValueError as err:  # an input value shape inference did not know
                 log.debug("kernel scratch of %s not measured: %s", node_def.op, err)
                 continue
-            ops[key] = graph.get_operation_by_name(copy.name)
+            ops[key] = op
     measured = {}
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
     # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session

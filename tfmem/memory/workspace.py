@@ -112,31 +112,14 @@ def _measure_pairs(scratch_graph, pairs, threads):
 
 def _zeros(tensor):
     spec = kernels.input_spec(tensor)
-    if spec is None:
-        return None
-    dtype, shape, value = spec
-    return tf.constant(value, dtype=dtype, shape=shape) if value is not None \
-        else tf.zeros(shape, dtype)
+    return None if spec is None else kernels.input_value(spec)
 
 
 def _copy(op, name, inputs):
     """A copy of `op` named `name` reading `inputs`, or None when one cannot be made."""
     if any(t is None for t in inputs):
         return None
-    node_def = tf.compat.v1.NodeDef()
-    node_def.CopyFrom(op.node_def)
-    node_def.name = name
-    del node_def.input[:]
-    node_def.input.extend(f"{name}_input{i}:0" for i in range(len(inputs)))
-    node_def.device = ""
-    for attr in [a for a in node_def.attr if a.startswith("_")]:
-        del node_def.attr[attr]
-    definition = tf.compat.v1.GraphDef(node=[node_def])
-    definition.versions.producer = tf.compat.v1.get_default_graph().graph_def_versions.producer
     try:
-        tf.graph_util.import_graph_def(
-            definition, name="",
-            input_map={f"{name}_input{i}:0": t for i, t in enumerate(inputs)})
+        return kernels.copy_kernel(op.node_def, name, inputs)
     except ValueError:
         return None
-    return tf.compat.v1.get_default_graph().get_operation_by_name(name)
