@@ -154,11 +154,15 @@ def _shape_of(tensor):
 
 
 def control_inputs(op):
-    """`op`'s control inputs in a fixed order (by name).  TensorFlow returns them in the
-    order of its in-edge set, which follows memory addresses: the same graph built twice
-    lists them differently, and the walk (so the view, the plan and its prediction) would
-    differ from process to process."""
-    return sorted(op.control_inputs, key=lambda c: c.name)
+    """`op`'s control inputs in the order its NodeDef lists them (the order they were
+    added).  `op.control_inputs` follows TensorFlow's in-edge set, ordered by memory
+    address: the same graph built twice lists them differently, and the walk (so the
+    view, the plan and its prediction) would differ from process to process."""
+    listed = op.control_inputs
+    if len(listed) < 2:
+        return listed
+    by_name = {c.name: c for c in listed}
+    return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
 def _node(op, stateful_types):
