@@ -143,6 +143,7 @@ class Executor:
         self.plan = plan
         self._programs = programs
         self._partial = partial  # partial_run.PartialRun, or None
+        self._wiring = None  # see wiring
         self._runtime = runtime  # the session-wide pool, prefetcher and device
         self.remote_info = runtime.remote_info  # of a session on TF's distributed runtime
         self._residence = residence  # where the plan's kept tensors wait (see residence)
@@ -175,7 +176,10 @@ class Executor:
 
     @property
     def wiring(self):
-        return [_wiring(p) for p in self.programs]
+        """Per partition, the step loop's Wiring of its callable (made with the programs)."""
+        if self._wiring is None:
+            self._wiring = [_wiring(p) for p in self.programs]
+        return self._wiring
 
     def _callables_for(self, options, run_metadata=None, measure=False):
         """The partitions' callables for these run options; measuring ones (allocation
