@@ -53,26 +53,33 @@ TIMEOUT = 1500  # seconds per kernel path on a loaded shared machine
 # the measuring process
 
 
+def model_session(builder, kwargs):
+    """A model of tfmem.cli.models and a plain Session on its graph.  Pinned thread pools:
+    the figures must not depend on the machine's core count."""
+    # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from tfmem.cli import models as builders
+
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+    model = getattr(builders, builder)(**kwargs)
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                      inter_op_parallelism_threads=1)
+    return model, tf.compat.v1.Session(graph=model.graph, config=config)
+
+
 def measure(models, sizes, steps):
     """Rows of figures, one per (model, partition size); run in a process whose allocator
     was set before TensorFlow started (see `start`)."""
     # pylint: disable=import-outside-toplevel
-    import tensorflow as tf
     import tfmem
-    from tfmem.cli import models as builders
     from tfmem.memory import budget
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
     rows = []
     for key, (builder, kwargs, batch) in models.items():
-        kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
         for size in sizes:
-            model = getattr(builders, builder)(**kwargs)
-            # Pinned thread pools: the result must not depend on the machine's core count.
-            config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                              inter_op_parallelism_threads=1)
-            sess = tf.compat.v1.Session(graph=model.graph, config=config)
+            model, sess = model_session(builder, kwargs)
             tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
             # Not sess.run(init): a plain run caches the initializer's folded constants
             # in the session for good, and they would count in every step's peak.

@@ -95,15 +95,11 @@ def suite_models(path=SUITE):
 
 def worker(name, builder, kwargs, batch, steps):
     """Train `name` with a plain Session for `steps` steps; the figures as a dict."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tfmem  # pylint: disable=import-outside-toplevel
-    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from accuracy import model_session  # pylint: disable=import-outside-toplevel
 
-    model = getattr(models, builder)(**kwargs)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                      inter_op_parallelism_threads=1)
-    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    model, sess = model_session(builder, kwargs)
     sess.run(model.init)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]

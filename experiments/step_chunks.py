@@ -110,19 +110,14 @@ def _replay(events, state_bytes, steps=3):
 
 def worker(name, steps):
     # pylint: disable=import-outside-toplevel
-    import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
     import tfmem
     import accuracy
-    from tfmem.cli import models
     from tfmem.plan.analyse import tensor_bytes
     from tfmem.run import accelerator
 
     builder, kwargs, batch = accuracy.MODELS[name]
-    model = getattr(models, builder)(**kwargs)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                      inter_op_parallelism_threads=1)
-    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    model, sess = accuracy.model_session(builder, kwargs)
     sess.run(model.init)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
@@ -161,18 +156,13 @@ def _partition_of(node_name):
 def partitions_worker(name, steps, size):
     """Per partition of the plan at `size`: measured and predicted bytes (see the docstring)."""
     # pylint: disable=import-outside-toplevel
-    import tensorflow as tf
     from tensorflow.core.protobuf import config_pb2
     import tfmem
     import accuracy
-    from tfmem.cli import models
     from tfmem.run import accelerator
 
     builder, kwargs, batch = accuracy.MODELS[name]
-    model = getattr(models, builder)(**kwargs)
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                      inter_op_parallelism_threads=1)
-    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    model, sess = accuracy.model_session(builder, kwargs)
     tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
     tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
     feed = model.feed(batch)
