@@ -28,7 +28,7 @@ a host copy of a constant, the keep of an original's output) is built as in
 import tensorflow as tf
 
 from tfmem.run import rewrite as partition_rewrite
-from tfmem.plan.analyse import canonical_input, split_tensor_name
+from tfmem.plan.analyse import split_tensor_name
 from tfmem.run.residence import SessionHandles
 from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, add_node, clean_context
 
@@ -94,39 +94,21 @@ class _PartitionDef:
         """The copies, with inputs renamed: copies in this partition, transfers, or external."""
         if not self.copied:
             return
-        copied = self.copied_set
-        part, done = partition_rewrite._partition_graph_def(  # pylint: disable=protected-access
-            graph, plan.view, self.copied, set(self.originals))
-        for node in part.node:
-            inputs = []
-            for inp in node.input:
-                if inp.startswith("^"):
-                    src = inp[1:]
-                    if src in copied:
-                        inputs.append(f"^{self.prefix}/{src}")
-                    else:  # an original of this partition: a gate (see rewrite)
-                        inputs.append("^" + _EXTERNAL + src)
-                        self.gates.append(src)
-                    continue
-                tensor = canonical_input(inp)
-                op, index = split_tensor_name(tensor)
-                if op in copied:
-                    inputs.append(f"{self.prefix}/{op}:{index}")
-                elif tensor in external.host_copies:
-                    inputs.append(external.map(tensor, external.host_copies[tensor]))
-                elif tensor in self.reads:
-                    inputs.append(self.reads[tensor])
-                else:
-                    inputs.append(external.map(tensor, graph.get_tensor_by_name(tensor)))
-            del node.input[:]
-            node.input.extend(inputs)
-            if "_class" in node.attr:  # kept only within the copy (see rewrite)
-                node.attr["_class"].list.s[:] = [
-                    b"loc:@" + f"{self.prefix}/".encode() + c[5:]
-                    for c in node.attr["_class"].list.s]
-            node.name = f"{self.prefix}/{node.name}"
-            graph_def.node.add().CopyFrom(node)
-        self.done = f"{self.prefix}/{done}"
+
+        def control(src):  # an original of this partition: a gate (see rewrite)
+            self.gates.append(src)
+            return "^" + _EXTERNAL + src
+
+        def data(tensor):
+            if tensor in external.host_copies:
+                return external.map(tensor, external.host_copies[tensor])
+            if tensor in self.reads:
+                return self.reads[tensor]
+            return external.map(tensor, graph.get_tensor_by_name(tensor))
+
+        nodes, self.done, _ = partition_rewrite.prefixed_copies(
+            graph, plan.view, self.copied, set(self.originals), self.prefix, control, data)
+        graph_def.node.extend(nodes)
 
     def tensor_of_copy(self, tensor):
         """The copy's tensor name, if a copy of this partition makes `tensor`."""

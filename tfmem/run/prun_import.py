@@ -49,7 +49,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfmem.plan import optypes
-from tfmem.plan.analyse import canonical_input, split_tensor_name
+from tfmem.plan.analyse import split_tensor_name
 from tfmem.run import rewrite as partition_rewrite
 from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context
 
@@ -218,37 +218,22 @@ class _Writer:
                 self.fed.add(tensor)
                 feeds.append(tensor)
                 sources.append(tensor)
-        part, done = partition_rewrite._partition_graph_def(  # pylint: disable=protected-access
-            self.graph, plan.view, ops, set(originals))
-        for node in part.node:
-            inputs, inside = [], False
-            for inp in node.input:
-                if inp.startswith("^"):
-                    if inp[1:] in members:
-                        inputs.append(f"^{prefix}/{inp[1:]}")
-                        inside = True
-                    else:  # an original, run as your op (see unsupported): a gate on it
-                        inputs.append("^" + _EXTERNAL + inp[1:])
-                        self.after_originals.add(inp[1:])
-                    continue
-                tensor = canonical_input(inp)
-                op, index = split_tensor_name(tensor)
-                if op in members:
-                    inputs.append(f"{prefix}/{op}:{index}")
-                    inside = True
-                elif tensor in reads and not reads[tensor].startswith(_EXTERNAL):
-                    inputs.append(reads[tensor])
-                else:
-                    inputs.append(self.external(tensor))
-            if not inside and node.name != done:
-                inputs.append("^" + opened)
-            del node.input[:]
-            node.input.extend(inputs)
-            if "_class" in node.attr:  # kept only within the copy (see rewrite)
-                node.attr["_class"].list.s[:] = [
-                    b"loc:@" + f"{prefix}/".encode() + c[5:] for c in node.attr["_class"].list.s]
-            node.name = f"{prefix}/{node.name}"
-            graph_def.node.add().CopyFrom(node)
+
+        def control(src):  # an original, run as your op (see unsupported): a gate on it
+            self.after_originals.add(src)
+            return "^" + _EXTERNAL + src
+
+        def data(tensor):
+            if tensor in reads and not reads[tensor].startswith(_EXTERNAL):
+                return reads[tensor]
+            return self.external(tensor)
+
+        nodes, done, loose = partition_rewrite.prefixed_copies(
+            self.graph, plan.view, ops, set(originals), prefix, control, data)
+        for node in nodes:  # a copy that reads no other copy waits for the gate
+            if node.name in loose and node.name != done:
+                node.input.append("^" + opened)
+        graph_def.node.extend(nodes)
         for name in partition.outputs:
             op, index = split_tensor_name(name)
             self.producers[name] = (f"{prefix}/{op}:{index}" if op in members
@@ -256,7 +241,7 @@ class _Writer:
             if op in members and plan.transfer(name).kept:
                 frees.append(self.push(name, self.producers[name], prefix))
         token = add_node(graph_def, f"{prefix}_gate/done", "Identity",
-                         [opened, f"^{prefix}/{done}"] + ["^" + f for f in frees], T=tf.bool).name
+                         [opened, "^" + done] + ["^" + f for f in frees], T=tf.bool).name
         fetches, sinks = [], []
 
         def fetch(tensor, kind, name):

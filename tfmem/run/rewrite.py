@@ -114,6 +114,44 @@ def _partition_graph_def(graph, view, ops, originals):
     return graph_def, done.name
 
 
+def prefixed_copies(graph, view, ops, originals, prefix, outside_control, outside_data):
+    """The partition's copies for an import of the whole plan (plan_import, prun_import),
+    named `<prefix>/<op>`: an input from another copy of the partition reads that copy,
+    and `outside_control(src)` / `outside_data(tensor)` name every other input.
+
+    Returns (NodeDefs, the NoOp after all of them, the copies that read no other copy).
+    """
+    part, done = _partition_graph_def(graph, view, ops, originals)
+    members = set(ops)
+    loose = set()
+    for node in part.node:
+        inputs, inside = [], False
+        for inp in node.input:
+            if inp.startswith("^"):
+                if inp[1:] in members:
+                    inputs.append(f"^{prefix}/{inp[1:]}")
+                    inside = True
+                else:  # an original of this partition (see _partition_graph_def)
+                    inputs.append(outside_control(inp[1:]))
+                continue
+            tensor = canonical_input(inp)
+            op, index = split_tensor_name(tensor)
+            if op in members:
+                inputs.append(f"{prefix}/{op}:{index}")
+                inside = True
+            else:
+                inputs.append(outside_data(tensor))
+        del node.input[:]
+        node.input.extend(inputs)
+        if "_class" in node.attr:  # kept only within the copy (keep_colocation_within)
+            node.attr["_class"].list.s[:] = [
+                b"loc:@" + f"{prefix}/".encode() + c[5:] for c in node.attr["_class"].list.s]
+        node.name = f"{prefix}/{node.name}"
+        if not inside:
+            loose.add(node.name)
+    return part.node, f"{prefix}/{done}", loose
+
+
 def _transfer_inputs(graph, plan, partition, residence):
     """Feed points for the partition's transfers: input_map entries, feeds, deleters.
 
