@@ -42,13 +42,12 @@ from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
-from tfmem.memory.shapes import resolve_shapes
-from tfmem.memory.simulate import simulate
 from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition, seen_names
+from tfmem.tf2 import prediction
 from tfmem.tf2.dedup import kept_copies
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
@@ -95,8 +94,9 @@ class _Traced:
         self.plan = plan
         self.trace = trace
         self.executor = None
-        # Budget mode: the request's Sizing, what its measured steps taught (carried to
-        # the plans made after), and whether the next call plans again (see _learn).
+        # The request's Sizing (shapes, kernel scratch) and fed shapes; budget mode: what
+        # its measured steps taught (carried to the plans made after), and whether the
+        # next call plans again (see _learn).
         self.sizing = None
         self.feed_shapes = None
         self.correction = None
@@ -291,9 +291,8 @@ class PartitionedFunction:
                 sizing = Sizing.of(graph, view, shapes)
                 plan, trace = self._fit(view, sizing, None, earlier)
         _check_sources(plan.view)
-        if trace is None:
-            # Partition inputs live until the call returns: no early frees (as budget mode).
-            trace = simulate(plan, resolve_shapes(graph, plan.view, shapes), early_frees=False)
+        if trace is None:  # kernel scratch included, calibrated when first asked
+            trace = prediction.LazyPrediction(graph, plan, shapes)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
         traced.sizing, traced.feed_shapes = sizing, shapes
         return traced
@@ -372,9 +371,8 @@ class PartitionedFunction:
                          for p in plan.partitions]
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB), predicted device peak %.1f MiB", self.__name__, plan.num_ops,
-                 len(plan.partitions), plan.partition_size, len(swapped),
-                 traced.trace.bytes_to_host / (1 << 20), traced.trace.peak_device / (1 << 20))
+                 "(%.1f MiB)", self.__name__, plan.num_ops, len(plan.partitions),
+                 plan.partition_size, len(swapped), traced.trace.bytes_to_host / (1 << 20))
         traced.executor = EagerExecutor(traced.graph, plan, functions, runtime)
 
     def _kept_copies(self, traced):
@@ -396,8 +394,11 @@ class PartitionedFunction:
         concrete, feeds = self._feeds(args, kwargs)
         with self._planning:
             traced = self._traced_for(concrete, feeds)
-        return simulate(traced.plan, resolve_shapes(
-            traced.graph, traced.plan.view, self._feed_shapes(traced.graph, feeds)))
+        shapes = self._feed_shapes(traced.graph, feeds)
+        if self._runtime.budget_bytes is not None or shapes == traced.feed_shapes:
+            return prediction.resolved(traced.trace)  # what memory_report() reports
+        return prediction.predict(traced.plan, prediction.sizing(
+            traced.graph, traced.plan.view, shapes))
 
     def memory_report(self):
         """A FunctionMemoryReport of the last step: measured and predicted device and host
@@ -407,7 +408,8 @@ class PartitionedFunction:
         if last is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
         stats, trace = last
-        return function_memory_report(stats, trace, self._runtime.budget_bytes)
+        return function_memory_report(stats, prediction.resolved(trace),
+                                      self._runtime.budget_bytes)
 
     def __call__(self, *args, **kwargs):
         if not tf.executing_eagerly() or record.could_possibly_record():
