@@ -94,9 +94,8 @@ class _Traced:
         self.plan = plan
         self.trace = trace
         self.executor = None
-        # The request's Sizing (shapes, kernel scratch) and fed shapes; budget mode: what
-        # its measured steps taught (carried to the plans made after), and whether the
-        # next call plans again (see _learn).
+        # Budget mode: the request's Sizing, what its measured steps taught (carried to
+        # the plans made after), and whether the next call plans again (see _learn).
         self.sizing = None
         self.feed_shapes = None
         self.correction = None
