@@ -1,0 +1,187 @@
+"""Executor order: does the order TensorFlow runs a partition's ops explain its peak?
+
+    python experiments/executor_order.py --model moe --onednn 0 --partition-size 200
+    python experiments/executor_order.py --model moe --onednn 1 --processes 2
+
+TensorFlow's executor (`ExecutorState::ScheduleReady`) runs the ready ops its
+cost model calls inexpensive inline, first in first out, and hands the
+expensive ones to the inter-op pool; whether an op is expensive follows the
+op times it measured (`KernelStats`), so the order can differ from process to
+process.  The simulator walks each partition depth-first in the plan's order.
+
+Each fresh process (pinned thread pools, TensorFlow's BFC allocator far
+above the step, the kernel path set explicitly) trains one model of
+experiments/accuracy.py's MODELS through `TFMemSession(measure="every")`,
+then traces one step (`RunOptions(FULL_TRACE)`: every op's start time).  Per
+partition it prints the peak TensorFlow measured in the last untraced step
+and in the traced one, and the simulator's requested peak in three orders:
+its own (depth-first), first-in-first-out over ready ops (the inline queue
+with every op cheap), and the order TensorFlow ran the ops in that process
+(by start time; ops it did not run, removed by Grappler, as soon as ready).
+Figures include the request's state, less what earlier allocations left.
+Session 9 (issue 10) ran it; nothing here is asserted.
+"""
+
+import argparse
+import collections
+import heapq
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+MIB = 1 << 20
+
+
+def _graph_edges(view, ops):
+    """({op: number of producers in ops}, {op: readers in ops})."""
+    from tfmem.plan.analyse import split_tensor_name  # pylint: disable=import-outside-toplevel
+    members = set(ops)
+    waiting = {name: 0 for name in ops}
+    readers = {name: [] for name in ops}
+    for name in ops:
+        node = view.nodes[name]
+        sources = {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs)
+        for source in sources & members:
+            if view.nodes[source].type not in ("NextIteration", "RefNextIteration"):
+                waiting[name] += 1
+                readers[source].append(name)
+    return waiting, readers
+
+
+def fifo_order(view, ops):
+    """Producers first; ready ops in the order they became ready."""
+    waiting, readers = _graph_edges(view, ops)
+    ready = collections.deque(name for name in ops if waiting[name] == 0)
+    order = []
+    while ready:
+        name = ready.popleft()
+        order.append(name)
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                ready.append(reader)
+    return order + [name for name in ops if name not in set(order)]
+
+
+def started_order(started):
+    """An order function: producers first; among ready ops, the one TensorFlow started
+    first (`started`: {op name: start time}; ops it did not run as soon as ready)."""
+    def order_of(view, ops):
+        waiting, readers = _graph_edges(view, ops)
+        position = {name: i for i, name in enumerate(ops)}
+
+        def key(name):
+            return (started.get(name, -1), position[name], name)
+        ready = [key(name) for name in ops if waiting[name] == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            name = heapq.heappop(ready)[-1]
+            order.append(name)
+            for reader in readers[name]:
+                waiting[reader] -= 1
+                if waiting[reader] == 0:
+                    heapq.heappush(ready, key(reader))
+        return order + [name for name in ops if name not in set(order)]
+    return order_of
+
+
+def worker(name, size, steps):
+    """One process's figures (see the docstring)."""
+    # pylint: disable=import-outside-toplevel
+    from tensorflow.core.protobuf import config_pb2
+    import tfmem
+    import accuracy
+    from tfmem.memory import simulate as simulator
+    from tfmem.memory.sizing import Sizing
+    from tfmem.run import accelerator
+
+    builder, kwargs, batch = accuracy.MODELS[name]
+    model, sess = accuracy.model_session(builder, kwargs)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    feed = model.feed(batch)
+    fetches = [model.train, model.loss]
+    plan = tfs.plan(fetches, feed)
+    sizing = Sizing.of(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess)
+    state = tfs.simulate(fetches, feed).state_bytes
+    for _ in range(steps):
+        tfs.run(fetches, feed)
+    measured = list(tfs.last_step.partition_peak_bytes)
+    foreign = accelerator.device_memory("CPU:0")["current"] - state
+    metadata = config_pb2.RunMetadata()
+    tfs.run(fetches, feed, run_metadata=metadata,
+            options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
+    traced = list(tfs.last_step.partition_peak_bytes)
+    started = {}
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:  # copies are named tfmem/plan<k>/p<i>[_in|_out]/<op>
+            match = re.search(r"/p\d+(?:_in|_out)?/(.*)$", node.node_name)
+            op = match.group(1) if match else node.node_name
+            started.setdefault(op, node.all_start_micros)
+    depth_first = simulator._dependency_order  # pylint: disable=protected-access
+    orders = {"depth-first": depth_first, "fifo": fifo_order,
+              "tensorflow's": started_order(started)}
+    predicted = {}
+    try:
+        for label, order in orders.items():
+            simulator._dependency_order = order  # pylint: disable=protected-access
+            trace = simulator.simulate(plan, sizing.shapes, scratch=sizing.scratch,
+                                       **sizing.simulate_options())
+            predicted[label] = [p.device_peak for p in trace.partitions]
+    finally:
+        simulator._dependency_order = depth_first  # pylint: disable=protected-access
+    tfs.close()
+
+    def own(peaks):
+        return [None if p is None else p - foreign for p in peaks]
+    return dict(measured=own(measured), traced=own(traced), predicted=predicted)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="moe", help="a name of accuracy.MODELS")
+    parser.add_argument("--onednn", choices=("0", "1"), default="0")
+    parser.add_argument("--partition-size", type=int, default=200)
+    parser.add_argument("--processes", type=int, default=4, help="fresh processes, one at a time")
+    parser.add_argument("--steps", type=int, default=5, help="steps before the traced one")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.model, args.partition_size, args.steps)))
+        return 0
+    from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
+    env = child_env.child_env(onednn=args.onednn == "1")
+    print(f"{args.model}, oneDNN {'on' if args.onednn == '1' else 'off'}, partition size "
+          f"{args.partition_size}: per partition, MiB (the request's state included)")
+    for number in range(args.processes):
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker", "--model", args.model,
+             "--partition-size", str(args.partition_size), "--steps", str(args.steps)],
+            capture_output=True, text=True, env=env, timeout=900, check=False)
+        if done.returncode != 0:
+            print(f"process {number}: {child_env.describe_exit(done.returncode)}\n"
+                  f"{done.stderr[-2000:]}")
+            continue
+        data = json.loads(done.stdout.strip().splitlines()[-1])
+        for index, measured in enumerate(data["measured"]):
+            figures = [data["traced"][index]] + [data["predicted"][label][index]
+                                                 for label in data["predicted"]]
+            shown = "  ".join(f"{label} {'-' if value is None else f'{value / MIB:.2f}'}"
+                              for label, value in zip(
+                                  ["traced step"] + [f"simulated in {k} order"
+                                                     for k in data["predicted"]], figures))
+            measured_text = '-' if measured is None else f"{measured / MIB:.2f}"
+            print(f"process {number} partition {index}: measured {measured_text}  {shown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
