@@ -131,7 +131,7 @@ BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size=
                      start=None, max_size=None, tolerance=0.0, trial_timeout=600.0,
                      search_time=None, max_trials=40, inter_op_threads=0, intra_op_threads=0,
                      cap_base=None,
-                     cap_factor=1.0, onednn=0)
+                     cap_factor=1.0, onednn=0, partial_runs=False, measure=None)
 
 
 # --------------------------------------------------------------------------
@@ -205,6 +205,17 @@ def build_parser(experiment):
     tfm.add_argument("--prefetch", type=non_negative_int)
     tfm.add_argument("--swap-min-bytes", type=non_negative_int, metavar="BYTES",
                      help="tensors smaller than this stay on the device (default: tfmem's)")
+    tfm.add_argument("--partial-runs", action="store_true", default=None,
+                     help="TFMemSession(partial_runs=True): each step one DirectSession partial "
+                          "run (one executor per request, not one callable per partition: a "
+                          "much shorter first step). A trial owns its session and ends at its "
+                          "first failure, so the session a failed partial run cancels costs "
+                          "nothing here. Implies --measure off unless given (measured steps "
+                          "run as callables)")
+    tfm.add_argument("--measure", choices=("sample", "every", "off"),
+                     help="TFMemSession(measure=...): which steps read the allocator's figures "
+                          "(default sample; off with --partial-runs). Budget mode learns only "
+                          "from measured steps")
     search = parser.add_argument_group("search (--find-max, --quick)")
     search.add_argument("--cap-base", type=positive_int, metavar="N",
                         help=f"without --device-memory: measure plain TensorFlow's peak at --{size} "
@@ -265,6 +276,10 @@ def parse_args(experiment, argv=None):
     if args.find_max and args.device_memory is None and args.cap_base is None:
         parser.error("a search needs a cap: --device-memory MiB, or --cap-base N to derive it "
                      "from plain TensorFlow's peak at that size")
+    if args.measure is None:
+        # A measured step runs the callables (a partial run returns no step statistics),
+        # and a trial's few steps would all be measured ones under "sample".
+        args.measure = "off" if args.partial_runs else "sample"
     if args.cap_base is not None:
         try:
             experiment.index_of(args.cap_base)
@@ -279,7 +294,9 @@ def trial_options(experiment, args):
                "--partition-size", str(args.partition_size), "--swap", args.swap,
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
                "--inter-op-threads", str(args.inter_op_threads),
-               "--intra-op-threads", str(args.intra_op_threads)]
+               "--intra-op-threads", str(args.intra_op_threads), "--measure", args.measure]
+    if args.partial_runs:
+        options.append("--partial-runs")
     if args.device_memory is not None:
         options += ["--device-memory", str(args.device_memory)]
     if args.budget is not None:
@@ -365,7 +382,8 @@ def run_trial(experiment, args):
     runner = sess
     if system == "tfmem":
         settings = dict(partition_size=args.partition_size, swap=args.swap,
-                        swap_distance=args.swap_distance, prefetch=args.prefetch)
+                        swap_distance=args.swap_distance, prefetch=args.prefetch,
+                        partial_runs=bool(args.partial_runs), measure=args.measure)
         if args.swap_min_bytes is not None:
             settings["swap_min_bytes"] = args.swap_min_bytes
         if args.budget is not None:
@@ -373,7 +391,7 @@ def run_trial(experiment, args):
         runner = tfmem.TFMemSession(sess, **settings)
         budget = args.budget if args.budget is not None else (
             result["device_memory_mib"] if args.partition_size == "auto" else None)
-        result["tfmem"] = dict(settings, budget_mib=budget)
+        result["tfmem"] = dict(settings, budget_mib=budget, step_paths=[])
     peak, phase = 0, "initialising"
     try:
         _phase(phase, started)
@@ -394,6 +412,9 @@ def run_trial(experiment, args):
                 if memory is not None:
                     peak = max(peak, memory["peak"])
             result["step_times"].append(time.perf_counter() - step_started)
+            if system == "tfmem":  # which path the step took (see --partial-runs)
+                result["tfmem"]["step_paths"].append(
+                    "partial run" if runner.last_step.partial_run else "callables")
             result["losses"].append(float(loss))
             result["step_peaks"].append(memory["peak"] if memory else None)
             result["resident_after_steps_bytes"] = memory["current"] if memory else None
@@ -422,7 +443,8 @@ def run_trial(experiment, args):
         info = result["tfmem"]
         info.update(partitions=stats.partitions, swapped_out_bytes=stats.swapped_out_bytes,
                     host_buffer_bytes=stats.host_buffer_bytes, host_rss_bytes=stats.host_rss_bytes,
-                    prefetch_wait_seconds=stats.prefetch_wait_time, last_step=str(stats))
+                    prefetch_wait_seconds=stats.prefetch_wait_time, last_step=str(stats),
+                    last_compile=str(runner.last_compile) if runner.last_compile else None)
         if result["ok"]:
             plan = runner.plan([model.train_op, model.loss], feed_dict=model.feed)
             report = runner.memory_report()
@@ -733,12 +755,13 @@ def _cell(value):
 def markdown_table(summaries, size_name, unit):
     """The paper-shaped table (system, batch, max size, parameters, throughput) and context."""
     head = ["system", "batch", f"max {size_name}", "parameters", f"throughput ({unit}/s)",
-            "peak MiB", "resident MiB", "state MiB", "partitions", f"first failing {size_name}",
-            "what stopped it", "trials", "search s"]
+            "first step s", "peak MiB", "resident MiB", "state MiB", "partitions",
+            f"first failing {size_name}", "what stopped it", "trials", "search s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table_rows(summaries):
         cells = [row["system"], row["batch"], row["max_size"], row["parameters"],
-                 row["throughput"], row["peak_mib"], row["resident_mib"], row["state_mib"],
+                 row["throughput"], row.get("first_step_seconds"), row["peak_mib"],
+                 row["resident_mib"], row["state_mib"],
                  row["partitions"], row["first_failing_size"], row["limit"], row["trials"],
                  row["search_seconds"]]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
@@ -919,6 +942,22 @@ def output_stem(experiment, args):
     return out_dir / f"{experiment.name}-{tag}"
 
 
+def step_path_text(settings):
+    """How tfmem's trials ran their steps (--partial-runs, --measure), in a few words."""
+    measure = settings.get("measure") or "sample"
+    if settings.get("partial_runs"):
+        return (f"partial runs (measure {measure}: "
+                + ("no step measured, budget mode learns nothing)" if measure == "off" else
+                   "measured steps run callables)"))
+    return f"one callable per partition (measure {measure})"
+
+
+def command_line(experiment, argv=None):
+    """The command that ran this search, as typed (script path relative to the repository)."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([f"python experiments/{Path(experiment.script).name}"] + args)
+
+
 def write_reports(experiment, args, summaries, seconds, out=print, extra=None, cap_info=None):
     """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
     stem = output_stem(experiment, args)
@@ -934,7 +973,8 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
              "of the steps after the first, at the max size",
              f"systems: tf = TensorFlow defaults; grappler = memory_optimization "
              f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
-             f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}",
+             f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
+             f"{step_path_text(vars(args))}",
              f"search: exponential then binary on {experiment.size}, one process per trial, "
              f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
              f"whole run {seconds:.0f} s",
@@ -957,7 +997,8 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
     write_csv(summaries, f"{stem}.csv")
     write_trials_csv(summaries, f"{stem}-trials.csv")
     with open(f"{stem}.json", "w") as handle:
-        json.dump(dict(settings={k: (str(v) if isinstance(v, Path) else v)
+        json.dump(dict(command=command_line(experiment),
+                       settings={k: (str(v) if isinstance(v, Path) else v)
                                  for k, v in vars(args).items()},
                        provenance=origin, cap=cap_info, title=title,
                        notes=notes, result=result_line(summaries, run_failure(summaries)),

@@ -294,12 +294,15 @@ MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq
 
 @pytest.fixture(scope="module")
 def moe_trials():
-    """{system: result} of one 3-expert trial for tf and tfmem, each in a fresh process."""
+    """{system: result} of one 3-expert trial for tf, tfmem and tfmem with --partial-runs
+    ("tfmem-prun"), each in a fresh process."""
     args = common.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
-    with ThreadPoolExecutor(2) as pool:
-        futures = {system: pool.submit(common.spawn_trial, moe.EXPERIMENT, args, system, 3, 120)
-                   for system in ("tf", "tfmem")}
-        return {system: future.result() for system, future in futures.items()}
+    prun = common.parse_args(moe.EXPERIMENT, ["--find-max", "--partial-runs"] + MOE_TINY)
+    runs = {"tf": (args, "tf"), "tfmem": (args, "tfmem"), "tfmem-prun": (prun, "tfmem")}
+    with ThreadPoolExecutor(3) as pool:
+        futures = {name: pool.submit(common.spawn_trial, moe.EXPERIMENT, run_args, system, 3, 120)
+                   for name, (run_args, system) in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def test_moe_trials_train_the_same_losses(moe_trials):
@@ -315,6 +318,33 @@ def test_moe_trials_train_the_same_losses(moe_trials):
     assert info["swapped_out_bytes"] > 0
     # Same graph, seeds and data: partitioned and swapped, tfmem computes the same step.
     assert tfm_result["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
+    assert info["step_paths"] == ["callables"] * 2  # measured steps (measure "sample")
+
+
+def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):
+    tf_result, prun = moe_trials["tf"], moe_trials["tfmem-prun"]
+    assert prun["status"] == "ok", prun.get("error") or prun.get("stderr_tail")
+    info = prun["tfmem"]
+    assert info["partial_runs"] is True and info["measure"] == "off"
+    assert info["step_paths"] == ["partial run"] * 2 and info["partitions"] > 1
+    assert info["swapped_out_bytes"] > 0
+    assert prun["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
+
+
+def test_partial_runs_option_reaches_the_trial_and_the_report():
+    args = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs"])
+    assert args.partial_runs and args.measure == "off"  # measured steps would run callables
+    options = common.trial_options(moe.EXPERIMENT, args)
+    assert "--partial-runs" in options and options[options.index("--measure") + 1] == "off"
+    kept = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--measure", "sample"])
+    assert kept.measure == "sample" and "callables" in common.step_path_text(vars(kept))
+    plain = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    assert not plain.partial_runs and plain.measure == "sample"
+    assert "--partial-runs" not in common.trial_options(moe.EXPERIMENT, plain)
+    assert common.step_path_text(vars(args)).startswith("partial runs (measure off")
+    assert common.step_path_text(vars(plain)) == "one callable per partition (measure sample)"
+    assert common.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
+        "python experiments/moe.py --quick --partial-runs"
 
 
 def test_moe_parameters_grow_with_experts():
@@ -415,3 +445,36 @@ def test_every_result_file_records_what_produced_it():
         assert origin, f"{path.name} records no provenance"
         for key in ("commit", "tensorflow", "kernel_path", "cpu_count", "date"):
             assert origin.get(key), f"{path.name}: no {key}"
+
+
+# --------------------------------------------------------------------------
+# the diagnostics of what stopped tfmem (issue 12): budget_floor.py, partition_peaks.py
+
+
+def _script(name, *args):
+    env = dict(__import__("os").environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / name), *args],
+                          capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_budget_floor_terms_add_up_to_the_one_op_plans_peak():
+    # The MoE model's own sizes at 2 experts: terms of whole MiB, not rounding noise.
+    out = _script("budget_floor.py", "moe", "--device-memory", "256", "--experts", "2")
+    head, *terms = out.strip().splitlines()
+    peak = float(head.split(" peaks at ")[1].split(" MiB")[0])
+    values = [float(line.split()[-2]) for line in terms]
+    assert len(values) == 6 and values[0] > 0  # state is always on the device
+    assert peak > 1 and sum(values) == pytest.approx(peak, abs=0.05 * (len(values) + 1))
+    assert values[1] + values[2] > 0.5  # the peak op's inputs: resident or uploaded
+
+
+def test_partition_peaks_lists_every_partition_predicted_and_measured():
+    out = _script("partition_peaks.py", "moe", "--experts", "3", *MOE_TINY[2:])
+    head, *rows = out.strip().splitlines()
+    partitions = int(head.split(": ")[1].split(" partitions")[0])
+    assert partitions > 1 and len(rows) == partitions
+    for row in rows:
+        predicted, measured = float(row.split()[3]), float(row.split()[5])
+        assert predicted > 0 and measured > 0  # TensorFlow's own figure, not the prediction

@@ -55,7 +55,8 @@ def experiment_block(data, name):
     size_name = summaries[0]["size_name"] if summaries else "size"
     unit = summaries[0]["unit"] if summaries else "examples"
     script = name.split("-", 1)[0]
-    command = f"python experiments/{script}.py" + (" --quick" if settings.get("quick") else "")
+    command = data.get("command") or (
+        f"python experiments/{script}.py" + (" --quick" if settings.get("quick") else ""))
     cap = data.get("cap")
     if cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
@@ -63,7 +64,10 @@ def experiment_block(data, name):
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
     else:
         cap_text = f"cap {settings.get('device_memory')} MiB (given)"
-    lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; whole run "
+    steps = (f"tfmem: {common.step_path_text(settings)}; "
+             if "partial_runs" in settings else "")
+    lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
+             f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
              common.markdown_table(summaries, size_name, unit), ""]
     failures = [f"- {s['system']} at {size_name} {s['first_failing_size']}: {s['failure']}"
