@@ -209,6 +209,28 @@ def accuracy_block(data):
         accuracy.markdown(data["rows"]), "", f"    {data['result']}", ""])
 
 
+def _seconds(values):
+    return " / ".join(f"{value:.2f}" for value in values) or "-"
+
+
+def trials_block(data):
+    """The markdown of single trials (`run_trial`'s results, each with a `name`)."""
+    rows = [f"{data['how']} ({_provenance(data.get('provenance'))}):", "","| trial | size | cap MiB | steps ran as | measure | step s | outcome | peak MiB "
+            "| trial s | first compile |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for trial in data["trials"]:
+        tfm = trial.get("tfmem") or {}
+        paths = sorted(set(tfm.get("step_paths") or [])) or ["-"]
+        outcome = trial["status"] + (f" in {trial['failed_in']}" if trial.get("failed_in") else "")
+        cap = trial.get("device_memory_mib") or "none"
+        peak = trial.get("peak_bytes")
+        rows.append(" | ".join([
+            f"| {trial['name']}", f"{trial['experiment']} {trial['size_name']} {trial['size']}",
+            str(cap), ", ".join(paths), tfm.get("measure", "-"), _seconds(trial["step_times"]),
+            outcome, f"{peak / MIB:.2f}" if peak else "-", f"{trial['seconds']:.1f}",
+            f"{tfm.get('last_compile') or '-'} |"]))
+    return "\n".join(rows) + "\n"
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
     path = RESULTS / f"{name}.json"
@@ -228,6 +250,8 @@ def block(name):
     if data.get("kind") == "partial-runs":  # experiments/partial_runs.py (issue 12)
         import partial_runs  # pylint: disable=import-outside-toplevel
         return partial_runs.markdown(data, _provenance(data.get("provenance")))
+    if data.get("kind") == "single-trials":
+        return trials_block(data)
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
     return experiment_block(data, name)
