@@ -67,11 +67,23 @@ def model_session(builder, kwargs):
     return model, tf.compat.v1.Session(graph=model.graph, config=config)
 
 
+def measured_session(builder, kwargs, batch, size):
+    """(model, sess, tfs, feed, fetches): `model_session`'s model initialised, a
+    TFMemSession at partition size `size` that measures every step, and one training
+    step's feed and fetches."""
+    import tfmem  # pylint: disable=import-outside-toplevel
+    model, sess = model_session(builder, kwargs)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    # Not sess.run(init): a plain run caches the initializer's folded constants
+    # in the session for good, and they would count in every step's peak.
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    return model, sess, tfs, model.feed(batch), [model.train, model.loss]
+
+
 def measure(models, sizes, steps):
     """Rows of figures, one per (model, partition size); run in a process whose allocator
     was set before TensorFlow started (see `start`)."""
     # pylint: disable=import-outside-toplevel
-    import tfmem
     from tfmem.memory import budget
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
@@ -79,13 +91,7 @@ def measure(models, sizes, steps):
     rows = []
     for key, (builder, kwargs, batch) in models.items():
         for size in sizes:
-            model, sess = model_session(builder, kwargs)
-            tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
-            # Not sess.run(init): a plain run caches the initializer's folded constants
-            # in the session for good, and they would count in every step's peak.
-            tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
-            feed = model.feed(batch)
-            fetches = [model.train, model.loss]
+            model, sess, tfs, feed, fetches = measured_session(builder, kwargs, batch, size)
             peaks, tfmem_peaks, foreign = [], [], []
             trace = tfs.simulate(fetches, feed)
             state = trace.state_bytes

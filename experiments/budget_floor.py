@@ -12,7 +12,6 @@ allocator this process runs, so pass the experiment's cap.
 """
 
 import argparse
-import importlib
 import os
 import sys
 
@@ -27,11 +26,8 @@ def main(argv=None):
     parser.add_argument("--device-memory", type=int, required=True, metavar="MiB",
                         help="the emulated cap the kernel scratch is calibrated under")
     known, rest = parser.parse_known_args(argv)
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the experiments' kernel path
-    import tfmem  # pylint: disable=import-outside-toplevel
-    tfmem.emulate_accelerator(known.device_memory)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import common  # pylint: disable=import-outside-toplevel
+    tf, experiment, args, model = common.script_model(known.model, rest, known.device_memory)
     from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
     from tfmem.plan.build import build_plan  # pylint: disable=import-outside-toplevel
     from tfmem.plan.partition import partition  # pylint: disable=import-outside-toplevel
@@ -39,9 +35,6 @@ def main(argv=None):
     from tfmem.memory import budget  # pylint: disable=import-outside-toplevel
     from tfmem.memory.sizing import Sizing  # pylint: disable=import-outside-toplevel
     from tfmem.memory.simulate import simulate, TensorSizes  # pylint: disable=import-outside-toplevel
-    experiment = importlib.import_module(known.model).EXPERIMENT
-    args = common.parse_args(experiment, ["--system", "tfmem"] + rest)
-    model = experiment.build(tf, args.size, args)
     sess = tf.compat.v1.Session(graph=model.graph)
     sess.run(model.init)
     with model.graph.as_default():

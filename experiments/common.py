@@ -288,6 +288,20 @@ def parse_args(experiment, argv=None):
     return args
 
 
+def script_model(model_name, argv, device_memory_mib):
+    """(tf, experiment, args, model) for a script that studies one experiment's model in its
+    own process: the experiments' kernel path unless the environment sets one, the allocator
+    capped at `device_memory_mib` before TensorFlow starts, the experiment's options from
+    `argv` (as a tfmem trial takes them)."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    tfmem.emulate_accelerator(device_memory_mib)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    experiment = importlib.import_module(model_name).EXPERIMENT
+    args = parse_args(experiment, ["--system", "tfmem"] + list(argv))
+    return tf, experiment, args, experiment.build(tf, args.size, args)
+
+
 def trial_options(experiment, args):
     """The command-line options that reproduce this run's trial settings in a child."""
     options = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),

@@ -97,18 +97,13 @@ def worker(name, size, steps):
     """One process's figures (see the docstring)."""
     # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import config_pb2
-    import tfmem
     import accuracy
     from tfmem.memory import simulate as simulator
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
     builder, kwargs, batch = accuracy.MODELS[name]
-    model, sess = accuracy.model_session(builder, kwargs)
-    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
-    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
-    feed = model.feed(batch)
-    fetches = [model.train, model.loss]
+    model, sess, tfs, feed, fetches = accuracy.measured_session(builder, kwargs, batch, size)
     plan = tfs.plan(fetches, feed)
     sizing = Sizing.of(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess)
     state = tfs.simulate(fetches, feed).state_bytes

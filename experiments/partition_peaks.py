@@ -11,7 +11,6 @@ with what tfmem predicted for it.
 """
 
 import argparse
-import importlib
 import os
 import sys
 
@@ -24,16 +23,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("model", choices=("resnet", "moe", "deepspeech"))
     known, rest = parser.parse_known_args(argv)
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the experiments' kernel path
+    import common  # pylint: disable=import-outside-toplevel
     import tfmem  # pylint: disable=import-outside-toplevel
     from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
-    tfmem.emulate_accelerator(child_env.MEASURE_LIMIT_MIB)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    import common  # pylint: disable=import-outside-toplevel
+    tf, experiment, args, model = common.script_model(known.model, rest,
+                                                      child_env.MEASURE_LIMIT_MIB)
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
-    experiment = importlib.import_module(known.model).EXPERIMENT
-    args = common.parse_args(experiment, ["--system", "tfmem"] + rest)
-    model = experiment.build(tf, args.size, args)
     sess = tf.compat.v1.Session(graph=model.graph, config=common.session_config(
         tf, "tfmem", args.inter_op_threads, args.intra_op_threads))
     settings = dict(partition_size=args.partition_size, swap=args.swap,

@@ -157,16 +157,11 @@ def partitions_worker(name, steps, size):
     """Per partition of the plan at `size`: measured and predicted bytes (see the docstring)."""
     # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import config_pb2
-    import tfmem
     import accuracy
     from tfmem.run import accelerator
 
     builder, kwargs, batch = accuracy.MODELS[name]
-    model, sess = accuracy.model_session(builder, kwargs)
-    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
-    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
-    feed = model.feed(batch)
-    fetches = [model.train, model.loss]
+    model, sess, tfs, feed, fetches = accuracy.measured_session(builder, kwargs, batch, size)
     trace = tfs.simulate(fetches, feed)
     for _ in range(steps):
         tfs.run(fetches, feed)
