@@ -134,13 +134,47 @@ def _on_one_path(producers, successors, position):
     return False
 
 
+def _sole_reader(view, readers, controlled, tensor):
+    """(op, forwards, tensor it reads): the one op that reads `tensor`, looking through
+    the forwards Grappler's model pruner removes before the arithmetic optimizer runs
+    (an Identity, an IdentityN port, a StopGradient, with no control edge and not
+    fetched), the forwards passed and the tensor the op reads; None unless exactly one
+    op reads it.  Keras applies gradients through an IdentityN, so a gradient's last
+    product and the optimizer's product with the learning rate form one chain in the
+    whole function."""
+    forwards = []
+    while True:
+        reads = []  # (op, its output forwarding the tensor, or None)
+        for name in dict.fromkeys(readers.get(tensor, ())):
+            user = view.nodes[name]
+            if user.type not in optypes.PRUNED_FORWARDS or user.control_inputs or \
+                    name in controlled:
+                reads += [(name, None)] * user.inputs.count(tensor)
+                continue
+            for port, read in enumerate(user.inputs):  # output k forwards input k
+                out = f"{name}:{port}"
+                if read == tensor and (out in readers or out in view.fetches):
+                    reads.append((name, out))  # an output nobody reads is pruned
+        if len(reads) != 1:
+            return None
+        name, out = reads[0]
+        if out is None:
+            return name, tuple(forwards), tensor
+        if out in view.fetches:
+            return None
+        forwards.append(name)
+        tensor = out
+
+
 def _join_regrouped_arithmetic(view, uf):
     """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
     consumers = {name: [] for name in view.nodes}
+    readers = {}
     controlled = set()
     for node in view.nodes.values():
-        for producer, _ in _producers(view, node):
+        for producer, tensor in _producers(view, node):
             consumers[producer].append(node.name)
+            readers.setdefault(tensor, []).append(node.name)
         controlled.update(c for c in node.control_inputs if c in view.nodes)
     successors = {name: list(users) for name, users in consumers.items()}
     for node in view.nodes.values():
@@ -149,12 +183,16 @@ def _join_regrouped_arithmetic(view, uf):
                 successors[c].append(node.name)
     position = {name: i for i, name in enumerate(_topological_order(view))}
     trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
+    forwards, inner_reads = {}, set()  # member -> forwards to its consumer; (op, tensor)
     for name in trees.parent:
-        node, users = view.nodes[name], consumers[name]
-        if len(users) == 1 and users[0] in trees.parent and \
-                _family(view.nodes[users[0]]) is _family(node) and \
+        node = view.nodes[name]
+        sole = _sole_reader(view, readers, controlled, name + ":0")
+        if sole is not None and sole[0] in trees.parent and \
+                _family(view.nodes[sole[0]]) is _family(node) and \
                 not node.control_inputs and name not in controlled:
-            trees.union(users[0], name)
+            trees.union(sole[0], name)
+            forwards[name] = sole[1]
+            inner_reads.add((sole[0], sole[2]))
     members = {}
     for name in trees.parent:
         members.setdefault(trees.find(name), []).append(name)
@@ -162,11 +200,14 @@ def _join_regrouped_arithmetic(view, uf):
         inside = set(tree)
         leaves = [(producer, tensor) for name in tree
                   for producer, tensor in _producers(view, view.nodes[name])
-                  if producer not in inside]
+                  if producer not in inside and (name, tensor) not in inner_reads]
         leaves += [(None, t) for name in tree for t in view.nodes[name].inputs
                    if split_tensor_name(t)[0] not in view.nodes]
         for name in tree[1:]:
             uf.union(tree[0], name)
+        for name in tree:
+            for forward in forwards.get(name, ()):
+                uf.union(tree[0], forward)
         hoisted = any(view.nodes[name].type in optypes.SUMS for name in tree) and \
             len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
                 p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
