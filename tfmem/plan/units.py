@@ -147,8 +147,7 @@ def _sole_reader(view, readers, controlled, tensor):
         reads = []  # (op, its output forwarding the tensor, or None)
         for name in dict.fromkeys(readers.get(tensor, ())):
             user = view.nodes[name]
-            if user.type not in optypes.PRUNED_FORWARDS or user.control_inputs or \
-                    name in controlled:
+            if not _pruned_forward(view, user, controlled):
                 reads += [(name, None)] * user.inputs.count(tensor)
                 continue
             for port, read in enumerate(user.inputs):  # output k forwards input k
@@ -160,10 +159,16 @@ def _sole_reader(view, readers, controlled, tensor):
         name, out = reads[0]
         if out is None:
             return name, tuple(forwards), tensor
-        if out in view.fetches:
-            return None
         forwards.append(name)
         tensor = out
+
+
+def _pruned_forward(view, node, controlled):
+    """Whether Grappler removes the forward `node` in the whole function: no control edge
+    touches it and no output of it is fetched (a fetched IdentityN stays, all ports)."""
+    return node.type in optypes.PRUNED_FORWARDS and not node.control_inputs and \
+        node.name not in controlled and \
+        not any(f"{node.name}:{port}" in view.fetches for port in range(len(node.inputs)))
 
 
 def _join_regrouped_arithmetic(view, uf):
@@ -207,7 +212,11 @@ def _join_regrouped_arithmetic(view, uf):
             uf.union(tree[0], name)
         for name in tree:
             for forward in forwards.get(name, ()):
-                uf.union(tree[0], forward)
+                # and every reader of the forward: a partition that returns one of an
+                # IdentityN's outputs keeps the IdentityN, which then breaks the chain
+                for reader in [forward] + [r for port in range(len(view.nodes[forward].inputs))
+                                           for r in readers.get(f"{forward}:{port}", ())]:
+                    uf.union(tree[0], reader)
         hoisted = any(view.nodes[name].type in optypes.SUMS for name in tree) and \
             len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
                 p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
