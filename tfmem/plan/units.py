@@ -35,7 +35,10 @@ survive one.  Six rules join ops into one unit:
    leaves (or a sum of products or quotients) joins the leaves' producers
    too (two leaves need nothing: a + b == b + a exactly), unless one leaf's
    producer reaches another's (a residual sum): that would make the whole
-   path between them one unit, so there partitioning wins.
+   path between them one unit, so there partitioning wins.  A tree or chain
+   continues through the forwards Grappler prunes first (Identity, IdentityN,
+   StopGradient); an IdentityN on one joins with all its readers, since a
+   partition that returns one of its outputs keeps it and so breaks the chain.
 6. *Cycles.*  Joining ops can make two units depend on each other (a loop's
    stack pushed in the forward pass and popped in the backward pass, the
    producers of one sum with a path between them); strongly connected
