@@ -26,7 +26,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (200, 50, 20, 5)
-MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops")
+MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops", "keras_sgd")
+TWO_THREAD_MODELS = ("keras_sgd", "keras", "residual")
 
 SCRIPT = r"""
 import json, os, sys
@@ -37,7 +38,7 @@ import keras
 import tfmem
 sys.path.insert(0, "tools")  # the child runs from the repository's root
 from bench_tf2 import make_step  # the Keras training step the TF2 benchmark times
-tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[3]))
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 
@@ -118,7 +119,7 @@ def residual(seed):
     return step, variables, (x, y)
 
 
-def keras_model(seed):
+def keras_model(seed, optimizer="adam"):
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((16, 16, 3))
     h = keras.layers.Conv2D(8, 3, padding="same")(inputs)
@@ -128,7 +129,12 @@ def keras_model(seed):
     h = keras.layers.ReLU()(keras.layers.Add()([h, shortcut]))
     h = keras.layers.Dense(32, activation="relu")(keras.layers.GlobalAveragePooling2D()(h))
     model = keras.Model(inputs, keras.layers.Dense(10)(h))
-    optimizer = keras.optimizers.Adam(1e-2)
+    # SGD with momentum reads each gradient once, through the IdentityN Keras applies
+    # gradients with: a gamma's gradient (AddN * Rsqrt) times the learning rate is then
+    # one chain of products in the whole function, which Grappler reorders (lr * AddN)
+    # * Rsqrt; Adam reads each gradient twice, so it forms no such chain
+    optimizer = (keras.optimizers.Adam(1e-2) if optimizer == "adam"
+                 else keras.optimizers.SGD(0.01, momentum=0.9))
     step = make_step(tf, keras, model, optimizer)
     r = np.random.default_rng(2)
     x = tf.constant(r.standard_normal((16, 16, 16, 3)).astype(np.float32))
@@ -137,43 +143,75 @@ def keras_model(seed):
 
 
 BUILD = dict(mlp=mlp, convnet=convnet, residual=residual, keras=keras_model,
-             equal_ops=lambda seed: mlp(seed, equal_ops=True))
+             equal_ops=lambda seed: mlp(seed, equal_ops=True),
+             keras_sgd=lambda seed: keras_model(seed, optimizer="sgd"))
+
+
+def differing(variables, others):
+    return [v.name for v, w in zip(variables, others) if not np.array_equal(v.numpy(), w.numpy())]
+
+
 out = {}
 for name in sys.argv[1].split(","):
     for size in [int(s) for s in sys.argv[2].split(",")]:
         plain_step, plain_vars, args = BUILD[name](0)
         tfmem_step, tfmem_vars, _ = BUILD[name](0)
-        plain = tf.function(plain_step)
+        again_step, again_vars, _ = BUILD[name](0)  # a second plain copy: is plain deterministic?
+        plain, again = tf.function(plain_step), tf.function(again_step)
         partitioned = tfmem.function(tfmem_step, partition_size=size)
         steps = []
         for _ in range(3):
-            expected, got = plain(*args).numpy(), partitioned(*args).numpy()
+            expected, got, repeated = (f(*args).numpy() for f in (plain, partitioned, again))
             steps.append(dict(
                 loss_equal=bool(expected == got),
-                variables_differing=[v.name for v, w in zip(plain_vars, tfmem_vars)
-                                     if not np.array_equal(v.numpy(), w.numpy())]))
+                variables_differing=differing(plain_vars, tfmem_vars),
+                plain_deterministic=bool(expected == repeated) and not differing(plain_vars,
+                                                                                 again_vars)))
         out[f"{name}@{size}"] = dict(steps=steps, partitions=partitioned.last_step.partitions,
                                      ops=partitioned.plan(*args).num_ops)
 print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _run(models, sizes, intra_op_threads):
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, ",".join(MODELS), ",".join(map(str, SIZES))],
+        [sys.executable, "-c", SCRIPT, ",".join(models), ",".join(map(str, sizes)),
+         str(intra_op_threads)],
         capture_output=True, text=True, cwd=ROOT, timeout=900,
         env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
     assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("size", SIZES)
-@pytest.mark.parametrize("model", MODELS)
-def test_partitioned_steps_are_bit_equal_to_tf_function(runs, model, size):
-    run = runs[f"{model}@{size}"]
+def _check(run, model, size):
     if size < run["ops"]:
         assert run["partitions"] > 1, run  # the step is cut, or the test proves nothing
     for number, step in enumerate(run["steps"], 1):
+        assert step["plain_deterministic"], \
+            f"two tf.function copies of {model} differ at step {number}: nothing to compare"
         assert step["loss_equal"] and not step["variables_differing"], \
             f"step {number} of {model} at partition_size={size} differs from tf.function: {step}"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _run(MODELS, SIZES, intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
+def runs_two_threads():
+    return _run(TWO_THREAD_MODELS, SIZES, intra_op_threads=2)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("model", MODELS)
+def test_partitioned_steps_are_bit_equal_to_tf_function(runs, model, size):
+    _check(runs[f"{model}@{size}"], model, size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("model", TWO_THREAD_MODELS)
+def test_bit_equal_with_two_intra_op_threads(runs_two_threads, model, size):
+    """Eigen splits reductions by the thread count; the plain run stays deterministic
+    (checked), and so must the partitioned one's agreement with it."""
+    _check(runs_two_threads[f"{model}@{size}"], model, size)

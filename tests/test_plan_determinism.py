@@ -6,6 +6,11 @@ different order.  The plan (and so its prediction, and the copies TensorFlow run
 must not follow that order.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import tensorflow as tf
 
 import tfmem
@@ -46,3 +51,37 @@ def test_the_same_graph_gives_the_same_plan_whatever_order_tensorflow_lists_cont
     for _ in range(4):  # and TensorFlow's own orders, which differ between builds
         plans.add(_plan_of(_training_step))
     assert len(plans) == 1
+
+
+_TF2_PLAN = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+import keras
+import tfmem
+sys.path.insert(0, "tools")  # the child runs from the repository's root
+from bench_tf2 import build_resnet, make_step
+x = tf.constant(np.zeros((8, 32, 32, 3), np.float32))
+y = tf.constant(np.zeros(8, np.int32))
+model = build_resnet(keras, (0, 0, 0))
+step = tfmem.function(make_step(tf, keras, model), partition_size=20)
+print(json.dumps([list(p.ops) for p in step.plan(x, y).partitions]))
+"""
+
+
+def test_a_traced_step_gets_the_same_plan_in_every_process():
+    """A tf.function's automatic control dependencies list control inputs in the order
+    of a Python set, which changes with the process's string hashing (PYTHONHASHSEED):
+    the plan must not follow it (before 2026-11-23 seeds 0, 1 and 2 gave three plans
+    of this step, moving the optimizer's updates between partitions)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    plans = set()
+    for seed in ("0", "1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", _TF2_PLAN], capture_output=True, text=True, cwd=root,
+            timeout=300, env=dict(os.environ, PYTHONHASHSEED=seed, TF_ENABLE_ONEDNN_OPTS="0"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        plans.add(done.stdout.strip().splitlines()[-1])
+    assert len(json.loads(next(iter(plans)))) > 1  # the step is cut
+    assert len(plans) == 1, "the plan differs between processes"

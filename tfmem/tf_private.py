@@ -105,6 +105,17 @@ def c_op(op):
     return op._c_op  # pylint: disable=protected-access
 
 
+def creation_index(op):
+    """The position of `op` among its graph's ops in the order they were created."""
+    return op._id  # pylint: disable=protected-access
+
+
+def is_function_graph(graph):
+    """Whether `graph` is a FuncGraph (a tf.function's trace)."""
+    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+    return isinstance(graph, func_graph.FuncGraph)
+
+
 # tf.function and Keras ----------------------------------------------------------
 
 def canonical_inputs(tf_function, args, kwargs):

@@ -161,6 +161,10 @@ def control_inputs(op):
     listed = op.control_inputs
     if len(listed) < 2:
         return listed
+    if tf_private.is_function_graph(op.graph):
+        # A trace's automatic control dependencies add them from a set, in an order
+        # that changes with the process's string hashing: creation order is stable.
+        return sorted(listed, key=tf_private.creation_index)
     by_name = {c.name: c for c in listed}
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 

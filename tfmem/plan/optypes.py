@@ -78,6 +78,10 @@ SHAPE_ONLY = frozenset({"Shape", "Size", "Rank"})
 SUMS = frozenset({"Add", "AddV2", "AddN", "AccumulateNV2"})
 PRODUCTS = frozenset({"Mul"})
 QUOTIENTS = frozenset({"Div", "RealDiv"})
+# Ops Grappler's model pruner removes before the arithmetic optimizer runs (when
+# no control edge touches them; an IdentityN port only when it is not fetched),
+# so a chain of products or a tree of sums continues through them.
+PRUNED_FORWARDS = frozenset({"Identity", "IdentityN", "StopGradient"})
 
 # Stateful ops whose kernel keeps a random stream (Philox state seeded from the
 # op's seed/seed2 attrs) that advances on every run.

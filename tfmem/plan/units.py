@@ -35,7 +35,10 @@ survive one.  Six rules join ops into one unit:
    leaves (or a sum of products or quotients) joins the leaves' producers
    too (two leaves need nothing: a + b == b + a exactly), unless one leaf's
    producer reaches another's (a residual sum): that would make the whole
-   path between them one unit, so there partitioning wins.
+   path between them one unit, so there partitioning wins.  A tree or chain
+   continues through the forwards Grappler prunes first (Identity, IdentityN,
+   StopGradient); an IdentityN on one joins with all its readers, since a
+   partition that returns one of its outputs keeps it and so breaks the chain.
 6. *Cycles.*  Joining ops can make two units depend on each other (a loop's
    stack pushed in the forward pass and popped in the backward pass, the
    producers of one sum with a path between them); strongly connected
@@ -134,13 +137,52 @@ def _on_one_path(producers, successors, position):
     return False
 
 
+def _sole_reader(view, readers, controlled, tensor):
+    """(op, forwards, tensor it reads): the one op that reads `tensor`, looking through
+    the forwards Grappler's model pruner removes before the arithmetic optimizer runs
+    (an Identity, an IdentityN port, a StopGradient, with no control edge and not
+    fetched), the forwards passed and the tensor the op reads; None unless exactly one
+    op reads it.  Keras applies gradients through an IdentityN, so a gradient's last
+    product and the optimizer's product with the learning rate form one chain in the
+    whole function."""
+    forwards = []
+    while True:
+        reads = []  # (op, its output forwarding the tensor, or None)
+        for name in dict.fromkeys(readers.get(tensor, ())):
+            user = view.nodes[name]
+            if not _pruned_forward(view, user, controlled):
+                reads += [(name, None)] * user.inputs.count(tensor)
+                continue
+            for port, read in enumerate(user.inputs):  # output k forwards input k
+                out = f"{name}:{port}"
+                if read == tensor and (out in readers or out in view.fetches):
+                    reads.append((name, out))  # an output nobody reads is pruned
+        if len(reads) != 1:
+            return None
+        name, out = reads[0]
+        if out is None:
+            return name, tuple(forwards), tensor
+        forwards.append(name)
+        tensor = out
+
+
+def _pruned_forward(view, node, controlled):
+    """Whether Grappler removes the forward `node` in the whole function: no control edge
+    touches it and no output of it is fetched (a fetched IdentityN stays, all ports)."""
+    return node.type in optypes.PRUNED_FORWARDS and not node.control_inputs and \
+        node.name not in controlled and \
+        not any(f"{node.name}:{port}" in view.fetches for port in range(len(node.inputs)))
+
+
 def _join_regrouped_arithmetic(view, uf):
     """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
     consumers = {name: [] for name in view.nodes}
+    readers = {}
     controlled = set()
     for node in view.nodes.values():
-        for producer, _ in _producers(view, node):
+        for producer, tensor in _producers(view, node):
             consumers[producer].append(node.name)
+            readers.setdefault(tensor, []).append(node.name)
         controlled.update(c for c in node.control_inputs if c in view.nodes)
     successors = {name: list(users) for name, users in consumers.items()}
     for node in view.nodes.values():
@@ -149,12 +191,16 @@ def _join_regrouped_arithmetic(view, uf):
                 successors[c].append(node.name)
     position = {name: i for i, name in enumerate(_topological_order(view))}
     trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
+    forwards, inner_reads = {}, set()  # member -> forwards to its consumer; (op, tensor)
     for name in trees.parent:
-        node, users = view.nodes[name], consumers[name]
-        if len(users) == 1 and users[0] in trees.parent and \
-                _family(view.nodes[users[0]]) is _family(node) and \
+        node = view.nodes[name]
+        sole = _sole_reader(view, readers, controlled, name + ":0")
+        if sole is not None and sole[0] in trees.parent and \
+                _family(view.nodes[sole[0]]) is _family(node) and \
                 not node.control_inputs and name not in controlled:
-            trees.union(users[0], name)
+            trees.union(sole[0], name)
+            forwards[name] = sole[1]
+            inner_reads.add((sole[0], sole[2]))
     members = {}
     for name in trees.parent:
         members.setdefault(trees.find(name), []).append(name)
@@ -162,11 +208,18 @@ def _join_regrouped_arithmetic(view, uf):
         inside = set(tree)
         leaves = [(producer, tensor) for name in tree
                   for producer, tensor in _producers(view, view.nodes[name])
-                  if producer not in inside]
+                  if producer not in inside and (name, tensor) not in inner_reads]
         leaves += [(None, t) for name in tree for t in view.nodes[name].inputs
                    if split_tensor_name(t)[0] not in view.nodes]
         for name in tree[1:]:
             uf.union(tree[0], name)
+        for name in tree:
+            for forward in forwards.get(name, ()):
+                # and every reader of the forward: a partition that returns one of an
+                # IdentityN's outputs keeps the IdentityN, which then breaks the chain
+                for reader in [forward] + [r for port in range(len(view.nodes[forward].inputs))
+                                           for r in readers.get(f"{forward}:{port}", ())]:
+                    uf.union(tree[0], reader)
         hoisted = any(view.nodes[name].type in optypes.SUMS for name in tree) and \
             len(leaves) > 1 and all(  # every leaf a product (or every one a quotient)
                 p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
