@@ -170,8 +170,9 @@ def run_configuration(tf, keras, tfmem, args, size, data):
         steps=args.steps, times=times)
 
 
-def main():
-    args = _parse()
+def start_tensorflow(args):
+    """(numpy, tensorflow, keras), TensorFlow started with the kernel path (`args.onednn`,
+    set before it loads) and the thread pools (`args.intra`, `args.inter`) asked for."""
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import numpy as np  # pylint: disable=import-outside-toplevel
@@ -180,6 +181,12 @@ def main():
 
     tf.config.threading.set_intra_op_parallelism_threads(args.intra)
     tf.config.threading.set_inter_op_parallelism_threads(args.inter)
+    return np, tf, keras
+
+
+def main():
+    args = _parse()
+    np, tf, keras = start_tensorflow(args)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import tfmem  # pylint: disable=import-outside-toplevel
     from tfmem.cli import child_env, provenance  # pylint: disable=import-outside-toplevel

@@ -50,19 +50,12 @@ def _differing(np, variables, others):
 
 def main():
     args = _parse()
-    os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import numpy as np  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    import keras  # pylint: disable=import-outside-toplevel
-
-    tf.config.threading.set_intra_op_parallelism_threads(args.intra)
-    tf.config.threading.set_inter_op_parallelism_threads(args.inter)
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
     sys.path.insert(0, here)
+    from bench_tf2 import build_resnet, make_step, start_tensorflow  # pylint: disable=import-outside-toplevel
+    np, tf, keras = start_tensorflow(args)
     import tfmem  # pylint: disable=import-outside-toplevel
-    from bench_tf2 import build_resnet, make_step  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32))
