@@ -23,8 +23,8 @@ Session 9 (issue 10) ran it; nothing here is asserted.
 """
 
 import argparse
-import collections
-import heapq
+import functools
+import itertools
 import json
 import os
 import re
@@ -39,58 +39,16 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 MIB = 1 << 20
 
 
-def _graph_edges(view, ops):
-    """({op: number of producers in ops}, {op: readers in ops})."""
-    from tfmem.plan.analyse import split_tensor_name  # pylint: disable=import-outside-toplevel
-    members = set(ops)
-    waiting = {name: 0 for name in ops}
-    readers = {name: [] for name in ops}
-    for name in ops:
-        node = view.nodes[name]
-        sources = {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs)
-        for source in sources & members:
-            if view.nodes[source].type not in ("NextIteration", "RefNextIteration"):
-                waiting[name] += 1
-                readers[source].append(name)
-    return waiting, readers
+def fifo_priority():
+    """A ready-op priority (see simulate's _dependency_order): the order ops became ready."""
+    arrivals = itertools.count()
+    return lambda name, position: next(arrivals)
 
 
-def fifo_order(view, ops):
-    """Producers first; ready ops in the order they became ready."""
-    waiting, readers = _graph_edges(view, ops)
-    ready = collections.deque(name for name in ops if waiting[name] == 0)
-    order = []
-    while ready:
-        name = ready.popleft()
-        order.append(name)
-        for reader in readers[name]:
-            waiting[reader] -= 1
-            if waiting[reader] == 0:
-                ready.append(reader)
-    return order + [name for name in ops if name not in set(order)]
-
-
-def started_order(started):
-    """An order function: producers first; among ready ops, the one TensorFlow started
-    first (`started`: {op name: start time}; ops it did not run as soon as ready)."""
-    def order_of(view, ops):
-        waiting, readers = _graph_edges(view, ops)
-        position = {name: i for i, name in enumerate(ops)}
-
-        def key(name):
-            return (started.get(name, -1), position[name], name)
-        ready = [key(name) for name in ops if waiting[name] == 0]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            name = heapq.heappop(ready)[-1]
-            order.append(name)
-            for reader in readers[name]:
-                waiting[reader] -= 1
-                if waiting[reader] == 0:
-                    heapq.heappush(ready, key(reader))
-        return order + [name for name in ops if name not in set(order)]
-    return order_of
+def started_priority(started):
+    """A ready-op priority: the op TensorFlow started first (`started`: {op name: start
+    time}; ops it did not run, removed by Grappler, as soon as ready), then the plan's."""
+    return lambda name, position: (started.get(name, -1), position)
 
 
 def worker(name, size, steps):
@@ -122,12 +80,13 @@ def worker(name, size, steps):
             op = match.group(1) if match else node.node_name
             started.setdefault(op, node.all_start_micros)
     depth_first = simulator._dependency_order  # pylint: disable=protected-access
-    orders = {"depth-first": depth_first, "fifo": fifo_order,
-              "tensorflow's": started_order(started)}
+    priorities = {"depth-first": None, "fifo": fifo_priority(),
+                  "tensorflow's": started_priority(started)}
     predicted = {}
     try:
-        for label, order in orders.items():
-            simulator._dependency_order = order  # pylint: disable=protected-access
+        for label, priority in priorities.items():
+            # pylint: disable-next=protected-access
+            simulator._dependency_order = functools.partial(depth_first, priority=priority)
             trace = simulator.simulate(plan, sizing.shapes, scratch=sizing.scratch,
                                        **sizing.simulate_options())
             predicted[label] = [p.device_peak for p in trace.partitions]

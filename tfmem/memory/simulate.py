@@ -150,8 +150,13 @@ class TensorSizes:
         return None
 
 
-def _dependency_order(view, ops):
-    """The partition's ops with producers first, keeping the plan's order where free."""
+def _dependency_order(view, ops, priority=None):
+    """The partition's ops with producers first, keeping the plan's order where free.
+
+    `priority(name, position)`, when given, picks among ready ops instead (the
+    smallest first; called once per op, as it becomes ready): how
+    experiments/executor_order.py replays other orders than the plan's.
+    """
     members = set(ops)
     position = {name: i for i, name in enumerate(ops)}
     waiting = {name: 0 for name in ops}
@@ -166,16 +171,24 @@ def _dependency_order(view, ops):
             readers[src].append(name)
     # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
     # graph (tens of thousands of ops) orders in milliseconds.
-    ready = [position[name] for name, n in waiting.items() if n == 0]
+    if priority is None:
+        entry, name_of = position.__getitem__, ops.__getitem__
+    else:
+        def entry(name):
+            return priority(name, position[name]), position[name]
+
+        def name_of(item):
+            return ops[item[1]]
+    ready = [entry(name) for name in ops if waiting[name] == 0]
     heapq.heapify(ready)
     order = []
     while ready:
-        name = ops[heapq.heappop(ready)]
+        name = name_of(heapq.heappop(ready))
         order.append(name)
         for reader in readers[name]:
             waiting[reader] -= 1
             if waiting[reader] == 0:
-                heapq.heappush(ready, position[reader])
+                heapq.heappush(ready, entry(reader))
     ordered = set(order)
     return order + [name for name in ops if name not in ordered]
 
