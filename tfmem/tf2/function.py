@@ -396,8 +396,7 @@ class PartitionedFunction:
         shapes = self._feed_shapes(traced.graph, feeds)
         if self._runtime.budget_bytes is not None or shapes == traced.feed_shapes:
             return prediction.resolved(traced.trace)  # what memory_report() reports
-        return prediction.predict(traced.plan, prediction.sizing(
-            traced.graph, traced.plan.view, shapes))
+        return prediction.predict(traced.plan, Sizing.of(traced.graph, traced.plan.view, shapes))
 
     def memory_report(self):
         """A FunctionMemoryReport of the last step: measured and predicted device and host

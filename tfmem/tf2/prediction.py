@@ -29,12 +29,6 @@ from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
 
 
-def sizing(graph, view, feed_shapes):
-    """The Sizing of the traced request `view` of `graph` at `feed_shapes` (calibrating the
-    kernels the process's scratch cache does not know yet)."""
-    return Sizing.of(graph, view, feed_shapes)
-
-
 def predict(plan, request_sizing):
     """The MemoryTrace of one step of `plan` at a fixed partition size: the simulator's
     figures, kernel scratch included, inputs held to each partition's end.  (Budget
@@ -66,8 +60,8 @@ class LazyPrediction:
         """The MemoryTrace, kernel scratch included (calibrated now if not yet)."""
         with self._lock:
             if self._trace is None:
-                self._trace = predict(self._plan, sizing(self._graph, self._plan.view,
-                                                         self._feed_shapes))
+                self._trace = predict(self._plan, Sizing.of(self._graph, self._plan.view,
+                                                            self._feed_shapes))
             return self._trace
 
 
