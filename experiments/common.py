@@ -302,6 +302,16 @@ def script_model(model_name, argv, device_memory_mib):
     return tf, experiment, args, experiment.build(tf, args.size, args)
 
 
+def tfmem_settings(args, **overrides):
+    """TFMemSession's keyword arguments for the trial settings in `args` (not the budget)."""
+    settings = dict(partition_size=args.partition_size, swap=args.swap,
+                    swap_distance=args.swap_distance, prefetch=args.prefetch,
+                    partial_runs=bool(args.partial_runs), measure=args.measure)
+    if args.swap_min_bytes is not None:
+        settings["swap_min_bytes"] = args.swap_min_bytes
+    return dict(settings, **overrides)
+
+
 def trial_options(experiment, args):
     """The command-line options that reproduce this run's trial settings in a child."""
     options = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
@@ -395,11 +405,7 @@ def run_trial(experiment, args):
                                                        args.intra_op_threads))
     runner = sess
     if system == "tfmem":
-        settings = dict(partition_size=args.partition_size, swap=args.swap,
-                        swap_distance=args.swap_distance, prefetch=args.prefetch,
-                        partial_runs=bool(args.partial_runs), measure=args.measure)
-        if args.swap_min_bytes is not None:
-            settings["swap_min_bytes"] = args.swap_min_bytes
+        settings = tfmem_settings(args)
         if args.budget is not None:
             settings["device_memory_budget"] = args.budget * MIB
         runner = tfmem.TFMemSession(sess, **settings)

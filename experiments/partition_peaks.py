@@ -31,11 +31,7 @@ def main(argv=None):
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     sess = tf.compat.v1.Session(graph=model.graph, config=common.session_config(
         tf, "tfmem", args.inter_op_threads, args.intra_op_threads))
-    settings = dict(partition_size=args.partition_size, swap=args.swap,
-                    swap_distance=args.swap_distance, prefetch=args.prefetch, measure="every")
-    if args.swap_min_bytes is not None:
-        settings["swap_min_bytes"] = args.swap_min_bytes
-    tfs = tfmem.TFMemSession(sess, **settings)
+    tfs = tfmem.TFMemSession(sess, **common.tfmem_settings(args, measure="every"))
     sess.run(model.init)
     after_init = accelerator.device_memory("CPU:0")["current"]
     for _ in range(args.steps):
