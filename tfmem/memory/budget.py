@@ -156,6 +156,24 @@ def predict(plan, sizing, extra_scratch=None):
                     **sizing.simulate_options())
 
 
+def _limit(budget_bytes, margin, others, factor):
+    """Bytes a prediction may reach: the budget less its margin and what the device holds
+    beyond the request's own state, in the uncorrected model's units."""
+    return (budget_bytes * (1 - margin) - others) / factor
+
+
+def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, correction=None):
+    """Whether a plan fitted earlier, predicted `trace`, still fits now that the device holds
+    `resident_bytes`.  What it holds beyond the request's state can grow after planning:
+    a variable that shares its buffer with another tensor (its initializer's value, which
+    the initializing run's executor keeps) is copied by its first update, so a training
+    step's first update leaves up to a copy of the updated variables behind; other
+    requests and sessions allocate too."""
+    others = max(resident_bytes - trace.state_bytes, 0)
+    factor = correction.factor if correction is not None else 1.0
+    return trace.peak_device <= _limit(budget_bytes, margin, others, factor)
+
+
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.
@@ -181,7 +199,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
-    limit = (budget_bytes * (1 - margin) - others) / factor
+    limit = _limit(budget_bytes, margin, others, factor)
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
             trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,

@@ -22,6 +22,7 @@ class CompiledRequest:
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
+        self.resident_checked = 0  # budget mode: the device's bytes its plan was last checked at
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured

@@ -293,6 +293,8 @@ class TFMemSession(SessionInterfaceMethods):
                 entry = None
             else:
                 entry.graph_version = version
+        if entry is not None and self._budget is not None and not entry.replan:
+            entry.replan = self._outgrown(entry)
         if entry is not None and entry.replan:
             entry.replan = False
             plan, trace = self._make_plan(request, entry.correction, entry.plan.view)
@@ -307,7 +309,7 @@ class TFMemSession(SessionInterfaceMethods):
             else:  # the same plan, predicted with what was learned (gather drops a stale trace)
                 entry.trace = trace if trace is not None else budget.predict(
                     entry.plan, self._sizing(entry.plan.view, request.feed_shapes()),
-                    entry.correction.scratch)
+                    entry.correction.scratch if entry.correction else None)
                 if entry.schedule is not None:
                     entry.schedule.restart()  # measure every step until it settles again
         if entry is None:
@@ -316,6 +318,23 @@ class TFMemSession(SessionInterfaceMethods):
             entry = self._plans.add(key, plan, version, trace)
             entry.plan_time = time.perf_counter() - started
         return entry
+
+    def _outgrown(self, entry):
+        """Budget mode, before a step: whether the device now holds so much more than the
+        request's plan was fitted to that the plan no longer fits (see budget.still_fits).
+        Checked again only once the device holds more than at the last check, so a re-plan
+        that keeps the plan is not repeated every step."""
+        memory = (accelerator.device_memory(self._runtime.device)
+                  if self._runtime.measure_device and entry.trace is not None else None)
+        if memory is None or memory["current"] <= entry.resident_checked:
+            return False
+        entry.resident_checked = memory["current"]
+        if budget.still_fits(entry.trace, self._budget, memory["current"],
+                             correction=entry.correction):
+            return False
+        log.info("the device holds %.1f MiB now, more than this request's plan was fitted "
+                 "to; planning it again before this step", memory["current"] / (1 << 20))
+        return True
 
     def simulate(self, fetches, feed_dict=None):
         """The predicted MemoryTrace of one step of the request, without running it.
