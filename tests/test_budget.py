@@ -437,7 +437,10 @@ def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
 def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
     run = capped["budget"]
     assert run["planned_partitions"] > 1
-    assert run["step_partitions"] == [run["planned_partitions"]] * 3
+    # Planned again once after the first step: its momentum update copied buffers the slots
+    # shared with their initial value, so the device holds ~3 MiB more (see "resident").
+    first, *later = run["step_partitions"]
+    assert first == run["planned_partitions"] and all(n >= first for n in later), run
     np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)
     # The cap is four times the budget: this bound is the prediction's, not the allocator's.
     assert max(run["peaks"]) <= BUDGET_MIB * MIB, (
@@ -485,7 +488,7 @@ def test_memory_report_under_the_cap(capped):
     assert report["device_peak"][1] == run["tfmem_peaks"][-1]
     predicted = report["predicted_partition_peaks"][1]
     measured = report["partition_peaks"][1]
-    assert len(predicted) == len(measured) == run["planned_partitions"]
+    assert len(predicted) == len(measured) == run["step_partitions"][-1]
     assert max(measured) == report["device_peak"][1]
     assert max(predicted) == report["predicted_device_peak"][1]
     # The chunk figure of every partition beside it: in budget mode the requested figure
