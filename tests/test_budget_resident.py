@@ -9,7 +9,7 @@ fits what the device holds now, and plans again if not (never during a step).
 One capped process (the cap must differ from this process's): a request is
 planned and run, then another session in the process takes a large variable, and
 the next steps must be planned again, stay under the cap, and train exactly as
-plain TensorFlow does.
+plain TensorFlow does.  The same for `tfmem.function` beside a new eager variable.
 """
 
 import json
@@ -74,11 +74,38 @@ def train(kind):
     return out
 
 
+def train_tf2(kind):
+    sys.path.insert(0, "tools")  # the child runs from the repository's root
+    import numpy as np
+    from bench_tf2 import build_mlp
+    fn, x = build_mlp(tf, np, seed=0, layers=12)
+    step = tf.function(fn) if kind == "plain" else tfmem.function(
+        fn, device_memory_budget=f"{CAP}MiB")
+    out = {"losses": [], "partitions": []}
+    other = None
+    for i in range(STEPS):
+        if i == 1 and kind == "tfmem":
+            other = tf.Variable(tf.zeros([OTHER << 18]))  # held beside the function
+            messages.clear()
+        out["losses"].append(float(step(x)))
+        if kind == "tfmem":
+            out["partitions"].append(step.last_step.partitions)
+            if i == 1:
+                out["messages_step_1"] = list(messages)
+    del other
+    return out
+
+
 result = {"plain": train("plain")}
 try:
     result["tfmem"] = train("tfmem")
 except Exception as err:  # reported, so the test names what went wrong
     result["tfmem_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+result["tf2_plain"] = train_tf2("plain")
+try:
+    result["tf2"] = train_tf2("tfmem")
+except Exception as err:
+    result["tf2_error"] = f"{type(err).__name__}: {str(err)[:300]}"
 print(json.dumps(result))
 """
 
@@ -108,3 +135,12 @@ def test_the_steps_after_stay_under_the_cap_and_train_like_plain(runs):
     assert tfmem_run, runs.get("tfmem_error")
     assert all(peak is None or peak <= CAP_MIB * MIB for peak in tfmem_run["peaks"])
     assert np.array_equal(np.array(tfmem_run["losses"]), np.array(runs["plain"]["losses"]))
+
+
+def test_tfmem_function_plans_again_too(runs):
+    tf2 = runs.get("tf2")
+    assert tf2, runs.get("tf2_error")
+    first, *later = tf2["partitions"]
+    assert all(count > first for count in later), tf2["partitions"]
+    assert any("planning it again" in m for m in tf2["messages_step_1"]), tf2["messages_step_1"]
+    assert np.array_equal(np.array(tf2["losses"]), np.array(runs["tf2_plain"]["losses"]))

@@ -9,6 +9,8 @@ request's signature (plus its fed shapes in budget mode).
 
 import threading
 
+from tfmem.memory.resident import ResidentCheck
+
 
 class CompiledRequest:
     """A cached plan, its predicted memory, its executor once rewritten, and the graph
@@ -22,7 +24,7 @@ class CompiledRequest:
         self.executor = None
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
-        self.resident_checked = 0  # budget mode: the device's bytes its plan was last checked at
+        self.resident = ResidentCheck()  # budget mode: does its plan still fit beside the device's bytes
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured

@@ -320,21 +320,12 @@ class TFMemSession(SessionInterfaceMethods):
         return entry
 
     def _outgrown(self, entry):
-        """Budget mode, before a step: whether the device now holds so much more than the
-        request's plan was fitted to that the plan no longer fits (see budget.still_fits).
-        Checked again only once the device holds more than at the last check, so a re-plan
-        that keeps the plan is not repeated every step."""
+        """Budget mode, before a step: whether its plan no longer fits beside what the
+        device holds now (see tfmem.memory.resident)."""
         memory = (accelerator.device_memory(self._runtime.device)
-                  if self._runtime.measure_device and entry.trace is not None else None)
-        if memory is None or memory["current"] <= entry.resident_checked:
-            return False
-        entry.resident_checked = memory["current"]
-        if budget.still_fits(entry.trace, self._budget, memory["current"],
-                             correction=entry.correction):
-            return False
-        log.info("the device holds %.1f MiB now, more than this request's plan was fitted "
-                 "to; planning it again before this step", memory["current"] / (1 << 20))
-        return True
+                  if self._runtime.measure_device else None)
+        return entry.resident.outgrown(entry.trace, self._budget,
+                                       memory["current"] if memory else None, entry.correction)
 
     def simulate(self, fetches, feed_dict=None):
         """The predicted MemoryTrace of one step of the request, without running it.

@@ -42,6 +42,7 @@ from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
+from tfmem.memory.resident import ResidentCheck
 from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
@@ -100,6 +101,7 @@ class _Traced:
         self.feed_shapes = None
         self.correction = None
         self.replan = False
+        self.resident = ResidentCheck()
 
 
 def _refuse_jit(jit_compile):
@@ -271,6 +273,8 @@ class PartitionedFunction:
         key = self._key(concrete, feeds, runtime)
         traced = self._traced.get(key)
         if traced is not None and traced.concrete is concrete:
+            if runtime.budget_bytes is not None and not traced.replan:
+                traced.replan = self._outgrown(traced)
             return self._replanned(key, traced) if traced.replan else traced
         graph = concrete.graph
         input_names = {t.name for t in graph.inputs}
@@ -303,6 +307,15 @@ class PartitionedFunction:
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
                           resident_bytes=memory["current"] if memory else 0,
                           correction=correction, prefer=[t.plan for t in earlier])
+
+    def _outgrown(self, traced):
+        """Budget mode, before a call: whether its plan no longer fits beside what the
+        device holds now (see tfmem.memory.resident)."""
+        runtime = self._runtime
+        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
+        return traced.resident.outgrown(traced.trace, runtime.budget_bytes,
+                                        memory["current"] if memory else None,
+                                        traced.correction, f"tfmem.function {self.__name__!r}")
 
     def _replanned(self, key, traced):
         """Budget mode, after a step that measured over its prediction (see _learn): the
