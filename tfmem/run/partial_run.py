@@ -32,8 +32,8 @@ A partial run takes no RunOptions and returns no RunMetadata, so steps with
 `options` or `run_metadata` run the callables (see execute), and so do steps
 measuring device peaks from step statistics, except in budget mode, where a
 measured step stays a partial run and reads TensorFlow's process figures
-around each call instead (call_peaks).  The C API is called directly: Python's `Session.partial_run`
-rebuilds its fetch handler on every call.
+around each call instead (call_peaks).  The C API is called directly:
+Python's `Session.partial_run` rebuilds its fetch handler on every call.
 """
 
 import copy

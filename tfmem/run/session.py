@@ -176,7 +176,8 @@ class TFMemSession(SessionInterfaceMethods):
                                  residences.for_session(sess, device), measure_device=measurable,
                                  remote_info=remote_info, partial_runs=bool(partial_runs),
                                  measure_partial_runs=self._budget is not None)
-        self._remeasured = ScratchCache()  # kernels measured again after a partial-run step went over
+        # kernels measured again after a partial-run step went over (see remeasure)
+        self._remeasured = ScratchCache()
         self._trace_path = trace  # where each step's Chrome trace goes, or None
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
