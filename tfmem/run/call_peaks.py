@@ -15,8 +15,9 @@ partition's call and never reset (the peak is the user's):
   (max(c0, c1), p0): it held at least what was in use when it started and
   returned, at most the process peak.
 
-The step's peak is known when one of its calls raised the process peak: it is
-then the process peak after the step (every other call stayed at or below it).
+The step's peak is known when the process peak rose during the step (in a
+call, or between calls: the prefetcher's uploads): it is then the process
+peak after the step, every other moment of the step stayed at or below it.
 So on a fresh process the first step of a plan is measured whole, and a later
 step only in the calls that go higher than anything before: those are the
 calls that matter to budget mode, which learns from steps that went over.
@@ -64,13 +65,14 @@ class CallPeaks:
             self.partition_bounds.append((lower, self._before))
 
     def step_peak(self):
-        """The step's peak when a call raised the process peak, else None."""
-        known = [p for p in self.partition_peaks if p is not None]
-        return max(known) if known else None
+        """The step's peak when the process peak rose during the step, else None."""
+        memory = accelerator.device_memory(self._device)
+        return memory["peak"] if memory["peak"] > self.step_start_peak else None
 
     def step_bounds(self):
-        """(lower, upper) bytes around the step's peak."""
+        """(lower, upper) bytes around the step's peak: the most any call is known to have
+        held, and the process peak now."""
         if not self.partition_bounds:
             return None
-        return (max(low for low, _ in self.partition_bounds),
-                max(high for _, high in self.partition_bounds))
+        peak = accelerator.device_memory(self._device)["peak"]
+        return max(low for low, _ in self.partition_bounds), peak

@@ -286,7 +286,8 @@ class Executor:
             partitions=len(self.plan.partitions),
             device_peak_bytes=step_peak,
             partition_peak_bytes=measured,
-            measured=measured is not None and any(p is not None for p in measured),
+            measured=step_peak is not None or (measured is not None and
+                                                any(p is not None for p in measured)),
             device_peak_bounds=bounds,
             resident_bytes=resident, kernel_scratch=step.scratch,
             host_buffer_bytes=runtime.pool.capacity_bytes,

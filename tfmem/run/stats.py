@@ -17,8 +17,8 @@ class StepStats:
     the step was not measured (`measured`; see sampling).  A budget-mode step
     run as a partial run is measured by the process figures (run/call_peaks.py):
     its entries are None for the calls that did not raise TensorFlow's process
-    peak, and `measured` says whether any is known.  `step` counts the
-    session's partitioned steps from 1.
+    peak, and `measured` says whether any, or the step's peak, is known.
+    `step` counts the session's partitioned steps from 1.
 
     Where the time went: `call_time` is the seconds the step's thread spent inside
     the partitions' calls (TensorFlow running them); `uploads` and `upload_time`
