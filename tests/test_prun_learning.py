@@ -15,6 +15,9 @@ im2col scratch).  Its first plan, one partition, is predicted under the budget
 without that scratch; the step measures over it as a partial run, learns, logs,
 and the next step runs a new plan, still as a partial run, under the cap.  The
 losses and weights equal a plain Session.run's of the same steps, bit for bit.
+TensorFlow's process peak never goes down across tfmem's steps; the re-planned
+steps, under the first one's peak, read None for every call; after the user
+resets the peak, the calls that raise it again are known and the others None.
 """
 
 import json
@@ -96,6 +99,14 @@ for _ in range(steps):
         process_peak_before=before, process_peak_after=peak(),
         learned=[r for r in records if "planning the request again" in r],
         replanned=[r for r in records if "planned again with the corrected model" in r]))
+# The user resets the peak (theirs to reset): the calls that raise it again are known.
+accelerator.reset_peak("CPU:0")
+floor = peak()
+tfs.run(fetches, feed)
+stats = tfs.last_step
+out["after_reset"] = dict(floor=floor, process_peak_after=peak(),
+                          partition_peaks=stats.partition_peak_bytes,
+                          step_peak=stats.device_peak_bytes)
 out["weights"] = [v.tobytes().hex() for v in sess.run(variables)]
 out["cache_after"] = dict(scratch.default_cache().items())
 tfs.close()
@@ -103,7 +114,7 @@ tfs.close()
 plain = tf1.Session(graph=model.graph, config=config)  # the same steps, plain, after
 plain.run(model.init)
 out["plain_losses"] = [np.asarray(plain.run(fetches, feed)[1]).tobytes().hex()
-                       for _ in range(steps)]
+                       for _ in range(steps + 1)]
 out["plain_weights"] = [v.tobytes().hex() for v in plain.run(variables)]
 out["cap_bytes"] = int(sys.argv[1]) << 20
 out["final_peak"] = peak()
@@ -153,7 +164,7 @@ def test_budget_mode_learns_from_partial_run_steps(tmp_path):
     # the kernels measured again replaced the stale figures (no longer all 0)
     assert any(out["cache_after"].values())
     # no step ran twice: losses and weights are plain TensorFlow's, bit for bit
-    assert [s["loss"] for s in steps] == out["plain_losses"]
+    assert [s["loss"] for s in steps] == out["plain_losses"][:STEPS]
     assert out["weights"] == out["plain_weights"]
 
     # (b) TensorFlow's process peak is never reset by a tfmem step: it never goes down
@@ -171,3 +182,13 @@ def test_budget_mode_learns_from_partial_run_steps(tmp_path):
         assert step["step_peak"] is None and not step["measured"], step
         low, high = step["bounds"]
         assert step["resident"] <= low <= high == step["process_peak_before"], step
+
+    # After the user reset the peak, the calls that raised it again are known: each known
+    # one above every earlier one (it raised the process peak), the step's peak is the
+    # process peak after it, and a call under an earlier call's peak stays None
+    reset = out["after_reset"]
+    print(f"after a reset: {reset}")
+    known = [p for p in reset["partition_peaks"] if p is not None]
+    assert known and known == sorted(set(known)), reset
+    assert reset["step_peak"] == reset["process_peak_after"] >= known[-1] > reset["floor"]
+    assert None in reset["partition_peaks"], reset
