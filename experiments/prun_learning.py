@@ -29,6 +29,10 @@ import sys
 
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from tfmem.cli import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 CHILD = r"""
 import json, os, sys, tempfile, time
@@ -121,6 +125,7 @@ def main():
         else:
             print(f"  {arm:12s} scratch measured again in "
                   f"{sum(result['remeasure_seconds']):.2f} s")
+    results["provenance"] = provenance.provenance("oneDNN off")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as file:
             json.dump(results, file, indent=1)
