@@ -210,12 +210,12 @@ def build_parser(experiment):
                           "run (one executor per request, not one callable per partition: a "
                           "much shorter first step). A trial owns its session and ends at its "
                           "first failure, so the session a failed partial run cancels costs "
-                          "nothing here. Implies --measure off unless given (measured steps "
-                          "run as callables)")
+                          "nothing here. Implies --measure off unless given, outside budget "
+                          "mode (measured steps run as callables there)")
     tfm.add_argument("--measure", choices=("sample", "every", "off"),
                      help="TFMemSession(measure=...): which steps read the allocator's figures "
-                          "(default sample; off with --partial-runs). Budget mode learns only "
-                          "from measured steps")
+                          "(default sample; off with --partial-runs outside budget mode). "
+                          "Budget mode learns only from measured steps")
     search = parser.add_argument_group("search (--find-max, --quick)")
     search.add_argument("--cap-base", type=positive_int, metavar="N",
                         help=f"without --device-memory: measure plain TensorFlow's peak at --{size} "
@@ -277,9 +277,11 @@ def parse_args(experiment, argv=None):
         parser.error("a search needs a cap: --device-memory MiB, or --cap-base N to derive it "
                      "from plain TensorFlow's peak at that size")
     if args.measure is None:
-        # A measured step runs the callables (a partial run returns no step statistics),
-        # and a trial's few steps would all be measured ones under "sample".
-        args.measure = "off" if args.partial_runs else "sample"
+        # Outside budget mode a measured step runs the callables (a partial run returns no
+        # step statistics), and a trial's few steps would all be measured ones under
+        # "sample"; budget mode measures partial runs by the process figures and learns.
+        budget_mode = args.partition_size == "auto" or args.budget is not None
+        args.measure = "off" if args.partial_runs and not budget_mode else "sample"
     if args.cap_base is not None:
         try:
             experiment.index_of(args.cap_base)
@@ -966,9 +968,12 @@ def step_path_text(settings):
     """How tfmem's trials ran their steps (--partial-runs, --measure), in a few words."""
     measure = settings.get("measure") or "sample"
     if settings.get("partial_runs"):
-        return (f"partial runs (measure {measure}: "
-                + ("no step measured, budget mode learns nothing)" if measure == "off" else
-                   "measured steps run callables)"))
+        if measure == "off":
+            return "partial runs (measure off: no step measured, budget mode learns nothing)"
+        if settings.get("partition_size") == "auto" or settings.get("budget") is not None:
+            return (f"partial runs (measure {measure}: budget mode measures them by "
+                    "TensorFlow's process peak around each call and learns)")
+        return f"partial runs (measure {measure}: measured steps run callables)"
     return f"one callable per partition (measure {measure})"
 
 

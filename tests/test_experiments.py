@@ -342,6 +342,10 @@ def test_partial_runs_option_reaches_the_trial_and_the_report():
     assert not plain.partial_runs and plain.measure == "sample"
     assert "--partial-runs" not in common.trial_options(moe.EXPERIMENT, plain)
     assert common.step_path_text(vars(args)).startswith("partial runs (measure off")
+    # budget mode measures partial runs by the process figures: it keeps "sample" and learns
+    learns = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
+                                                "auto"])
+    assert learns.measure == "sample" and "learns" in common.step_path_text(vars(learns))
     assert common.step_path_text(vars(plain)) == "one callable per partition (measure sample)"
     assert common.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
         "python experiments/moe.py --quick --partial-runs"

@@ -17,6 +17,7 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.run import accelerator, c_path, partial_run, remote
+from tfmem.run.call_peaks import CallPeaks
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.plan.schedule import Schedule
@@ -242,23 +243,31 @@ class Executor:
                   and options.trace_level >= config_pb2.RunOptions.SOFTWARE_TRACE)
         measure = runtime.measure_device and (measure or traced)
         keys = self._residence.for_step()  # the step's own tickets (see residence)
+        # A measured step reads step statistics from the callables, except in budget mode,
+        # which measures a partial run by the process figures (call_peaks) instead.
+        call_peaks = CallPeaks(runtime.device) \
+            if measure and runtime.measure_partial_runs else None
         if self._partial is not None and options is None and run_metadata is None \
-                and not measure:  # else the callables (a partial run takes no RunOptions)
+                and (not measure or call_peaks is not None):  # (a partial run takes no RunOptions)
             step_run = partial_run.StepRun(self._partial, keys.inputs(feeds))
             swaps = partial_run.StoppingSwaps(SwapManager(
                 self._partial_schedule, keys.bind(self._batches), runtime.pool,
                 runtime.prefetcher, keys, timeline), step_run)
+            if call_peaks is not None and not call_peaks.start_step():
+                call_peaks = None  # TensorFlow keeps no figures now: nothing is measured
             step = partial_run.PartialStep(self._partial, step_run,
-                                           _Step(self, None, None, False, feeds))
+                                           _Step(self, None, None, False, feeds), call_peaks)
         else:
-            step_run = None
+            step_run = call_peaks = None
             callables = self._callables_for(options, run_metadata, measure)
             swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
                                 runtime.prefetcher, keys, timeline)
             step = _Step(self, callables, run_metadata, measure, feeds)
         started = time.perf_counter()
         resident = None
-        if measure:
+        if call_peaks is not None:
+            resident = call_peaks.resident
+        elif measure and step_run is None:
             memory = accelerator.device_memory(runtime.device)
             resident = memory["current"] if memory else None
         try:
@@ -267,12 +276,19 @@ class Executor:
             if step_run is not None and step_run.failed is not None:
                 runtime.cancelled_by = step_run.failed  # see partial_run: the session is gone
         wall = time.perf_counter() - started
-        measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
+        if call_peaks is not None:  # known where a call raised the process peak, else None
+            measured = tuple(step.peaks)
+            step_peak, bounds = call_peaks.step_peak(), call_peaks.step_bounds()
+        else:
+            measured = None if None in step.peaks or not step.peaks else tuple(step.peaks)
+            step_peak, bounds = (max(measured) if measured else None), None
         stats = swaps.counts.step_stats(
             partitions=len(self.plan.partitions),
-            device_peak_bytes=max(measured) if measured else None,
+            device_peak_bytes=step_peak,
             partition_peak_bytes=measured,
-            measured=measured is not None,
+            measured=step_peak is not None or (measured is not None and
+                                                any(p is not None for p in measured)),
+            device_peak_bounds=bounds,
             resident_bytes=resident, kernel_scratch=step.scratch,
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,

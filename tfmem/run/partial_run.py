@@ -29,9 +29,11 @@ whose steps do not fail or that make a new session when one does; tfmem
 then raises `SessionCancelledError` instead of running a step on it.
 
 A partial run takes no RunOptions and returns no RunMetadata, so steps with
-`options`, `run_metadata` or measured device peaks run the callables (see
-execute).  The C API is called directly: Python's `Session.partial_run`
-rebuilds its fetch handler on every call.
+`options` or `run_metadata` run the callables (see execute), and so do steps
+measuring device peaks from step statistics, except in budget mode, where a
+measured step stays a partial run and reads TensorFlow's process figures
+around each call instead (call_peaks).  The C API is called directly:
+Python's `Session.partial_run` rebuilds its fetch handler on every call.
 """
 
 import copy
@@ -199,17 +201,26 @@ class PartialStep:
     """The step loop's front end of a partial-run step (see step_loop); diagnoses
     failures as the callable front end `diagnosis` does."""
 
-    def __init__(self, partial_run, step_run, diagnosis):
+    def __init__(self, partial_run, step_run, diagnosis, call_peaks=None):
         self.plan = diagnosis.plan
         self.wiring = partial_run.wiring
         self._step_run = step_run
         self._diagnosis = diagnosis
-        self.peaks = []  # never measured: a partial run has no step statistics
-        self.scratch = {}
+        # A partial run has no step statistics: its peaks, where measured, come from the
+        # process figures around each call (call_peaks.CallPeaks), else None.
+        self._call_peaks = call_peaks
+        self.peaks = []
+        self.scratch = {}  # no per-op statistics either (see session: learning)
 
     def call(self, index, args):
-        self.peaks.append(None)
-        return self._step_run.call(index, args)
+        if self._call_peaks is None:
+            self.peaks.append(None)
+            return self._step_run.call(index, args)
+        self._call_peaks.start_call()
+        values = self._step_run.call(index, args)
+        self._call_peaks.end_call()
+        self.peaks.append(self._call_peaks.partition_peaks[-1])
+        return values
 
     @staticmethod
     def host_value(value):

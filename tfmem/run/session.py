@@ -42,6 +42,8 @@ from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
 from tfmem.run import partial_run, remote, residence as residences
+from tfmem.run import remeasure
+from tfmem.memory.scratch import ScratchCache
 from tfmem.plan import updates
 from tfmem import tf_private
 
@@ -88,6 +90,8 @@ class _Runtime:
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
     partial_runs: bool = False  # steps of plans that allow it run as partial runs
     cancelled_by: object = None  # the OpError of a failed partial-run step (see partial_run)
+    # budget mode: a measured step stays a partial run, read by the process figures (call_peaks)
+    measure_partial_runs: bool = False
 
 
 class TFMemSession(SessionInterfaceMethods):
@@ -170,7 +174,10 @@ class TFMemSession(SessionInterfaceMethods):
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
                                  residences.for_session(sess, device), measure_device=measurable,
-                                 remote_info=remote_info, partial_runs=bool(partial_runs))
+                                 remote_info=remote_info, partial_runs=bool(partial_runs),
+                                 measure_partial_runs=self._budget is not None)
+        # kernels measured again after a partial-run step went over (see remeasure)
+        self._remeasured = ScratchCache()
         self._trace_path = trace  # where each step's Chrome trace goes, or None
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
@@ -360,7 +367,8 @@ class TFMemSession(SessionInterfaceMethods):
             measure=entry.schedule.wants())
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
-        entry.schedule.record(stats.partition_peak_bytes)
+        entry.schedule.record(stats.partition_peak_bytes if stats.measured and
+                              None not in stats.partition_peak_bytes else None)
         if stats.measured:
             entry.last_measured = stats
         self.last_step = stats
@@ -383,9 +391,13 @@ class TFMemSession(SessionInterfaceMethods):
         if entry.correction is None:
             entry.correction = budget.Correction()
         feed_shapes = request.feed_shapes()
+        scratch_seen = stats.kernel_scratch
+        if stats.partial_run:  # no step statistics: its kernels measured again when it went over
+            scratch_seen = functools.partial(remeasure.request_scratch, self._session,
+                                             entry.plan.view, feed_shapes, self._remeasured)
         if not learning.learn_from_step(
                 entry.correction, entry.trace, stats.partition_peak_bytes,
-                stats.resident_bytes, stats.kernel_scratch,
+                stats.resident_bytes, scratch_seen,
                 lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
                                                                       feed_shapes), extra)):
             return

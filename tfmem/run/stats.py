@@ -14,8 +14,11 @@ class StepStats:
     allocator peak for the step, and `partition_peak_bytes` that of each
     partition, read from the step statistics of its run (TensorFlow's
     process-wide peak is left alone); None where TensorFlow reports none or
-    the step was not measured (`measured`; see sampling).  `step` counts the
-    session's partitioned steps from 1.
+    the step was not measured (`measured`; see sampling).  A budget-mode step
+    run as a partial run is measured by the process figures (run/call_peaks.py):
+    its entries are None for the calls that did not raise TensorFlow's process
+    peak, and `measured` says whether any, or the step's peak, is known.
+    `step` counts the session's partitioned steps from 1.
 
     Where the time went: `call_time` is the seconds the step's thread spent inside
     the partitions' calls (TensorFlow running them); `uploads` and `upload_time`
@@ -47,7 +50,8 @@ class StepStats:
     resident_bytes: int | None = None
     kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (lower, upper) bytes around the step's device peak, known where the peak itself is
-    # not (tfmem.function under an earlier, higher process peak; see tfmem.tf2.measure)
+    # not (tfmem.function, and a budget-mode partial-run step, under an earlier, higher
+    # process peak; see tfmem.tf2.measure and run/call_peaks.py)
     device_peak_bounds: tuple | None = None
     # The step ran as one partial run (see run/partial_run.py), not one callable per
     # partition; setup_time: starting it (counted in call_time; building its executor
