@@ -9,6 +9,9 @@ held to the partition's end).  The kernel scratch is calibrated under the
 allocator this process runs, so pass the experiment's cap.
 
     python experiments/budget_floor.py resnet --layers 96 --device-memory 110
+
+The session runs the experiment's --session-config: under "tfmem" (Grappler
+off) sums are planned without units.py's regrouping rule, as tfmem.Session's.
 """
 
 import argparse
@@ -35,10 +38,14 @@ def main(argv=None):
     from tfmem.memory import budget  # pylint: disable=import-outside-toplevel
     from tfmem.memory.sizing import Sizing  # pylint: disable=import-outside-toplevel
     from tfmem.memory.simulate import simulate, TensorSizes  # pylint: disable=import-outside-toplevel
-    sess = tf.compat.v1.Session(graph=model.graph)
+    from tfmem.run.regrouping import runs_arithmetic_optimizer  # pylint: disable=import-outside-toplevel
+    config = common.session_config(tf, "tfmem", args.inter_op_threads, args.intra_op_threads,
+                                   args.session_config)
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
     sess.run(model.init)
     with model.graph.as_default():
-        view = analyse([model.loss], [model.train_op], list(model.feed))
+        view = analyse([model.loss], [model.train_op], list(model.feed),
+                       runs_arithmetic_optimizer(config))
     sizing = Sizing.of(model.graph, view, {t.name: v.shape for t, v in model.feed.items()}, sess)
     policy = SwapPolicy(min_bytes=args.swap_min_bytes if args.swap_min_bytes is not None
                         else 1 << 20, swap_distance=0)
@@ -48,7 +55,8 @@ def main(argv=None):
                      chunks=True, **sizing.simulate_options())
     index, peak = max(enumerate(trace.partitions), key=lambda item: item[1].device_peak)
     rest = (peak.device_peak - peak.device_before - peak.to_device - peak.scratch - slack)
-    print(f"{known.model} {experiment.size} {args.size}, cap {known.device_memory} MiB: one op per "
+    print(f"{known.model} {experiment.size} {args.size}, cap {known.device_memory} MiB, "
+          f"session config {args.session_config}: one op per "
           f"partition ({len(plan.partitions)} partitions) peaks at {peak.device_peak / MIB:.1f} "
           f"MiB in partition {index}, {', '.join(plan.partitions[index].ops)}")
     for name, value in (("state (variables, constants)", trace.state_bytes),

@@ -40,6 +40,9 @@ from tfmem.cli import provenance as tfmem_provenance
 
 MIB = 1 << 20
 SYSTEMS = ("tf", "grappler", "tfmem")
+# Every system's session config (--session-config): TensorFlow's defaults, or
+# tfmem.session_config() (Grappler off: tfmem then plans without units.py's rule 5).
+SESSION_CONFIGS = ("default", "tfmem")
 # Grappler's memory optimizer levels (RewriterConfig.MemOptType).  HEURISTICS is
 # the strongest: it runs the recomputation heuristics (cheap ops such as batch
 # norm and ReLU recomputed in the backward pass) and the scheduling and swapping
@@ -185,6 +188,9 @@ def build_parser(experiment):
                        help="tfmem trials' kernel path (TF_ENABLE_ONEDNN_OPTS, default 0); plain "
                             "TensorFlow trials always run with 0: oneDNN kernels have crashed at "
                             "a full capped allocator instead of raising ResourceExhaustedError")
+    trial.add_argument("--session-config", choices=SESSION_CONFIGS, default="default",
+                       help="every system's session config: TensorFlow's defaults, or "
+                       "tfmem.session_config() (Grappler's meta optimizer off, as tfmem.Session)")
     trial.add_argument("--batch-size", type=positive_int)
     trial.add_argument("--inter-op-threads", type=non_negative_int, metavar="N",
                        help="the sessions' inter_op_parallelism_threads (default 0: TensorFlow's "
@@ -320,7 +326,8 @@ def trial_options(experiment, args):
                "--partition-size", str(args.partition_size), "--swap", args.swap,
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
                "--inter-op-threads", str(args.inter_op_threads),
-               "--intra-op-threads", str(args.intra_op_threads), "--measure", args.measure]
+               "--intra-op-threads", str(args.intra_op_threads), "--measure", args.measure,
+               "--session-config", args.session_config]
     if args.partial_runs:
         options.append("--partial-runs")
     if args.device_memory is not None:
@@ -340,11 +347,15 @@ def trial_options(experiment, args):
 # one trial, in this process
 
 
-def session_config(tf, system, inter_op_threads=0, intra_op_threads=0):
-    """The ConfigProto of a system's session: TensorFlow's defaults, plus Grappler's
-    memory optimizer for `grappler`."""
+def session_config(tf, system, inter_op_threads=0, intra_op_threads=0, kind="default"):
+    """The ConfigProto of a system's session: TensorFlow's defaults (kind "default") or
+    tfmem.session_config()'s (kind "tfmem": Grappler's meta optimizer off, for every
+    system alike), plus Grappler's memory optimizer for `grappler` (which does not run
+    under "tfmem")."""
     config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op_threads,
                                       intra_op_parallelism_threads=intra_op_threads)
+    if kind == "tfmem":
+        config = tfmem.session_config(config)
     if system == "grappler":
         from tensorflow.core.protobuf import rewriter_config_pb2  # pylint: disable=import-outside-toplevel
         config.graph_options.rewrite_options.memory_optimization = getattr(
@@ -394,6 +405,7 @@ def run_trial(experiment, args):
                   resident_after_init_bytes=None, resident_after_steps_bytes=None,
                   build_seconds=None, first_step_seconds=None, seconds=None,
                   grappler=GRAPPLER_MEMORY_OPTIMIZATION if system == "grappler" else None,
+                  session_config=args.session_config,
                   tfmem=None)
     _phase("building", started)
     model = experiment.build(tf, args.size, args)
@@ -404,7 +416,8 @@ def run_trial(experiment, args):
     result["build_seconds"] = time.perf_counter() - started
     sess = tf.compat.v1.Session(graph=model.graph,
                                 config=session_config(tf, system, args.inter_op_threads,
-                                                       args.intra_op_threads))
+                                                       args.intra_op_threads,
+                                                       args.session_config))
     runner = sess
     if system == "tfmem":
         settings = tfmem_settings(args)
@@ -935,6 +948,15 @@ def derive_cap(experiment, args, out=None):
     return info
 
 
+def session_config_note(kind):
+    """Which session config every system's trials ran under, in one line."""
+    if kind == "tfmem":
+        return ("sessions: every system's session (plain TensorFlow's too, and the cap's "
+                "base trial) runs tfmem.session_config(): Grappler's meta optimizer off, so "
+                "grappler = tf, and tfmem plans sums without the regrouping rule")
+    return "sessions: TensorFlow's default session config for every system"
+
+
 def cap_note(experiment, args, cap_info):
     """How the cap was chosen, in one line."""
     if cap_info is None:
@@ -1000,6 +1022,7 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
              f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
              f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
              f"{step_path_text(vars(args))}",
+             session_config_note(args.session_config),
              f"search: exponential then binary on {experiment.size}, one process per trial, "
              f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
              f"whole run {seconds:.0f} s",

@@ -43,6 +43,11 @@ def extend_graph(session):
     session._extend_graph()  # pylint: disable=protected-access
 
 
+def config_of(session):
+    """The ConfigProto `session` was created with (None: TensorFlow's defaults)."""
+    return getattr(session, "_config", None)
+
+
 def c_session(session):
     """The C API's TF_Session of a Python session (partial runs: see run/partial_run.py)."""
     return session._session  # pylint: disable=protected-access

@@ -66,6 +66,8 @@ def experiment_block(data, name):
         cap_text = f"cap {settings.get('device_memory')} MiB (given)"
     steps = (f"tfmem: {common.step_path_text(settings)}; "
              if "partial_runs" in settings else "")
+    if settings.get("session_config", "default") != "default":  # experiments/common.py
+        steps += f"every session: {settings['session_config']} config (Grappler off); "
     lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
              f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",

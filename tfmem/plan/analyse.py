@@ -128,6 +128,9 @@ class GraphView:
     feeds: frozenset  # fed tensor names (all of the request's feeds)
     fetches: tuple  # tensor names
     targets: tuple  # op names
+    # Whether the session that runs the request runs Grappler's arithmetic optimizer,
+    # which reorders sums (units.py, rule 5); run/regrouping.py reads it off the config.
+    regrouped_arithmetic: bool = True
 
     def tensor(self, name):
         """TensorInfo of a tensor produced by a node or a source."""
@@ -343,8 +346,12 @@ def _originals(nodes, sources, fed, control_on_sources, together):
     return frozenset(given) | frozenset(name for name in together if name in nodes)
 
 
-def analyse(fetch_tensors, target_ops, fed_tensors):
-    """The GraphView of the ops `Session.run(fetches + targets)` would run."""
+def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True):
+    """The GraphView of the ops `Session.run(fetches + targets)` would run.
+
+    `regrouped_arithmetic`: False when the session runs no Grappler arithmetic
+    optimizer; its sums then add in input order and need not stay whole (units.py).
+    """
     fed = frozenset(t.name for t in fed_tensors)
     nodes, sources, stateful_types = {}, {}, {}
     control_on_sources = set()  # ops whose own control inputs are all state sources
@@ -387,4 +394,5 @@ def analyse(fetch_tensors, target_ops, fed_tensors):
         feeds=fed,
         fetches=tuple(t.name for t in fetch_tensors),
         targets=tuple(op.name for op in target_ops),
+        regrouped_arithmetic=bool(regrouped_arithmetic),
     )

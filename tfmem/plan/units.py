@@ -39,6 +39,11 @@ survive one.  Six rules join ops into one unit:
    continues through the forwards Grappler prunes first (Identity, IdentityN,
    StopGradient); an IdentityN on one joins with all its readers, since a
    partition that returns one of its outputs keeps it and so breaks the chain.
+   The rule applies only where the arithmetic optimizer runs
+   (`view.regrouped_arithmetic`): a session without it (tfmem.Session's
+   config) adds an AddN's inputs in input order whichever partition made
+   them, so there the rule would only cost memory (a long gradient sum
+   would pin every addend on the device at once).
 6. *Cycles.*  Joining ops can make two units depend on each other (a loop's
    stack pushed in the forward pass and popped in the backward pass, the
    producers of one sum with a path between them); strongly connected
@@ -175,7 +180,7 @@ def _pruned_forward(view, node, controlled):
 
 
 def _join_regrouped_arithmetic(view, uf):
-    """Rule 4: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
+    """Rule 5: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
     consumers = {name: [] for name in view.nodes}
     readers = {}
     controlled = set()
@@ -313,7 +318,8 @@ def units(view):
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
     _join_originals(view, uf)
-    _join_regrouped_arithmetic(view, uf)
+    if view.regrouped_arithmetic:
+        _join_regrouped_arithmetic(view, uf)
     if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
         _join_frames_and_conds(view, uf)
     if uf.unions:  # single-op units of a DAG form no cycle

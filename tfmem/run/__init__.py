@@ -3,6 +3,7 @@
     session.py            TFMemSession, the drop-in Session wrapper
     session_interface.py  what makes it a session in every sense TensorFlow checks
     session_factory.py    sessions tfmem creates itself (tfmem.Session)
+    regrouping.py         whether the session reorders sums (Grappler's arithmetic optimizer)
     monitored.py          monitored sessions whose every run goes through tfmem
     request.py            a Session.run request, normalised
     plan_cache.py         each request planned once, compiled once

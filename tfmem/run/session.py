@@ -20,7 +20,7 @@ import psutil
 from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
-from tfmem.run import accelerator, report_text, sampling
+from tfmem.run import accelerator, regrouping, report_text, sampling
 from tfmem.memory import budget, learning
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
@@ -157,6 +157,8 @@ class TFMemSession(SessionInterfaceMethods):
         else:
             self._budget = None
         self._session = sess
+        # Fixed with the session's config: part of every view, so of every plan cached.
+        self._regrouped_arithmetic = regrouping.session_regroups_arithmetic(sess)
         self._plans = PlanCache()  # each request planned once, compiled once
         self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
             if place_state_on_host else None
@@ -269,7 +271,8 @@ class TFMemSession(SessionInterfaceMethods):
         analysed here unless `view` is given."""
         with gc_paused():
             if view is None:
-                view = analyse(request.fetch_tensors, request.targets, request.feeds)
+                view = analyse(request.fetch_tensors, request.targets, request.feeds,
+                               self._regrouped_arithmetic)
             if self._budget is None:
                 return make_plan(view, self._partition_size, self._policy,
                                  self._accelerator), None
@@ -294,7 +297,8 @@ class TFMemSession(SessionInterfaceMethods):
         if entry is not None and entry.graph_version != version:
             # Planned again (below) only when this differs, after the placement pass
             # has seen the new ops: then it is analysed once more, by _make_plan.
-            fresh = analyse(request.fetch_tensors, request.targets, request.feeds)
+            fresh = analyse(request.fetch_tensors, request.targets, request.feeds,
+                            self._regrouped_arithmetic)
             if fresh != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
