@@ -437,8 +437,10 @@ def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
 def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
     run = capped["budget"]
     assert run["planned_partitions"] > 1
-    # Planned again once after the first step: its momentum update copied buffers the slots
-    # shared with their initial value, so the device holds ~3 MiB more (see "resident").
+    # The first plan leaves room for the copies its momentum update makes of the buffers
+    # the slots shared with their initial value (tfmem.memory.first_updates); a partitioned
+    # first step still leaves ~0.3 MiB more resident than plain TensorFlow's (measured, not
+    # attributed), so the plan may be made again once, before the second step.
     first, *later = run["step_partitions"]
     assert first == run["planned_partitions"] and all(n >= first for n in later), run
     np.testing.assert_allclose(run["losses"], capped["plain"]["losses"], rtol=RTOL, atol=ATOL)

@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
 from tfmem.run import accelerator, regrouping, report_text, sampling
-from tfmem.memory import budget, learning
+from tfmem.memory import budget, first_updates, learning
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
@@ -149,6 +149,7 @@ class TFMemSession(SessionInterfaceMethods):
         self._partition_size = check_partition_size(partition_size)
         self._measure = sampling.check_mode(measure)
         self._steps = 0  # partitioned steps run, for StepStats.step
+        self._updated = set()  # budget mode: resource variables a step has written (first_updates)
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
@@ -278,8 +279,10 @@ class TFMemSession(SessionInterfaceMethods):
                                  self._accelerator), None
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
+            resident = (memory["current"] if memory else 0) + first_updates.pending_bytes(
+                self.graph, view, self._updated)
             return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
-                              self._accelerator, resident_bytes=memory["current"] if memory else 0,
+                              self._accelerator, resident_bytes=resident,
                               correction=correction,
                               prefer=self._plans.compiled_plans(request.signature))
 
@@ -382,6 +385,9 @@ class TFMemSession(SessionInterfaceMethods):
             write_chrome_trace(timeline.events, self._trace_path)
         log.debug("step: %s", stats)
         if self._budget is not None:
+            if not entry.wrote_state:  # its first updates have copied what they share
+                self._updated.update(first_updates.written_variables(entry.plan.view))
+                entry.wrote_state = True
             self._learn(request, entry, stats)
         for listener in self._step_listeners:
             listener(self, entry, stats)
