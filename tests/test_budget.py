@@ -281,7 +281,7 @@ def train(kind, **options):
         result["report_text"] = str(report)
         result["uploads"] = [p.to_device for p in
                              runner.simulate([model.train, model.loss], feed).partitions]
-        if runner.partition_size == "auto" or options.get("device_memory_budget"):
+        if runner.partition_size == "auto":  # budget mode (a budget sets it too)
             view = runner.plan([model.train, model.loss], feed).view
             shapes = Sizing.of(model.graph, view, {model.inputs[0].name: (BATCH, 256)},
                                sess).shapes

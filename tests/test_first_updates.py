@@ -19,7 +19,6 @@ import tensorflow as tf
 from tfmem.memory import first_updates
 from tfmem.plan.analyse import analyse
 
-tf1 = tf.compat.v1
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIB = 1 << 10
 

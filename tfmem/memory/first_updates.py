@@ -29,7 +29,6 @@ from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.updates import is_update
 
 _RESOURCE_VARIABLES = frozenset({"VarHandleOp"})
-_ASSIGNS = frozenset({"AssignVariableOp"})
 
 
 def written_variables(view):
@@ -76,7 +75,7 @@ def constant_initialised(graph, names):
     for name in names:
         handle = graph.get_operation_by_name(name).outputs[0]
         for consumer in handle.consumers():
-            if consumer.type in _ASSIGNS and _constant(consumer.inputs[1].op, memo):
+            if consumer.type == "AssignVariableOp" and _constant(consumer.inputs[1].op, memo):
                 shared.add(name)
                 break
     return frozenset(shared)
