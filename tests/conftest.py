@@ -13,6 +13,7 @@ Two ways to get a fair comparison are used:
 """
 
 import os
+import signal
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 # The kernel path of the tests that run in this process, never the machine's default
@@ -71,6 +72,15 @@ def session_config():
 
 def new_session(graph):
     return tf1.Session(graph=graph, config=session_config())
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's own Ctrl-C handler for the test: a process started in the background by
+    a shell without job control inherits SIGINT ignored, where a Ctrl-C does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

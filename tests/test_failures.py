@@ -20,6 +20,7 @@ Two levels of checking:
 import _thread
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -350,6 +351,9 @@ def _bfc_worker():
     """Entry point of the subprocess: run every scenario, print one JSON line."""
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     assert accelerator.emulated_memory_mib() is not None
+    # Python's Ctrl-C handler, which a worker of a pytest started in the background by a
+    # shell without job control would not have (SIGINT ignored: an interrupt does nothing)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     results = {}
     for scenario in SCENARIOS:
         name, args = scenario[0], scenario[1:]

@@ -196,7 +196,8 @@ def test_concurrent_steps_each_run_their_own_partial_run(two_sessions):
     assert tfs.host_buffers.in_use_bytes == 0
 
 
-def test_a_step_stopped_between_partitions_runs_nothing_more_and_the_next_works(two_sessions):
+def test_a_step_stopped_between_partitions_runs_nothing_more_and_the_next_works(
+        two_sessions, python_sigint):
     """Ctrl-C during partition k: delivered after it (see interrupts); the later
     partitions' gates are closed, so their ops (the counter's bump) never run."""
     g, x, w, counter, middle, out, update, _, init, rs = _reread_graph()
