@@ -430,9 +430,10 @@ def run_trial(experiment, args):
     peak, phase = 0, "initialising"
     try:
         _phase(phase, started)
-        # Variables are initialised through the plain session for every system (tfmem
-        # shares its state): planning the one-off init request would only cost tfmem time.
-        sess.run(model.init)
+        # Each system initialises its variables as its user would: through the session it
+        # runs steps with.  tfmem then releases the initializer's executor, and with it
+        # the zeros and ones TensorFlow would keep beside the variables (first_updates).
+        runner.run(model.init)
         memory = accelerator.device_memory("CPU:0")
         result["resident_after_init_bytes"] = memory["current"] if memory else None
         accelerator.reset_peak("CPU:0")

@@ -25,7 +25,9 @@ class CompiledRequest:
         self.correction = None  # budget.Correction of the request's plans, in budget mode
         self.replan = False  # budget mode learned from a step: plan again before the next
         self.resident = ResidentCheck()  # budget mode: does its plan still fit beside the device's bytes
-        self.wrote_state = False  # budget mode: a step of it has run its variable updates
+        self.written = None  # resource variables its updates write (first_updates), once compiled
+        self.assigned = None  # variables it sets from constants (first_updates.assigned)
+        self.released = False  # its executor was released after its first step
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured

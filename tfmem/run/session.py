@@ -149,7 +149,8 @@ class TFMemSession(SessionInterfaceMethods):
         self._partition_size = check_partition_size(partition_size)
         self._measure = sampling.check_mode(measure)
         self._steps = 0  # partitioned steps run, for StepStats.step
-        self._updated = set()  # budget mode: resource variables a step has written (first_updates)
+        # resource variables sharing no buffer with a kept constant (first_updates)
+        self._owned = set()
         self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
@@ -280,7 +281,7 @@ class TFMemSession(SessionInterfaceMethods):
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
             resident = (memory["current"] if memory else 0) + first_updates.pending_bytes(
-                self.graph, view, self._updated)
+                self.graph, view, self._owned)
             return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
                               self._accelerator, resident_bytes=resident,
                               correction=correction,
@@ -384,14 +385,32 @@ class TFMemSession(SessionInterfaceMethods):
         if timeline:
             write_chrome_trace(timeline.events, self._trace_path)
         log.debug("step: %s", stats)
+        self._note_buffers(entry)
         if self._budget is not None:
-            if not entry.wrote_state:  # its first updates have copied what they share
-                self._updated.update(first_updates.written_variables(entry.plan.view))
-                entry.wrote_state = True
             self._learn(request, entry, stats)
         for listener in self._step_listeners:
             listener(self, entry, stats)
         return request.build_results(self._session, values)
+
+    def _note_buffers(self, entry):
+        """After a step of `entry`: which variables now own their buffers (first_updates).
+
+        Its updates have copied what they shared.  An initializing request's executor
+        keeps the constants it set variables from, sharing their buffers: released after
+        its first step, they free, and a variable whose value no other shares owns its
+        buffer.  Run again, it compiles once more and is kept (a request run every step
+        must not compile every step)."""
+        self._owned.update(entry.written)
+        if not entry.assigned:
+            return
+        if entry.released:
+            self._owned.difference_update(entry.assigned)
+            return
+        with self._plans.lock:
+            entry.executor, entry.released = None, True
+        self._owned.update(first_updates.sole_owners(self.graph, entry.assigned))
+        log.info("released the executor of a request that set %d variables from constants: "
+                 "the constants it kept are freed", len(entry.assigned))
 
     def _learn(self, request, entry, stats):
         """Budget mode: when the step (`stats`, its own figures: other threads' steps may
@@ -444,6 +463,9 @@ class TFMemSession(SessionInterfaceMethods):
         simulated = time.perf_counter() - started
         if not entry.deferred:
             check_host_memory(entry.trace, self._runtime.pool)
+        if entry.written is None:
+            entry.written = first_updates.written_variables(entry.plan.view)
+            entry.assigned = first_updates.assigned(self.graph, entry.plan.view)
         entry.executor = self._executor_for(entry, simulated)
         entry.graph_version = self.graph.version
         entry.feed_shapes = request.feed_shapes()
@@ -455,8 +477,11 @@ class TFMemSession(SessionInterfaceMethods):
             self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
             return shared
         before = self.graph.version
+        # an initializing request runs callables, which release; a partial run's executor
+        # stays in the session for good
         executor, rewrite_time, extend_time, callables_time = self._compile(
-            entry.plan, None if entry.deferred else entry.trace)
+            entry.plan, None if entry.deferred else entry.trace,
+            self._runtime.partial_runs and not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=len(entry.plan.partitions), graph_ops_before=before,
@@ -465,7 +490,7 @@ class TFMemSession(SessionInterfaceMethods):
         log.info("compiled: %s", self.last_compile)
         return executor
 
-    def _compile(self, plan, trace):
+    def _compile(self, plan, trace, partial_runs):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
         graph = self.graph  # finalized or not: see graph_growth
         with graph.as_default():
@@ -475,7 +500,7 @@ class TFMemSession(SessionInterfaceMethods):
         residence = self._runtime.residence.for_plan(scope)
         # one partial run per step where it serves, else callables (see partial_run)
         partial, programs = partial_run.copy_plan(self._session, plan, scope, residence,
-                                                  self._runtime.partial_runs)
+                                                  partial_runs)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
