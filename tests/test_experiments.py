@@ -279,6 +279,9 @@ def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
     assert trial["kernel_path"] == info["kernel_path"] == "oneDNN off"
     assert info["cap_mib"] == math.ceil(trial["peak_bytes"] * 1.5 / MIB)
     assert info["plain_peak_mib"] == round(trial["peak_bytes"] / MIB, 2)
+    # the median of as many processes
+    assert len(info["plain_peaks_mib"]) == common.CAP_TRIALS
+    assert info["plain_peak_mib"] == sorted(info["plain_peaks_mib"])[common.CAP_TRIALS // 2]
 
 
 # --------------------------------------------------------------------------

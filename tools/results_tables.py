@@ -60,7 +60,7 @@ def experiment_block(data, name):
     cap = data.get("cap")
     if cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
-                    f"{cap['base_size']} measured on the machine ({cap['plain_peak_mib']} MiB, "
+                    f"{cap['base_size']} measured on the machine ({common.cap_peak_text(cap)}, "
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
     else:
         cap_text = f"cap {settings.get('device_memory')} MiB (given)"
