@@ -16,15 +16,17 @@ once; a randomly initialised one and a ref variable (whose Assign copies when it
 initializes) add nothing.  Momentum's and Adam's slots are zeros-initialised, so a
 training step's first run grows the device by their size: 3.0 MiB for the 12-layer
 MLP, 6.9 MiB for the MoE experiment at 51 experts, near the end of the step, where
-its updates run.  Not modelled: when Grappler merges equal initial constants, the
-variables set from them share one buffer among themselves too, and each update of
-one but the last copies it.
+its updates run.  TensorFlow merges equal initial constants (the zeros of momentum
+slots of one shape), so the variables set from them share one buffer among
+themselves too.
 
 A plain `sess.run(init)` keeps its executor, and so the constants, until the session
 closes.  TFMemSession releases the executor of an initializing request (`assigned`)
-after its first step instead: the constants free and each variable owns its buffer,
-so nothing is copied later (MoE at 44 experts keeps 11.8 MiB after a step instead of
-17.8; ResNet-56 14.7 instead of 22.0).  Its ref variables' constants free as well.
+after its first step instead: the constants free, and a variable set to a value no
+other shares (`sole_owners`) owns its buffer, so its first update copies nothing (MoE
+at 44 experts keeps 11.8 MiB after a step instead of 17.8; ResNet-56 14.7 instead of
+22.0).  Variables set to one merged value still copy it, each update of one but the
+last; `pending_bytes` counts every one of them.  Ref variables' constants free as well.
 
 Budget mode counts the pending copies as held beside the request for the whole of
 its first step (`pending_bytes`), so the plan it runs first still fits once they are
@@ -120,7 +122,7 @@ def sole_owners(graph, names):
     """Those of the variables `names` (set from constants by one request) whose value no
     other one's equals.  Once the constants free they own their buffers; variables set
     to equal values share the one buffer TensorFlow merged them into, and each update
-    of one copies it."""
+    of one but the last copies it."""
     memo, owners = {}, {}
     for name in names:
         for consumer in graph.get_operation_by_name(name).outputs[0].consumers():
