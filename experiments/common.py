@@ -993,11 +993,12 @@ def cap_peak_text(cap_info):
     return f"{cap_info['plain_peak_mib']} MiB"
 
 
-def provenance(args):
-    """What produced a result: commit, TensorFlow version, kernel paths, cores, date."""
+def provenance(args, started_from=None):
+    """What produced a result: commit (`started_from`: the code the run started from),
+    TensorFlow version, kernel paths, cores, date."""
     return tfmem_provenance.provenance(dict(
         tf=child_env.kernel_path(False), grappler=child_env.kernel_path(False),
-        tfmem=child_env.kernel_path(bool(args.onednn))))
+        tfmem=child_env.kernel_path(bool(args.onednn))), started_from)
 
 
 def provenance_note(info):
@@ -1031,10 +1032,12 @@ def command_line(experiment, argv=None):
     return " ".join([f"python experiments/{Path(experiment.script).name}"] + args)
 
 
-def write_reports(experiment, args, summaries, seconds, out=print, extra=None, cap_info=None):
-    """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths."""
+def write_reports(experiment, args, summaries, seconds, out=print, extra=None, cap_info=None,
+                  started_from=None):
+    """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths.
+    `started_from`: the provenance source() read when the search started."""
     stem = output_stem(experiment, args)
-    origin = provenance(args)
+    origin = provenance(args, started_from)
     cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
     title = f"{experiment.title}: largest {experiment.size} under {cap}, batch {args.batch_size}"
     model = ", ".join(f"{name.replace('_', ' ')} {getattr(args, name)}"
@@ -1119,7 +1122,7 @@ def main(experiment, argv=None):
 
 def _search_and_report(experiment, args):
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    started = time.perf_counter()
+    started, started_from = time.perf_counter(), tfmem_provenance.source()
     cap_info = None
     if args.device_memory is None:
         cap_info = derive_cap(experiment, args, out=say)
@@ -1139,7 +1142,7 @@ def _search_and_report(experiment, args):
     seconds = time.perf_counter() - started
     paths = write_reports(experiment, args, summaries, seconds,
                           out=lambda line: print(line, file=sys.stderr), extra=extra,
-                          cap_info=cap_info)
+                          cap_info=cap_info, started_from=started_from)
     print(markdown_table(summaries, experiment.size, experiment.unit))
     print()
     if extra is not None:

@@ -25,10 +25,18 @@ def _git(*argv):
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def provenance(kernel_path):
-    """A dict: commit (and whether tracked files differ from it), tensorflow version,
-    kernel_path (as given: a string or a dict per system), cpu_count and usable_cpus,
-    load_average, date (UTC, ISO 8601), python, machine."""
+def source():
+    """The code a run starts from: {commit, commit_dirty (tracked files differ from it)}.
+    Read it when a long run starts, so that commits made while it runs are not credited."""
+    return dict(commit=_git("rev-parse", "HEAD"),
+                commit_dirty=bool(_git("status", "--porcelain", "--untracked-files=no")))
+
+
+def provenance(kernel_path, started_from=None):
+    """A dict: commit and commit_dirty (`started_from`, a `source()` read when the run
+    started, or now), tensorflow version, kernel_path (as given: a string or a dict per
+    system), cpu_count and usable_cpus, load_average, date (UTC, ISO 8601), python,
+    machine."""
     try:
         tf_version = importlib.metadata.version("tensorflow")
     except importlib.metadata.PackageNotFoundError:
@@ -37,9 +45,7 @@ def provenance(kernel_path):
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    return dict(commit=_git("rev-parse", "HEAD"),
-                commit_dirty=bool(_git("status", "--porcelain", "--untracked-files=no")),
-                tensorflow=tf_version, kernel_path=kernel_path, cpu_count=os.cpu_count(),
+    return dict(**(started_from or source()), tensorflow=tf_version, kernel_path=kernel_path, cpu_count=os.cpu_count(),
                 usable_cpus=usable,
                 load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
