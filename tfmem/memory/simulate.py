@@ -31,6 +31,7 @@ import heapq
 
 from tfmem.memory import dedup
 from tfmem.memory.allocator import AllocationLog, replay
+from tfmem.memory.concurrency import overlapping_scratch
 from tfmem.memory.workspace import Workspaces
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name, tensor_bytes
@@ -222,7 +223,7 @@ def _buffers(view, order, merged=None):
 
 
 def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None,
-                 workspaces=Workspaces(), signatures=None):
+                 workspaces=Workspaces(), signatures=None, concurrent_ops=1):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -239,11 +240,14 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     does: it allocates nothing and its readers keep the earlier op's buffers.
     A kernel's extra outputs (`workspaces`, see workspace) live from its op to the
     last reader paired with it in the partition, whose scratch is then the paired one.
+    With `concurrent_ops` above one, an op's scratch is held beside that of the ops
+    that may run at the same time (see concurrency).
     """
     order = _dependency_order(view, partition.ops)
     merged = dedup.duplicates(view, order, signatures, keep_until_end)
     root = _buffers(view, order, merged)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
+    overlap = overlapping_scratch(view, order, scratch, concurrent_ops)
     workspace_end = _workspace_ends(view, order, workspaces, merged)
     last_read = {}
     for step, name in enumerate(order):
@@ -279,8 +283,8 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
             if events is not None:
                 events.allocate((name, "workspace"), workspaces.extra[name])
         if events is not None and scratch.get(name):
-            events.scratch(scratch[name])
-        peak = max(peak, current + scratch.get(name, 0))
+            events.scratch(scratch[name] + overlap.get(name, 0))
+        peak = max(peak, current + scratch.get(name, 0) + overlap.get(name, 0))
         dying += [(op, "workspace") for op, end in workspace_end.items() if end == step]
         for buffer in dying:
             current -= live.pop(buffer)
@@ -337,12 +341,13 @@ def state_bytes(view, size):
 
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
-             workspaces=None, signatures=None):
+             workspaces=None, signatures=None, concurrent_ops=1):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
-    `workspaces` (workspace.Workspaces) and `signatures` (dedup.signatures) come with
-    the scratch in a `Sizing` (`**sizing.simulate_options()`).
+    `workspaces` (workspace.Workspaces), `signatures` (dedup.signatures) and
+    `concurrent_ops` (how many kernels may run at once, see concurrency) come with the
+    scratch in a `Sizing` (`**sizing.simulate_options()`).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
     after its last reader there (what usually happens); without, at the
@@ -380,7 +385,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                 log.rename(key, key[0])
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
                                      scratch or {}, log, workspaces or Workspaces(),
-                                     signatures)
+                                     signatures, concurrent_ops)
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)

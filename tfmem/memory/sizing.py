@@ -28,15 +28,18 @@ class Sizing:
     scratch: dict
     workspaces: workspace.Workspaces = dataclasses.field(default_factory=workspace.Workspaces)
     signatures: dict = dataclasses.field(default_factory=dict)
+    concurrent_ops: int = 1  # kernels that may run at once (see concurrency)
 
     @classmethod
-    def of(cls, graph, view, feed_shapes, session=None):
+    def of(cls, graph, view, feed_shapes, session=None, concurrent_ops=1):
         """The sizing of the request `view` of `graph` at `feed_shapes` ({fed tensor name:
-        shape}); kernel scratch measured under `session`'s threads (see scratch)."""
+        shape}); kernel scratch measured under `session`'s threads (see scratch);
+        `concurrent_ops`: how many kernels the device may run at once."""
         scratch, workspaces = workspace.measure(graph, view, feed_shapes, session)
         return cls(resolve_shapes(graph, view, feed_shapes), scratch, workspaces,
-                   dedup.signatures(graph, view, session))
+                   dedup.signatures(graph, view, session), concurrent_ops)
 
     def simulate_options(self):
         """The keyword arguments of `simulate` this sizing fixes besides shapes and scratch."""
-        return dict(workspaces=self.workspaces, signatures=self.signatures)
+        return dict(workspaces=self.workspaces, signatures=self.signatures,
+                    concurrent_ops=self.concurrent_ops)
