@@ -936,23 +936,23 @@ def derive_cap(experiment, args, out=None):
     """
     uncapped = argparse.Namespace(**vars(args))
     uncapped.device_memory = None
-    trials = []
-    for _ in range(CAP_TRIALS):
-        trials.append(spawn_trial(experiment, uncapped, "tf", args.cap_base, args.trial_timeout))
-        if not (trials[-1].get("ok") and trials[-1].get("peak_bytes")):
-            break
-    trials.sort(key=lambda t: t.get("peak_bytes") or 0)
-    trial = trials[len(trials) // 2] if len(trials) == CAP_TRIALS else trials[-1]
+    measured, failed = [], None
+    while len(measured) < CAP_TRIALS and failed is None:
+        trial = spawn_trial(experiment, uncapped, "tf", args.cap_base, args.trial_timeout)
+        if trial.get("ok") and trial.get("peak_bytes"):
+            measured.append(trial)
+        else:
+            failed = trial
+    measured.sort(key=lambda t: t["peak_bytes"])
+    trial = failed or measured[CAP_TRIALS // 2]
     info = dict(base_size=args.cap_base, size_name=experiment.size, factor=args.cap_factor,
                 kernel_path=trial.get("kernel_path"), plain_peak_mib=None, cap_mib=None,
-                plain_peaks_mib=[round(t["peak_bytes"] / MIB, 2) for t in trials
-                                 if t.get("peak_bytes")],
+                plain_peaks_mib=[round(t["peak_bytes"] / MIB, 2) for t in measured],
                 error=None, trial=trial)
-    if len(trials) == CAP_TRIALS and trial.get("ok"):
+    if failed is None:
         info["plain_peak_mib"] = round(trial["peak_bytes"] / MIB, 2)
         info["cap_mib"] = -(-int(trial["peak_bytes"] * args.cap_factor) // MIB)
     else:
-        failed = next(t for t in trials if not (t.get("ok") and t.get("peak_bytes")))
         info["error"] = (f"plain TensorFlow at {experiment.size}={args.cap_base} without a cap: "
                          f"{describe_trial(dict(failed, unit=experiment.unit))}")
     if out:

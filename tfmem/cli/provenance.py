@@ -45,8 +45,8 @@ def provenance(kernel_path, started_from=None):
         usable = len(os.sched_getaffinity(0))
     except AttributeError:
         usable = os.cpu_count()
-    return dict(**(started_from or source()), tensorflow=tf_version, kernel_path=kernel_path, cpu_count=os.cpu_count(),
-                usable_cpus=usable,
+    return dict(**(started_from or source()), tensorflow=tf_version, kernel_path=kernel_path,
+                cpu_count=os.cpu_count(), usable_cpus=usable,
                 load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 python=platform.python_version(), machine=platform.machine())

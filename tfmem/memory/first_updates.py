@@ -91,18 +91,18 @@ def constant_initialised(graph, names):
 
 
 def assigned(graph, view):
-    """Names of the variables the request's assign ops set to a value computed from
-    constants alone: those of an initializing request, whose executor keeps the
-    constants."""
-    memo, names = {}, set()
+    """{variable name: the op computing its value} for the variables the request's assign
+    ops set to a value computed from constants alone: those of an initializing request,
+    whose executor keeps the constants."""
+    memo, values = {}, {}
     for name, node in view.nodes.items():
         if node.type not in _ASSIGNS:
             continue
-        op = graph.get_operation_by_name(name)
+        value = graph.get_operation_by_name(name).inputs[1].op
         variable = split_tensor_name(node.inputs[0])[0]
-        if variable in view.sources and _constant(op.inputs[1].op, memo):
-            names.add(variable)
-    return frozenset(names)
+        if variable in view.sources and _constant(value, memo):
+            values[variable] = value
+    return values
 
 
 def _value_key(op, memo):
@@ -118,17 +118,14 @@ def _value_key(op, memo):
     return key
 
 
-def sole_owners(graph, names):
-    """Those of the variables `names` (set from constants by one request) whose value no
-    other one's equals.  Once the constants free they own their buffers; variables set
+def sole_owners(values):
+    """Those of the variables in `values` (`assigned`'s answer for one request) whose value
+    no other one's equals.  Once the constants free they own their buffers; variables set
     to equal values share the one buffer TensorFlow merged them into, and each update
     of one but the last copies it."""
     memo, owners = {}, {}
-    for name in names:
-        for consumer in graph.get_operation_by_name(name).outputs[0].consumers():
-            if consumer.type in _ASSIGNS:
-                owners.setdefault(_value_key(consumer.inputs[1].op, memo), []).append(name)
-                break
+    for name, value in values.items():
+        owners.setdefault(_value_key(value, memo), []).append(name)
     return frozenset(group[0] for group in owners.values() if len(group) == 1)
 
 

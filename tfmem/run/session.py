@@ -411,7 +411,7 @@ class TFMemSession(SessionInterfaceMethods):
             return
         with self._plans.lock:
             entry.executor, entry.released = None, True
-        self._owned.update(first_updates.sole_owners(self.graph, entry.assigned))
+        self._owned.update(first_updates.sole_owners(entry.assigned))
         log.info("released the executor of a request that set %d variables from constants: "
                  "the constants it kept are freed", len(entry.assigned))
 
