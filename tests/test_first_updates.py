@@ -113,7 +113,12 @@ def test_the_first_step_grows_the_device_by_the_predicted_copies(onednn):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["predicted"] > 4 * (1 << 20), result  # the premise: copies worth checking
-    assert abs(result["first"] - result["predicted"]) <= 64 * KIB, result
+    # TensorFlow's figure counts BFC chunks: a copy may take a chunk larger than its
+    # request, by less than the request (the split rule), which the predicted requests do
+    # not see: once, in the full suite, 7,340,800 bytes against 6,296,576 predicted (one
+    # copy in a chunk 1 MiB over).  At most one largest copy over, never under.
+    largest_copy = (2 * (1 << 18) + 256) * 4
+    assert -64 * KIB <= result["first"] - result["predicted"] <= largest_copy, result
     assert result["second"] == 0, result
 
 
