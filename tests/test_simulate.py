@@ -78,6 +78,16 @@ KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in SIZES})
 # 13.76, 14.51, 14.75, 14.76 and 16.76 MiB in runs on 2026-11-22/23 (+21.8 % at most,
 # over-predicted: the executor's order kept fewer tensors alive; unchanged by session 7).
 KNOWN_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
+# The Eigen convolution nets' gradients allocate im2col buffers of 20-27 MiB, and a
+# step holds each in a BFC chunk of up to 32 MiB.  Since session 14 kernel scratch is
+# what the kernel requested (tfmem/memory/kernel_runner.py); before, it was the chunk
+# the calibrating process happened to hand out, which matched these steps by accident
+# and read 48 MiB for a 27 MiB request in an experiment's process.  The requested
+# figure is 13-26 % under (2026-11-23: conv -25.8 %, pool -21.7 %, ResNet -13 to
+# -21 %), the chunk figure within 5.3 % of every one of them (the band test below).
+KNOWN_GAPS.update({("eigen", "conv", size): 0.30 for size in SIZES})
+KNOWN_GAPS.update({("eigen", "pool", size): 0.26 for size in SIZES})
+KNOWN_GAPS.update({("eigen", "resnet", size): 0.25 for size in SIZES})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE of it, the worst within

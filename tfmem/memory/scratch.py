@@ -36,9 +36,9 @@ import threading
 import psutil
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-from tensorflow.python.client import session as tf_session
 
 from tfmem.plan import optypes
+from tfmem.memory import kernel_runner
 from tfmem.memory.emulated import emulated_memory_mib
 from tfmem.memory.shapes import import_request
 from tfmem import tf_private
@@ -260,7 +260,8 @@ def copy_kernel(node_def, name, inputs):
 
 
 def _measure(configs, threads):
-    """{key: scratch bytes} for [(key, node_def, specs)], each op run alone once."""
+    """{key: scratch bytes, OUTPUTS + key: extra output bytes} for [(key, node_def,
+    specs)], each op run alone once by the kernel runner."""
     graph = tf.Graph()
     ops = {}
     with graph.as_default():
@@ -270,26 +271,12 @@ def _measure(configs, threads):
             except ValueError as err:  # an input value shape inference did not know
                 log.debug("kernel scratch of %s not measured: %s", node_def.op, err)
                 continue
-            ops[key] = op
+            ops[key] = op.name
+    scratch_bytes, extra = kernel_runner.run_alone(graph, list(ops.values()), threads)
     measured = {}
-    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
-    # (a wrapped one would calibrate its own kernels again, without end).
-    session = tf_session.BaseSession(graph=graph, config=session_config(threads))
-    try:
-        for key, op in ops.items():
-            metadata = config_pb2.RunMetadata()
-            try:
-                session.run(op, options=options, run_metadata=metadata)
-            except tf.errors.OpError as err:  # zeros are not valid input for every kernel
-                log.debug("kernel scratch of %s not measured: %s", op.type,
-                          str(err).splitlines()[0])
-                measured[key] = measured[OUTPUTS + key] = 0
-                continue
-            measured[key] = op_scratch(metadata, op.name)
-            measured[OUTPUTS + key] = _extra_output_bytes(metadata, op)
-    finally:
-        session.close()
+    for key, name in ops.items():
+        measured[key] = scratch_bytes[name]
+        measured[OUTPUTS + key] = extra[name]
     return measured
 
 
@@ -300,7 +287,7 @@ def op_scratch(metadata, name):
                 if n.node_name == name), default=0)
 
 
-def _extra_output_bytes(metadata, op):
+def extra_output_bytes(metadata, op):
     """Bytes of the outputs op's kernel returned past the op's own (oneDNN's max pooling
     returns a workspace), from its step statistics."""
     return sum(o.tensor_description.allocation_description.requested_bytes

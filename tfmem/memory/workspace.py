@@ -27,10 +27,8 @@ import dataclasses
 import json
 
 import tensorflow as tf
-from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.client import session as tf_session
 
-from tfmem.memory import scratch as kernels
+from tfmem.memory import kernel_runner, scratch as kernels
 from tfmem.plan.analyse import split_tensor_name
 
 PAIRED = "paired:"  # cache keys of a reader's scratch beside its forward op
@@ -95,18 +93,9 @@ def _measure_pairs(scratch_graph, pairs, threads):
             if op is not None:
                 readers[key] = op
     measured = {key: 0 for key in pairs}
-    options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    session = tf_session.BaseSession(graph=graph, config=kernels.session_config(threads))
-    try:
-        for key, op in readers.items():
-            metadata = config_pb2.RunMetadata()
-            try:
-                session.run(op, options=options, run_metadata=metadata)
-            except tf.errors.OpError:  # zeros are not valid input for every kernel
-                continue
-            measured[key] = kernels.op_scratch(metadata, op.name)
-    finally:
-        session.close()
+    scratch_bytes, _ = kernel_runner.run_alone(graph, [op.name for op in readers.values()],
+                                               threads)
+    measured.update({key: scratch_bytes[op.name] for key, op in readers.items()})
     return measured
 
 
