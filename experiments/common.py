@@ -22,6 +22,7 @@ Nothing here imports TensorFlow at module level.
 """
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import json
@@ -30,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -1111,13 +1113,35 @@ def main(experiment, argv=None):
         print(json.dumps(result), flush=True)
         return 0 if result["ok"] else 3
     try:
-        return _search_and_report(experiment, args)
+        with shared_kernel_figures():
+            return _search_and_report(experiment, args)
     except Exception as err:  # pylint: disable=broad-except
         # Whatever happens, the run ends with a clear message and its RESULT line.
         print(f"{experiment.title}: the run stopped: {type(err).__name__}: {err}", flush=True)
         print(result_line([], reason=f"the run stopped: {type(err).__name__}: {err}"),
               flush=True)
         return 1
+
+
+# tfmem.memory.scratch.CACHE_ENV (not imported: this process runs no TensorFlow).
+SCRATCH_CACHE_ENV = "TFMEM_SCRATCH_CACHE"
+
+
+@contextlib.contextmanager
+def shared_kernel_figures():
+    """The trials of one run share a kernel scratch file: each kernel configuration is
+    measured once per run, by the first trial that meets it, instead of in every trial's
+    process (calibrated apart from any process's allocations, the figures are the same
+    wherever measured).  A TFMEM_SCRATCH_CACHE the user set is kept."""
+    if os.environ.get(SCRATCH_CACHE_ENV):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tfmem-kernels-") as directory:
+        os.environ[SCRATCH_CACHE_ENV] = os.path.join(directory, "scratch.json")
+        try:
+            yield
+        finally:
+            del os.environ[SCRATCH_CACHE_ENV]
 
 
 def _search_and_report(experiment, args):

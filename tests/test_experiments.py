@@ -269,6 +269,27 @@ def test_a_run_that_breaks_ends_with_a_message_and_its_result_line(tmp_path, mon
                       'RuntimeError: the search broke"'
 
 
+def test_a_runs_trials_share_one_kernel_scratch_file(tmp_path, monkeypatch):
+    """Trial processes inherit one file for the run (each kernel measured once per run),
+    removed with the run; a file the user named is used as it is."""
+    from tfmem.memory import scratch  # pylint: disable=import-outside-toplevel
+    assert common.SCRATCH_CACHE_ENV == scratch.CACHE_ENV
+    monkeypatch.delenv(scratch.CACHE_ENV, raising=False)
+    seen = []
+
+    def search(*args, **kwargs):
+        seen.append(common.os.environ.get(scratch.CACHE_ENV))
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(common, "search_systems", search)
+    argv = ["--quick", "--device-memory", "50", "--out-dir", str(tmp_path)]
+    common.main(resnet.EXPERIMENT, argv)
+    assert seen[0] and Path(seen[0]).name == "scratch.json"
+    assert scratch.CACHE_ENV not in common.os.environ and not Path(seen[0]).parent.exists()
+    monkeypatch.setenv(scratch.CACHE_ENV, str(tmp_path / "mine.json"))
+    common.main(resnet.EXPERIMENT, argv)
+    assert seen[1] == str(tmp_path / "mine.json")
+
+
 def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
     args = common.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
                                                  "--cap-factor", "1.5"] + TINY[2:])
