@@ -6,8 +6,9 @@ many times its output (a [40,256,576] float buffer, 22.5 MiB, next to a
 knows these sizes, so they are measured: each distinct *kernel configuration*
 (op type, attributes, input dtypes and shapes, and the values of small integer
 inputs such as a gradient's `input_sizes`) is run once, alone, in a scratch
-graph and session of its own, under the process's allocator and the user's
-session threads, with zero-filled inputs:
+graph and session of its own, with the user's session threads and zero-filled
+inputs, in the kernel runner (a child process whose allocator no earlier step
+has shaped: kernel_runner.py):
 
     scratch graph:   zeros[16,32,32,16] --+
                      zeros[3,3,16,16]  ---+--> Conv2DBackpropFilter (copy)
