@@ -25,11 +25,18 @@ def _git(*argv):
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+# Result files are what runs write, not what they run: one run's new file must not mark
+# the next run of a series as made from uncommitted code.
+RESULTS = "experiments/results"
+
+
 def source():
-    """The code a run starts from: {commit, commit_dirty (tracked files differ from it)}.
-    Read it when a long run starts, so that commits made while it runs are not credited."""
-    return dict(commit=_git("rev-parse", "HEAD"),
-                commit_dirty=bool(_git("status", "--porcelain", "--untracked-files=no")))
+    """The code a run starts from: {commit, commit_dirty (tracked files other than result
+    files differ from it)}.  Read it when a long run starts, so that commits made while it
+    runs are not credited."""
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", ":/",
+                   f":(top,exclude){RESULTS}")
+    return dict(commit=_git("rev-parse", "HEAD"), commit_dirty=bool(changed))
 
 
 def provenance(kernel_path, started_from=None):
