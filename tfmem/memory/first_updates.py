@@ -23,10 +23,14 @@ themselves too.
 A plain `sess.run(init)` keeps its executor, and so the constants, until the session
 closes.  TFMemSession releases the executor of an initializing request (`assigned`)
 after its first step instead: the constants free, and a variable set to a value no
-other shares (`sole_owners`) owns its buffer, so its first update copies nothing (MoE
-at 44 experts keeps 11.8 MiB after a step instead of 17.8; ResNet-56 14.7 instead of
-22.0).  Variables set to one merged value still copy it, each update of one but the
-last; `pending_bytes` counts every one of them.  Ref variables' constants free as well.
+other shares owns its buffer, so its first update copies nothing (MoE at 44 experts
+keeps 11.8 MiB after a step instead of 17.8; ResNet-56 14.7 instead of 22.0).
+Variables set to one merged value share its buffer, and each update of one but the
+last copies it; the state counts every one of them at its size, so those copies never
+take the device past the state either: nothing is pending for any variable the
+released executor set (until session 14 the merged ones were counted as pending, 25.6
+MiB at ResNet-186, which set that experiment's floor).  Ref variables' constants free
+as well.
 
 Budget mode counts the pending copies as held beside the request for the whole of
 its first step (`pending_bytes`), so the plan it runs first still fits once they are
@@ -103,30 +107,6 @@ def assigned(graph, view):
         if variable in view.sources and _constant(value, memo):
             values[variable] = value
     return values
-
-
-def _value_key(op, memo):
-    """What identifies the value a constant subgraph computes: its ops' types and attributes
-    (a Const's value among them), nested by input.  Equal keys, one merged buffer."""
-    key = memo.get(op.name)
-    if key is None:
-        attrs = tuple(sorted((name, value.SerializeToString(deterministic=True))
-                             for name, value in op.node_def.attr.items()
-                             if not name.startswith("_")))
-        key = memo[op.name] = (op.type, attrs, tuple(
-            (_value_key(t.op, memo), t.value_index) for t in op.inputs))
-    return key
-
-
-def sole_owners(values):
-    """Those of the variables in `values` (`assigned`'s answer for one request) whose value
-    no other one's equals.  Once the constants free they own their buffers; variables set
-    to equal values share the one buffer TensorFlow merged them into, and each update
-    of one but the last copies it."""
-    memo, owners = {}, {}
-    for name, value in values.items():
-        owners.setdefault(_value_key(value, memo), []).append(name)
-    return frozenset(group[0] for group in owners.values() if len(group) == 1)
 
 
 def pending_bytes(graph, view, owned=frozenset()):

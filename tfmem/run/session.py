@@ -400,9 +400,10 @@ class TFMemSession(SessionInterfaceMethods):
 
         Its updates have copied what they shared.  An initializing request's executor
         keeps the constants it set variables from, sharing their buffers: released after
-        its first step, they free, and a variable whose value no other shares owns its
-        buffer.  Run again, it compiles once more and is kept (a request run every step
-        must not compile every step)."""
+        its first step, they free, and the variables own their buffers, or share one
+        among themselves (equal values merged), which costs nothing past the state: each
+        copy replaces a share the state already counts.  Run again, it compiles once more
+        and is kept (a request run every step must not compile every step)."""
         self._owned.update(entry.written)
         if not entry.assigned:
             return
@@ -411,7 +412,7 @@ class TFMemSession(SessionInterfaceMethods):
             return
         with self._plans.lock:
             entry.executor, entry.released = None, True
-        self._owned.update(first_updates.sole_owners(entry.assigned))
+        self._owned.update(entry.assigned)
         log.info("released the executor of a request that set %d variables from constants: "
                  "the constants it kept are freed", len(entry.assigned))
 
