@@ -73,6 +73,7 @@ def _result(device, rss, buffers=1000, state_bytes=50):
     ([100] * 5, [500 * MIB + i * MIB for i in range(5)], False),  # 20 MiB per 1000 steps
     ([100] * 5, [500 * MIB + i * 4096 for i in range(5)], True),  # within the tolerance
     ([100] * 5, [500 * MIB] * 3 + [501 * MIB] * 2, True),  # one step of the C heap, once
+    ([100] * 5, [500 * MIB] * 3 + [501 * MIB + 8192] * 2, True),  # and pages beside it
     ([100] * 5, [500 * MIB] * 3 + [501 * MIB, 502 * MIB], False),  # it keeps going
 ])
 def test_verdict_flags_growth(device, rss, ok):
