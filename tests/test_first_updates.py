@@ -191,7 +191,6 @@ tfs.run(init)
 after_init = current() - start
 peaks = []
 for _ in range(2):
-    before = current()
     tf.config.experimental.reset_memory_stats("CPU:0")
     tfs.run(train, {x: [[0.5] * 1024] * 1024})
     peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - start)

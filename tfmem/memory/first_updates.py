@@ -95,18 +95,18 @@ def constant_initialised(graph, names):
 
 
 def assigned(graph, view):
-    """{variable name: the op computing its value} for the variables the request's assign
-    ops set to a value computed from constants alone: those of an initializing request,
-    whose executor keeps the constants."""
-    memo, values = {}, {}
+    """Names of the variables the request's assign ops set to a value computed from
+    constants alone: those of an initializing request, whose executor keeps the
+    constants."""
+    memo, names = {}, set()
     for name, node in view.nodes.items():
         if node.type not in _ASSIGNS:
             continue
-        value = graph.get_operation_by_name(name).inputs[1].op
         variable = split_tensor_name(node.inputs[0])[0]
-        if variable in view.sources and _constant(value, memo):
-            values[variable] = value
-    return values
+        if variable in view.sources and _constant(
+                graph.get_operation_by_name(name).inputs[1].op, memo):
+            names.add(variable)
+    return frozenset(names)
 
 
 def pending_bytes(graph, view, owned=frozenset()):

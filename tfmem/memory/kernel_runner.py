@@ -109,9 +109,11 @@ class _Runner:
                 self._child.stdin.flush()
                 reply = self._child.stdout.readline()
             except OSError as err:
-                reply = f'{{"error": "{type(err).__name__}"}}'
+                reply, failure = "", type(err).__name__
+            else:
+                failure = "the kernel runner exited"
         try:
-            answer = json.loads(reply) if reply else {"error": "the kernel runner exited"}
+            answer = json.loads(reply) if reply else {"error": failure}
         except ValueError:
             answer = {"error": f"unreadable reply {reply[:80]!r}"}
         if "error" in answer:

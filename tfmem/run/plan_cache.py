@@ -26,7 +26,7 @@ class CompiledRequest:
         self.replan = False  # budget mode learned from a step: plan again before the next
         self.resident = ResidentCheck()  # budget mode: does its plan still fit beside the device's bytes
         self.written = None  # resource variables its updates write (first_updates), once compiled
-        self.assigned = None  # {variable: value op} it sets from constants (first_updates.assigned)
+        self.assigned = None  # the variables it sets from constants (first_updates.assigned)
         self.released = False  # its executor was released after its first step
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
