@@ -12,7 +12,7 @@ import sys
 
 from hypothesis import given, settings, strategies as st
 
-from tfmem.memory.allocator import BFCModel, rounded
+from tfmem.memory.allocator import BFCModel, Regions, rounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -28,9 +28,13 @@ SCRIPT = r"""
 import json, os, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tfmem
-tfmem.emulate_accelerator(8192)
+from tfmem.memory import emulated
+tfmem.emulate_accelerator(int(sys.argv[2]))
 import tensorflow as tf
 sequence = json.loads(sys.argv[1])
+if sys.argv[3] == "reserve":
+    tfmem.reserve_emulated_memory()
+print(json.dumps(emulated.allocator_regions().reserved))
 tensors, figures = {}, []
 for name, nbytes in sequence:
     if nbytes is None:
@@ -43,17 +47,19 @@ print(json.dumps(figures))
 """
 
 
-def _tensorflow_figures():
+def _tensorflow_figures(sequence=SEQUENCE, cap_mib=8192, reserve=False):
+    """(regions reserved, [[in use, peak] after each step]) from a fresh process."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
-    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SEQUENCE)], env=env,
+    out = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(sequence), str(cap_mib),
+                          "reserve" if reserve else "grow"], env=env,
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    return tuple(json.loads(lines[-2])), json.loads(lines[-1])
 
 
-def test_replay_gives_tensorflows_in_use_and_peak_bytes_after_every_step():
-    measured = _tensorflow_figures()
-    model, handles, replayed = BFCModel(), {}, []
-    for name, nbytes in SEQUENCE:
+def _replayed(model, sequence=SEQUENCE):
+    handles, replayed = {}, []
+    for name, nbytes in sequence:
         if nbytes is None:
             model.free(handles.pop(name))
         else:
@@ -62,10 +68,47 @@ def test_replay_gives_tensorflows_in_use_and_peak_bytes_after_every_step():
             handles[name] = model.allocate(nbytes)
             model.free(scalar)
         replayed.append([model.in_use, model.peak])
+    return replayed
+
+
+def test_replay_gives_tensorflows_in_use_and_peak_bytes_after_every_step():
+    _, measured = _tensorflow_figures()
+    model = BFCModel()
+    replayed = _replayed(model)
+    handles = {name for name, n in SEQUENCE if n} - {name for name, n in SEQUENCE if n is None}
     assert replayed == measured
     # The sequence is worth checking: some chunks were handed out larger than asked.
     requested = sum(n for name, n in SEQUENCE if n and name in handles)
     assert model.in_use > requested
+
+
+# Under a 24 MiB cap regions of 2, 4 and 8 MiB leave a last one of 10: the 7 MiB request
+# lands there and holds all 10 (10 < 2 x 7).  With the cap reserved as one region first,
+# every request is split off it.
+CAPPED = [("a", int(1.5 * MIB)), ("b", 3 * MIB), ("c", 5 * MIB), ("d", 7 * MIB),
+          ("b", None), ("e", 2 * MIB), ("a", None), ("f", 1 * MIB)]
+
+
+def test_replay_under_a_cap_gives_tensorflows_figures_with_and_without_the_reservation():
+    grown_regions, grown = _tensorflow_figures(CAPPED, cap_mib=24)
+    reserved_regions, reserved = _tensorflow_figures(CAPPED, cap_mib=24, reserve=True)
+    assert grown_regions == ()
+    assert _replayed(BFCModel(Regions(limit=24 * MIB)), CAPPED) == grown
+    assert _replayed(BFCModel(Regions(reserved_regions, limit=24 * MIB)), CAPPED) == reserved
+    # The premise: the last region handed out whole, the reserved one split.
+    assert grown[3][0] >= 1.5 * MIB + 3 * MIB + 5 * MIB + 10 * MIB
+    assert reserved[-1][1] < grown[-1][1] - 2 * MIB
+
+
+def test_a_request_the_cap_leaves_no_room_for_reads_more_than_the_cap():
+    model = BFCModel(Regions(limit=24 * MIB))
+    first = model.allocate(12 * MIB)  # regions 2, 4, 8: none fits; a 16 MiB region
+    assert model.needed == model.in_use == 16 * MIB <= model.limit
+    second = model.allocate(9 * MIB)  # 8 MiB left under the cap: TensorFlow runs out
+    assert model.needed > 24 * MIB
+    model.free(second)
+    assert model.needed == model.in_use == 16 * MIB
+    model.free(first)
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,6 +14,7 @@ _EXPORTS = {
     "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
     "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
     "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",
+    "reserve_emulated_memory": "tfmem.memory.emulated",
     "Placement": "tfmem.plan.place", "place": "tfmem.plan.place",
     "state_on_host": "tfmem.plan.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",

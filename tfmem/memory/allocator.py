@@ -18,7 +18,16 @@ allow_growth, no region coalescing, no garbage collection):
 - a freed chunk merges with its free neighbours in the same region;
 - when nothing fits, a new region is taken: its size starts at 2 MiB and
   doubles until the request fits, and doubles again after every region that
-  did not have to grow for its request.
+  did not have to grow for its request;
+- under a limit (the emulated accelerator's cap), a new region is at most
+  what the limit leaves, and a request larger than that does not fit.
+
+The last rule is what makes a capped device waste memory: with regions of 2,
+4, 8, 16 and 32 MiB taken, a 111 MiB cap leaves a last region of 49 MiB, and
+a 27 MiB kernel scratch buffer that lands in it gets all 49 (49 < 2 x 27).
+A GPU's allocator takes its whole memory as one region at the start
+(TensorFlow's default), and so does the emulated accelerator after
+`tfmem.reserve_emulated_memory()`; `Regions` says which layout to replay.
 
 `BFCModel` is pure Python and fed by the simulator's allocate/free sequence.
 Which chunk a request gets depends on every allocation the process made
@@ -28,6 +37,7 @@ plausible order, not a bound.
 """
 
 import bisect
+import dataclasses
 
 MIN_ALLOCATION = 256
 INITIAL_REGION = 2 << 20
@@ -40,17 +50,31 @@ def rounded(nbytes):
     return -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION
 
 
+@dataclasses.dataclass(frozen=True)
+class Regions:
+    """How the replayed allocator holds memory: `reserved` region sizes taken before
+    anything else (the whole cap, after `reserve_emulated_memory`), then regions grown
+    as needed; `limit` the bytes all regions may take (None: no limit that matters)."""
+    reserved: tuple = ()
+    limit: int = None
+
+
 class BFCModel:
     """Chunks of a BFC allocator: `allocate` returns a handle, `free` takes it back.
 
     `in_use` and `peak` are in chunk bytes, TensorFlow's `bytes_in_use` and
-    `peak_bytes_in_use`; `requested` is the sum of live requests.
+    `peak_bytes_in_use`; `requested` is the sum of live requests.  A request the
+    limit leaves no room for (TensorFlow: out of memory) still gets a region, so that
+    the replay goes on; `beyond_limit` counts the chunk bytes in use in such regions.
     """
 
-    def __init__(self, initial_region=INITIAL_REGION):
+    def __init__(self, regions=Regions(), initial_region=INITIAL_REGION):
         self.region_bytes = rounded(initial_region)
+        self.limit = regions.limit
         self.regions = 0
         self.pool = 0  # bytes of all regions
+        self.beyond_limit = 0
+        self._over = set()  # regions taken beyond the limit
         self.in_use = 0
         self.peak = 0
         self.requested = 0
@@ -58,6 +82,8 @@ class BFCModel:
         self._used = {}  # chunk address -> requested bytes, for chunks in use
         self._end = {}  # chunk end address -> chunk address (to find the left neighbour)
         self._free = []  # sorted (size, address) of free chunks
+        for size in regions.reserved:
+            self._add_region(rounded(size))
 
     def allocate(self, nbytes):
         """Hand out a chunk for `nbytes`; its address is the handle (None for 0 bytes)."""
@@ -77,6 +103,8 @@ class BFCModel:
             size = need
         self._used[address] = nbytes
         self.in_use += size
+        if address // _REGION_SPACING in self._over:
+            self.beyond_limit += size
         self.requested += nbytes
         self.peak = max(self.peak, self.in_use)
         return address
@@ -88,6 +116,8 @@ class BFCModel:
         self.requested -= self._used.pop(address)
         size = self._drop_chunk(address)
         self.in_use -= size
+        if address // _REGION_SPACING in self._over:
+            self.beyond_limit -= size
         right = address + size
         if right in self._size and right not in self._used:
             self._remove_free(right)
@@ -99,6 +129,14 @@ class BFCModel:
             address = left
         self._set_chunk(address, size)
         bisect.insort(self._free, (size, address))
+
+    @property
+    def needed(self):
+        """The bytes in use, or, while chunks beyond the limit are in use, more than the
+        limit by those bytes (what the device would have to hold)."""
+        if self.beyond_limit:
+            return max(self.in_use, self.limit + self.beyond_limit)
+        return self.in_use
 
     def chunk_of(self, address):
         """The chunk bytes behind a handle."""
@@ -124,13 +162,22 @@ class BFCModel:
         while need > self.region_bytes:
             self.region_bytes *= 2
             grew = True
-        start = (self.regions + 1) * _REGION_SPACING
-        self.regions += 1
-        self.pool += self.region_bytes
-        self._set_chunk(start, self.region_bytes)
-        bisect.insort(self._free, (self.region_bytes, start))
+        size = self.region_bytes
+        if self.limit is not None:
+            available = (self.limit - self.pool) // MIN_ALLOCATION * MIN_ALLOCATION
+            size = min(size, available) if need <= available else need
+        self._add_region(size)
+        if self.limit is not None and self.pool > self.limit:
+            self._over.add(self.regions)
         if not grew:
             self.region_bytes *= 2
+
+    def _add_region(self, size):
+        start = (self.regions + 1) * _REGION_SPACING
+        self.regions += 1
+        self.pool += size
+        self._set_chunk(start, size)
+        bisect.insort(self._free, (size, start))
 
 
 class AllocationLog:
@@ -187,13 +234,15 @@ class AllocationLog:
         self.step.append(("partition", index))
 
 
-def replay(log, steps=2, initial_region=INITIAL_REGION):
+def replay(log, steps=2, regions=Regions()):
     """{partition index: peak chunk bytes in use} in the last of `steps` replays of
-    the step after its state, on an allocator that starts empty.
+    the step after its state, on an allocator that starts with `regions` only.
 
-    The first steps leave the regions and free chunks a steady-state step meets.
+    The first steps leave the regions and free chunks a steady-state step meets.  A
+    partition during which the allocator went over its limit reads the bytes its
+    regions would need (more than the limit: it does not fit).
     """
-    model = BFCModel(initial_region)
+    model = BFCModel(regions)
     handles = {}
     for _, buffer, nbytes in log.state:
         handles[buffer] = model.allocate(nbytes)
@@ -206,12 +255,12 @@ def replay(log, steps=2, initial_region=INITIAL_REGION):
             if kind == "partition":
                 current = event[1]
                 if last:
-                    peaks[current] = model.in_use
+                    peaks[current] = model.needed
                 continue
             if kind == "alloc":
                 handles[event[1]] = model.allocate(event[2])
             else:
                 model.free(handles.pop(event[1], None))
             if last and current is not None:
-                peaks[current] = max(peaks[current], model.in_use)
+                peaks[current] = max(peaks[current], model.needed)
     return peaks

@@ -10,9 +10,17 @@ op), so `emulate_accelerator` must run before TensorFlow is imported:
     tfmem.emulate_accelerator(512)      # before `import tensorflow`
     import tensorflow as tf
 
-Everything TensorFlow allocates then counts as device memory.  Only the
-environment is read or written here (no TensorFlow import), so the memory
-wing can ask for the cap without importing the runtime.
+Everything TensorFlow allocates then counts as device memory.  Importing
+this module imports no TensorFlow, so the memory wing can ask for the cap
+without starting the runtime; only `reserve_emulated_memory` runs it.
+
+The capped allocator grows as TensorFlow's CPU allocator does: regions of 2,
+4, 8, ... MiB, the last one what the cap leaves, and a large request that
+lands in a region less than twice its size gets all of it.  A GPU's allocator
+instead takes its memory as one region at the start (TensorFlow's default),
+so a request is always split off a large free chunk.  `reserve_emulated_memory`
+gives the emulated accelerator that layout; `allocator_regions` tells the
+allocator replay (memory/allocator.py) which one this process has.
 """
 
 import os
@@ -20,6 +28,10 @@ import sys
 
 USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+MIB = 1 << 20
+_RESERVE_MAX = 16 << 30  # an uncapped allocator's region: address space, never written
+_RESERVE_MIN = 1 << 30
+_RESERVED = ()  # the regions reserve_emulated_memory took in this process
 
 
 def emulate_accelerator(memory_mib):
@@ -49,3 +61,61 @@ def emulated_memory_mib():
         return None
     value = os.environ.get(LIMIT_MB)
     return int(value) if value and value.isdigit() else None
+
+
+def reserve_emulated_memory():
+    """Have the emulated accelerator hold its whole cap as one region, as a GPU does.
+
+    Call once, after importing TensorFlow and before anything allocates on the device
+    (else RuntimeError: regions already taken stay).  It runs one uninitialised tensor
+    of nearly the cap (address space, never written), frees it, and resets the
+    allocator's peak, which has counted nothing else.  Without a cap (the allocator
+    far above any step) the region is at most 16 GiB or half the machine's memory.
+    Returns the bytes of the large region.
+    """
+    global _RESERVED  # pylint: disable=global-statement
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    mib = emulated_memory_mib()
+    if mib is None:
+        raise RuntimeError("reserve_emulated_memory needs the emulated accelerator: call "
+                           "tfmem.emulate_accelerator(mib) before importing TensorFlow")
+    if _RESERVED:
+        return _RESERVED[-1]
+    if tf.config.experimental.get_memory_info("CPU:0")["peak"]:
+        raise RuntimeError("reserve_emulated_memory must run before anything is allocated "
+                           "on the emulated accelerator (its allocator's peak is not zero): "
+                           "call it right after importing TensorFlow")
+    limit = mib * MIB
+    size = _take_region(tf, limit)
+    if size:
+        big = tf.config.experimental.get_memory_info("CPU:0")["peak"] // MIB * MIB
+        _RESERVED = tuple(r for r in (min(limit - big, 2 * MIB), big) if r > 0)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    return _RESERVED[-1] if _RESERVED else 0
+
+
+def _take_region(tf, limit):
+    """Run and free one uninitialised tensor big enough that the allocator takes a region
+    of all the cap leaves (4 MiB spare for the small regions the run's own constants
+    take); halve it where the machine gives no such region.  The bytes, 0 for none."""
+    import psutil  # pylint: disable=import-outside-toplevel
+    size = min(limit - 4 * MIB, _RESERVE_MAX, psutil.virtual_memory().total // 2)
+    while size >= min(_RESERVE_MIN, limit // 2):
+        graph = tf.Graph()
+        with graph.as_default(), tf.device("/cpu:0"):
+            region = tf.raw_ops.Empty(shape=[size // MIB, MIB], dtype=tf.uint8, init=False)
+        try:
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(region.op)
+            return size // MIB * MIB
+        except tf.errors.ResourceExhaustedError:
+            size //= 2
+    return 0
+
+
+def allocator_regions():
+    """The layout the allocator replay starts from in this process (allocator.Regions):
+    the emulated cap as its limit, and the regions `reserve_emulated_memory` took."""
+    from tfmem.memory.allocator import Regions  # pylint: disable=import-outside-toplevel
+    mib = emulated_memory_mib()
+    return Regions(reserved=_RESERVED, limit=mib * MIB) if mib else Regions()

@@ -36,8 +36,6 @@ import threading
 
 log = logging.getLogger(__name__)
 
-_RESERVE_MAX = 16 << 30  # the region taken first: virtual memory, never written
-_RESERVE_MIN = 1 << 30
 _COMMAND = [sys.executable, "-m", "tfmem.memory.kernel_runner"]
 
 
@@ -171,29 +169,11 @@ def _runner():
         return _RUNNER or None
 
 
-def _reserve_region(tf):
-    """Take one large region in this process's BFC allocator and free it: later requests
-    are split off it, so each chunk is its request rounded to 256 bytes.  Reserved, not
-    written (an uninitialised tensor).  Returns the bytes reserved (0: none could be)."""
-    import psutil  # pylint: disable=import-outside-toplevel
-    size = min(_RESERVE_MAX, psutil.virtual_memory().total // 2)
-    while size >= _RESERVE_MIN:
-        graph = tf.Graph()
-        with graph.as_default(), tf.device("/cpu:0"):
-            region = tf.raw_ops.Empty(shape=[size >> 20, 1 << 20], dtype=tf.uint8, init=False)
-        try:
-            with tf.compat.v1.Session(graph=graph) as session:
-                session.run(region.op)
-            return size
-        except tf.errors.ResourceExhaustedError:
-            size //= 2
-    return 0
-
-
 def _serve():
     """The child: answer one request per line until standard input closes."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    _reserve_region(tf)
+    from tfmem.memory.emulated import reserve_emulated_memory  # pylint: disable=import-outside-toplevel
+    reserve_emulated_memory()
     for line in sys.stdin:
         try:
             request = json.loads(line)

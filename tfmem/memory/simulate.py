@@ -30,7 +30,7 @@ import dataclasses
 import heapq
 
 from tfmem.memory import dedup
-from tfmem.memory.allocator import AllocationLog, replay
+from tfmem.memory.allocator import AllocationLog, Regions, replay
 from tfmem.memory.concurrency import overlapping_scratch
 from tfmem.memory.workspace import Workspaces
 from tfmem.plan import optypes
@@ -341,13 +341,14 @@ def state_bytes(view, size):
 
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
-             workspaces=None, signatures=None, concurrent_ops=1):
+             workspaces=None, signatures=None, concurrent_ops=1, regions=Regions()):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
-    `workspaces` (workspace.Workspaces), `signatures` (dedup.signatures) and
-    `concurrent_ops` (how many kernels may run at once, see concurrency) come with the
-    scratch in a `Sizing` (`**sizing.simulate_options()`).
+    `workspaces` (workspace.Workspaces), `signatures` (dedup.signatures),
+    `concurrent_ops` (how many kernels may run at once, see concurrency) and `regions`
+    (the allocator layout the chunk replay starts from) come with the scratch in a
+    `Sizing` (`**sizing.simulate_options()`).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
     after its last reader there (what usually happens); without, at the
@@ -416,7 +417,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
                                      sum(host.values()), to_host, to_device, kernel))
-    replayed = replay(log)
+    replayed = replay(log, regions=regions)
     trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack)
              for p in trace]
     if chunks:

@@ -8,6 +8,8 @@ more things that only TensorFlow knows, both fixed by the shapes fed:
     workspaces  outputs kernels return past the op's own, and the scratch that saves
                 their readers (`workspace.measure`: oneDNN's max pooling)
     signatures  what makes ops equal for Grappler's merge of equal ops (`dedup`)
+    regions     how the device's allocator holds memory (`emulated.allocator_regions`:
+                its cap, and whether it took the cap as one region)
 
 `Sizing.of` asks the graph for both; `budget.fit` and the out-of-memory
 advice then search plans from the view and this value alone, and never touch
@@ -16,7 +18,8 @@ the graph again.
 
 import dataclasses
 
-from tfmem.memory import dedup, workspace
+from tfmem.memory import dedup, emulated, workspace
+from tfmem.memory.allocator import Regions
 from tfmem.memory.shapes import resolve_shapes
 
 
@@ -29,6 +32,7 @@ class Sizing:
     workspaces: workspace.Workspaces = dataclasses.field(default_factory=workspace.Workspaces)
     signatures: dict = dataclasses.field(default_factory=dict)
     concurrent_ops: int = 1  # kernels that may run at once (see concurrency)
+    regions: Regions = Regions()  # the allocator layout the chunk replay starts from
 
     @classmethod
     def of(cls, graph, view, feed_shapes, session=None, concurrent_ops=1):
@@ -37,9 +41,10 @@ class Sizing:
         `concurrent_ops`: how many kernels the device may run at once."""
         scratch, workspaces = workspace.measure(graph, view, feed_shapes, session)
         return cls(resolve_shapes(graph, view, feed_shapes), scratch, workspaces,
-                   dedup.signatures(graph, view, session), concurrent_ops)
+                   dedup.signatures(graph, view, session), concurrent_ops,
+                   emulated.allocator_regions())
 
     def simulate_options(self):
         """The keyword arguments of `simulate` this sizing fixes besides shapes and scratch."""
         return dict(workspaces=self.workspaces, signatures=self.signatures,
-                    concurrent_ops=self.concurrent_ops)
+                    concurrent_ops=self.concurrent_ops, regions=self.regions)
