@@ -42,6 +42,8 @@ from tfmem.cli import provenance as tfmem_provenance
 
 MIB = 1 << 20
 SYSTEMS = ("tf", "grappler", "tfmem")
+# How every system's emulated device holds memory (--allocator, allocator_note).
+ALLOCATORS = ("grown", "one-region")
 # Every system's session config (--session-config): TensorFlow's defaults, or
 # tfmem.session_config() (Grappler off: tfmem then plans without units.py's rule 5).
 SESSION_CONFIGS = ("default", "tfmem")
@@ -193,6 +195,11 @@ def build_parser(experiment):
     trial.add_argument("--session-config", choices=SESSION_CONFIGS, default="default",
                        help="every system's session config: TensorFlow's defaults, or "
                        "tfmem.session_config() (Grappler's meta optimizer off, as tfmem.Session)")
+    trial.add_argument("--allocator", choices=ALLOCATORS, default="grown",
+                       help="every system's emulated device: TensorFlow's CPU allocator as it "
+                            "grows (regions of 2, 4, 8 ... MiB, the last one what the cap "
+                            "leaves), or one-region: the cap reserved as one region first "
+                            "(tfmem.reserve_emulated_memory), as a GPU's allocator holds it")
     trial.add_argument("--batch-size", type=positive_int)
     trial.add_argument("--inter-op-threads", type=non_negative_int, metavar="N",
                        help="the sessions' inter_op_parallelism_threads (default 0: TensorFlow's "
@@ -329,7 +336,7 @@ def trial_options(experiment, args):
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
                "--inter-op-threads", str(args.inter_op_threads),
                "--intra-op-threads", str(args.intra_op_threads), "--measure", args.measure,
-               "--session-config", args.session_config]
+               "--session-config", args.session_config, "--allocator", args.allocator]
     if args.partial_runs:
         options.append("--partial-runs")
     if args.device_memory is not None:
@@ -393,6 +400,8 @@ def run_trial(experiment, args):
 
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
 
+    if args.allocator == "one-region":
+        tfmem.reserve_emulated_memory()
     system = args.system[0]
     limit = accelerator.emulated_memory_mib()
     result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
@@ -407,7 +416,7 @@ def run_trial(experiment, args):
                   resident_after_init_bytes=None, resident_after_steps_bytes=None,
                   build_seconds=None, first_step_seconds=None, seconds=None,
                   grappler=GRAPPLER_MEMORY_OPTIMIZATION if system == "grappler" else None,
-                  session_config=args.session_config,
+                  session_config=args.session_config, allocator=args.allocator,
                   tfmem=None)
     _phase("building", started)
     model = experiment.build(tf, args.size, args)
@@ -966,6 +975,16 @@ def derive_cap(experiment, args, out=None):
     return info
 
 
+def allocator_note(kind):
+    """How every system's emulated device held its memory, in one line."""
+    if kind == "one-region":
+        return ("allocator: every trial (plain TensorFlow's too, and the cap's base trial) "
+                "first reserves its cap as one region (tfmem.reserve_emulated_memory), as a "
+                "GPU's allocator holds its memory")
+    return ("allocator: TensorFlow's CPU allocator as it grows (regions of 2, 4, 8 ... MiB, "
+            "the last one what the cap leaves)")
+
+
 def session_config_note(kind):
     """Which session config every system's trials ran under, in one line."""
     if kind == "tfmem":
@@ -1053,7 +1072,7 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
              f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
              f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
              f"{step_path_text(vars(args))}",
-             session_config_note(args.session_config),
+             session_config_note(args.session_config), allocator_note(args.allocator),
              f"search: exponential then binary on {experiment.size}, one process per trial, "
              f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
              f"whole run {seconds:.0f} s",

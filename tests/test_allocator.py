@@ -133,3 +133,17 @@ def test_chunks_cover_requests_and_coalesce_back_into_regions(operations):
     # Every region is one free chunk again.
     assert len(model._free) == model.regions  # pylint: disable=protected-access
     assert sum(size for size, _ in model._free) == model.pool  # pylint: disable=protected-access
+
+
+def test_the_reservation_refuses_once_the_device_has_allocated():
+    script = ("import tfmem; tfmem.emulate_accelerator(64)\n"
+              "import tensorflow as tf\n"
+              "kept = tf.fill([1 << 18], 1.0)\n"
+              "try:\n"
+              "    tfmem.reserve_emulated_memory()\n"
+              "except RuntimeError as err:\n"
+              "    print('refused:', err)\n")
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=True)
+    assert "refused: reserve_emulated_memory must run before anything is allocated" in out.stdout

@@ -68,6 +68,8 @@ def experiment_block(data, name):
              if "partial_runs" in settings else "")
     if settings.get("session_config", "default") != "default":  # experiments/common.py
         steps += f"every session: {settings['session_config']} config (Grappler off); "
+    if settings.get("allocator", "grown") != "grown":  # experiments/common.allocator_note
+        steps += "every trial's cap reserved as one region first; "
     lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
              f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
