@@ -68,8 +68,8 @@ class BFCModel:
     the replay goes on; `beyond_limit` counts the chunk bytes in use in such regions.
     """
 
-    def __init__(self, regions=Regions(), initial_region=INITIAL_REGION):
-        self.region_bytes = rounded(initial_region)
+    def __init__(self, regions=Regions()):
+        self.region_bytes = INITIAL_REGION
         self.limit = regions.limit
         self.regions = 0
         self.pool = 0  # bytes of all regions
