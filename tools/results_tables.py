@@ -210,7 +210,7 @@ def accuracy_block(data):
     return "\n".join([
         f"`python experiments/accuracy.py --json experiments/results/accuracy.json` (steps 2-"
         f"{data['steps']} judged; {_provenance(data.get('provenance'))}):", "",
-        accuracy.markdown(data["rows"]), "", f"    {data['result']}", ""])
+        accuracy.markdown(data["rows"]), "", f"    {accuracy.summary(data['rows'])}", ""])
 
 
 def _seconds(values):
