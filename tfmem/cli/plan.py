@@ -68,6 +68,14 @@ size (in auto mode also the longest swap distance up to --swap-distance)
 whose predicted device peak fits SIZE, less a safety margin, is chosen; exit
 status 1 names the largest op when nothing fits.
 
+--inter-op-threads N is the inter-op threads of the session that will run
+the step (default 0, TensorFlow's default: TF_NUM_INTEROP_THREADS, else one
+per usable core of this machine). On a CPU its executor may run that many
+ready ops at once, so each kernel's scratch is predicted together with that
+of the largest N-1 others of its partition that could run beside it; where
+TensorFlow finds a GPU, which runs one kernel at a time, N does not matter.
+Pass the session's own setting (1 for one kernel at a time).
+
 --trace writes the PLANNED step as a Chrome trace (chrome://tracing,
 ui.perfetto.dev) on the tracks partitions, swap-out, prefetch and wait. Its
 times are nominal, not measured (nothing runs): each partition lasts 1 ms per
@@ -158,6 +166,10 @@ def add_arguments(parser):
     parser.add_argument("--swap-min-bytes", default="1MiB", metavar="SIZE",
                         help="auto: tensors smaller than SIZE stay on the device "
                              "(default: 1MiB)")
+    parser.add_argument("--inter-op-threads", type=_nonnegative_int, default=0, metavar="N",
+                        help="the running session's inter-op threads: on a CPU, that many "
+                             "kernels may hold scratch at once (default: 0, TensorFlow's "
+                             "default, one per usable core)")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write the plan and its predicted memory as JSON")
     parser.add_argument("--plot", metavar="OUT.png",
@@ -468,8 +480,9 @@ def _band_text(trace, budget):
     return text
 
 
-def format_summary(plan, trace, model=None, budget=None):
-    """The summary table of a plan and its MemoryTrace, as text."""
+def format_summary(plan, trace, model=None, budget=None, kernels=1):
+    """The summary table of a plan and its MemoryTrace, as text (`kernels`: how many
+    may run at once, as predicted)."""
     policy = plan.policy
     swapped = [t for t in plan.transfers if t.swapped]
     uploads = sum(span.uploaded for t in plan.transfers for span in t.spans)
@@ -502,7 +515,7 @@ def format_summary(plan, trace, model=None, budget=None):
         f"(the same allocations replayed through TensorFlow's BFC policy)",
         f"predicted band:        {_band_text(trace, budget)}",
         f"largest kernel scratch: {mib(max((m.scratch for m in trace.partitions), default=0), 2, unit=False)} MiB "
-        "(counted in the peaks)",
+        f"(counted in the peaks; up to {kernels} kernel{'s' if kernels > 1 else ''} at once)",
         f"predicted host peak:   {mib(trace.peak_host, 2, unit=False)} MiB",
         f"to host:               {mib(trace.bytes_to_host, 2, unit=False)} MiB ({trace.bytes_to_host} bytes) "
         f"in {len(swapped)} swap-outs",
@@ -521,8 +534,9 @@ def format_summary(plan, trace, model=None, budget=None):
 
 
 def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partition_size=None,
-                 budget=None):
-    """(plan, trace, shapes) of a request, with `partition_size` or fitted to `budget` bytes.
+                 budget=None, kernels=1):
+    """(plan, trace, shapes) of a request, with `partition_size` or fitted to `budget` bytes,
+    `kernels` of them at once (see tfmem.memory.concurrency).
 
     Raises UsageError for unfed placeholders and feed shapes the graph rejects,
     and what make_plan / budget.fit raise (TFMemError) when no plan can be made.
@@ -536,7 +550,7 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     fetch_tensors = [t for t in fetch_tensors if t.name not in feed_shapes]
     view = _check_feeds(fetch_tensors, target_ops, fed_tensors)
     try:
-        sizing = Sizing.of(graph, view, feed_shapes)
+        sizing = Sizing.of(graph, view, feed_shapes, concurrent_ops=kernels)
     except ValueError as exc:
         given = ", ".join(f"{name} [{','.join(map(str, dims))}]"
                           for name, dims in feed_shapes.items())
@@ -579,6 +593,16 @@ def _write_outputs(args, plan, trace, shapes, budget):
     return written
 
 
+def kernels_at_once(inter_op_threads):
+    """How many kernels the planned step may run at once: those of a session with
+    `inter_op_threads` on the device a TFMemSession here would use, this machine's first
+    GPU (found without starting TensorFlow's runtime), else its CPU."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import concurrency  # pylint: disable=import-outside-toplevel
+    device = "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+    return concurrency.kernels_at_once(device, inter_op_threads)
+
+
 def _run(args):
     from tfmem.cli import plot  # pylint: disable=import-outside-toplevel
     from tfmem.plan.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
@@ -593,9 +617,10 @@ def _run(args):
     graph = load_graph(args.model)
     fetch_tensors, target_ops = resolve_fetches(graph, args.fetch)
     feed_shapes = resolve_feeds(graph, args.feed_shape)
+    kernels = kernels_at_once(args.inter_op_threads)
     plan, trace, shapes = plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy,
-                                       args.partition_size, budget)
-    print(format_summary(plan, trace, model=args.model, budget=budget))
+                                       args.partition_size, budget, kernels)
+    print(format_summary(plan, trace, model=args.model, budget=budget, kernels=kernels))
     written = _write_outputs(args, plan, trace, shapes, budget)
     if written:
         print("wrote " + "; ".join(written))

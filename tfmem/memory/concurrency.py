@@ -13,9 +13,39 @@ predicted, and once ran out of memory on a 24 MiB convolution buffer.  So where
 `concurrent_ops` (the session's inter-op threads on a CPU device) exceeds one,
 each op's scratch is predicted with that of the largest `concurrent_ops - 1`
 others it may overlap.  A GPU runs one kernel at a time: one there.
+
+`kernels_at_once` is that rule, for every front end: `TFMemSession`, the
+out-of-memory advice (their session's config), `tfmem.function` (the eager
+runtime's `tf.config.threading`) and `tfmem plan` (its --inter-op-threads).
 """
 
+import os
+
 from tfmem.plan.analyse import split_tensor_name
+
+
+def configured_inter_op_threads(session=None):
+    """The inter-op threads `session`'s config asks for; with no config (tfmem.function's
+    stand-in session, or none) those of the eager runtime, which runs tf.functions."""
+    config = getattr(session, "_config", None)
+    if config is not None:
+        return int(config.inter_op_parallelism_threads)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    return int(tf.config.threading.get_inter_op_parallelism_threads())
+
+
+def kernels_at_once(device, threads):
+    """How many kernels may run at once on `device` ('CPU:0', 'GPU:0') with `threads`
+    inter-op threads configured: one on an accelerator; on a CPU the executor's pool,
+    sized as TensorFlow sizes it (process_util.cc): 0 means TF_NUM_INTEROP_THREADS,
+    else one per usable core; below 0, ops run in the caller's thread."""
+    if not device.startswith("CPU"):
+        return 1
+    if threads == 0:
+        from_env = os.environ.get("TF_NUM_INTEROP_THREADS", "").strip()
+        threads = int(from_env) if from_env.isdigit() else 0
+        threads = threads or len(os.sched_getaffinity(0))
+    return max(threads, 1)
 
 
 def overlapping_scratch(view, order, scratch, concurrent_ops):

@@ -217,16 +217,6 @@ def _config_of(session):
     return getattr(session, "_config", None) if session is not None else None
 
 
-def inter_op_threads(session):
-    """How many ops the session's executor may run at once on a CPU: its inter-op
-    threads (0, TensorFlow's default: one per usable core; below 0: the caller's)."""
-    config = _config_of(session)
-    threads = int(config.inter_op_parallelism_threads) if config is not None else 0
-    if threads < 0:
-        return 1
-    return threads or len(os.sched_getaffinity(0))
-
-
 def threads_of(session):
     config = _config_of(session)
     return int(config.intra_op_parallelism_threads) if config is not None else 0

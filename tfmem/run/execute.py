@@ -126,7 +126,8 @@ class _Step:
         """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
         return oom.device_memory_error(session, self.plan, self._feeds, index, error,
-                                       accelerator.device_capacity(session))
+                                       accelerator.device_capacity(session),
+                                       self._executor.device)
 
     def failure(self, index, error):
         """A RemoteTaskError when a task of a distributed session was lost, else None."""
@@ -162,6 +163,11 @@ class Executor:
                          for index, options in uploads.items()}
         self._process = psutil.Process()
         self._ops = [frozenset(p.ops) for p in plan.partitions]
+
+    @property
+    def device(self):
+        """The device the plan runs on ('CPU:0', 'GPU:0')."""
+        return self._runtime.device
 
     @property
     def partial_run(self):

@@ -98,7 +98,8 @@ class _EagerStep:
                   if value.dtype not in (tf.resource, tf.variant)}
         devices = GraphDevices(self._executor.graph)
         return oom.device_memory_error(devices, self.plan, shapes, index, error,
-                                       accelerator.device_capacity(devices))
+                                       accelerator.device_capacity(devices),
+                                       self._executor.device)
 
     def _is_op_name(self, name):
         try:
@@ -133,6 +134,11 @@ class EagerExecutor:
         self._batches = {index: runtime.prefetcher.batch
                          for index, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
+
+    @property
+    def device(self):
+        """The device the plan runs on ('CPU:0', 'GPU:0')."""
+        return self._runtime.device
 
     def run(self, feeds, timeline=None):
         """Run one step on {fed tensor name: EagerTensor}; return ({fetch: value}, StepStats)."""

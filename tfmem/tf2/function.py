@@ -44,7 +44,6 @@ from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.resident import ResidentCheck
 from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
-from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
 from tfmem.tf2.compile import compile_partition, seen_names
@@ -291,11 +290,11 @@ class PartitionedFunction:
                 # shapes serves them with the same compiled partitions (nothing is compiled
                 # again; random streams continue either way, see tfmem.tf2.streams).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
-                sizing = Sizing.of(graph, view, shapes)
+                sizing = prediction.sizing(graph, view, shapes, runtime.device)
                 plan, trace = self._fit(view, sizing, None, earlier)
         _check_sources(plan.view)
         if trace is None:  # kernel scratch included, calibrated when first asked
-            trace = prediction.LazyPrediction(graph, plan, shapes)
+            trace = prediction.LazyPrediction(graph, plan, shapes, runtime.device)
         traced = self._traced[key] = _Traced(concrete, plan, trace)
         traced.sizing, traced.feed_shapes = sizing, shapes
         return traced
@@ -409,7 +408,8 @@ class PartitionedFunction:
         shapes = self._feed_shapes(traced.graph, feeds)
         if self._runtime.budget_bytes is not None or shapes == traced.feed_shapes:
             return prediction.resolved(traced.trace)  # what memory_report() reports
-        return prediction.predict(traced.plan, Sizing.of(traced.graph, traced.plan.view, shapes))
+        return prediction.predict(traced.plan, prediction.sizing(
+            traced.graph, traced.plan.view, shapes, self._runtime.device))
 
     def memory_report(self):
         """A FunctionMemoryReport of the last step: measured and predicted device and host

@@ -11,7 +11,9 @@ The one eager difference: each partition call holds its inputs until it
 returns, so device copies are freed at their partition's end
 (`early_frees=False`), the bound budget mode plans with too.  Kernels are
 calibrated with TensorFlow's default threads (no Session config to read),
-as budget mode's `Sizing` is: both share the cache entries.
+as budget mode's `Sizing` is: both share the cache entries.  On a CPU, as
+many kernels may hold scratch at once as the eager runtime has inter-op
+threads (`tf.config.threading`; see tfmem.memory.concurrency).
 
 A fixed partition size needs no prediction to run, and the Sizing costs the
 first call: 1.5-4 s on the benchmark Keras ResNet (53 kernel configurations,
@@ -24,9 +26,17 @@ not change, from the tensors-only trace made at once.
 
 import threading
 
+from tfmem.memory.concurrency import configured_inter_op_threads, kernels_at_once
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
+
+
+def sizing(graph, view, feed_shapes, device):
+    """The request's Sizing at `feed_shapes` on `device` ('CPU:0', 'GPU:0'), for the
+    eager runtime: its threads decide how many kernels run at once there."""
+    return Sizing.of(graph, view, feed_shapes,
+                     concurrent_ops=kernels_at_once(device, configured_inter_op_threads()))
 
 
 def predict(plan, request_sizing):
@@ -38,11 +48,12 @@ def predict(plan, request_sizing):
 
 
 class LazyPrediction:
-    """The prediction of `plan` at `feed_shapes`, made on first `trace()`; its host
-    figures (`peak_host`, `bytes_to_host`) known at once."""
+    """The prediction of `plan` at `feed_shapes` on `device`, made on first `trace()`;
+    its host figures (`peak_host`, `bytes_to_host`) known at once."""
 
-    def __init__(self, graph, plan, feed_shapes):
+    def __init__(self, graph, plan, feed_shapes, device):
         self._graph, self._plan, self._feed_shapes = graph, plan, feed_shapes
+        self._device = device
         self._tensors = simulate(plan, resolve_shapes(graph, plan.view, feed_shapes),
                                  early_frees=False)  # no Sizing: host figures only
         self._trace = None
@@ -60,8 +71,8 @@ class LazyPrediction:
         """The MemoryTrace, kernel scratch included (calibrated now if not yet)."""
         with self._lock:
             if self._trace is None:
-                self._trace = predict(self._plan, Sizing.of(self._graph, self._plan.view,
-                                                            self._feed_shapes))
+                self._trace = predict(self._plan, sizing(self._graph, self._plan.view,
+                                                         self._feed_shapes, self._device))
             return self._trace
 
 
