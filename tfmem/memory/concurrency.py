@@ -21,13 +21,14 @@ runtime's `tf.config.threading`) and `tfmem plan` (its --inter-op-threads).
 
 import os
 
+from tfmem import tf_private
 from tfmem.plan.analyse import split_tensor_name
 
 
 def configured_inter_op_threads(session=None):
     """The inter-op threads `session`'s config asks for; with no config (tfmem.function's
     stand-in session, or none) those of the eager runtime, which runs tf.functions."""
-    config = getattr(session, "_config", None)
+    config = tf_private.config_of(session)
     if config is not None:
         return int(config.inter_op_parallelism_threads)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -23,6 +23,7 @@ their readers become equal through them).
 
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
+from tfmem import tf_private
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan import optypes
 
@@ -39,7 +40,7 @@ def merges_equal_ops(session):
     subgraph elimination and its arithmetic optimizer (measured: with any one of them
     on, two equal transposes run as one).  On unless the session's config turns all
     three off."""
-    config = getattr(session, "_config", None) if session is not None else None
+    config = tf_private.config_of(session) if session is not None else None
     if config is None:
         return True
     classic = config.graph_options.optimizer_options

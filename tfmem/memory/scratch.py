@@ -214,7 +214,7 @@ def session_config(threads):
 
 
 def _config_of(session):
-    return getattr(session, "_config", None) if session is not None else None
+    return tf_private.config_of(session) if session is not None else None
 
 
 def threads_of(session):

@@ -32,6 +32,7 @@ import logging
 
 import psutil
 
+from tfmem import tf_private
 from tfmem.errors import TFMemError
 
 # TensorFlow's error classes that can mean "a task is gone or unreachable".  A
@@ -71,7 +72,7 @@ def describe(session):
     """RemoteInfo of a distributed session (one ListDevices call), None for a local one."""
     if not is_distributed(session):
         return None
-    config = getattr(session, "_config", None)
+    config = tf_private.config_of(session)
     if config is None or not config.operation_timeout_in_ms:
         log.warning("the distributed session %s has no operation_timeout_in_ms: if its "
                     "master dies, every call (and tfmem's step) waits for it forever. Create "
