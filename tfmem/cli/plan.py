@@ -593,7 +593,7 @@ def _write_outputs(args, plan, trace, shapes, budget):
     return written
 
 
-def kernels_at_once(inter_op_threads):
+def _kernels_on_this_machine(inter_op_threads):
     """How many kernels the planned step may run at once: those of a session with
     `inter_op_threads` on the device a TFMemSession here would use, this machine's first
     GPU (found without starting TensorFlow's runtime), else its CPU."""
@@ -617,7 +617,7 @@ def _run(args):
     graph = load_graph(args.model)
     fetch_tensors, target_ops = resolve_fetches(graph, args.fetch)
     feed_shapes = resolve_feeds(graph, args.feed_shape)
-    kernels = kernels_at_once(args.inter_op_threads)
+    kernels = _kernels_on_this_machine(args.inter_op_threads)
     plan, trace, shapes = plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy,
                                        args.partition_size, budget, kernels)
     print(format_summary(plan, trace, model=args.model, budget=budget, kernels=kernels))

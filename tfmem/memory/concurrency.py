@@ -15,8 +15,9 @@ each op's scratch is predicted with that of the largest `concurrent_ops - 1`
 others it may overlap.  A GPU runs one kernel at a time: one there.
 
 `kernels_at_once` is that rule, for every front end: `TFMemSession`, the
-out-of-memory advice (their session's config), `tfmem.function` (the eager
-runtime's `tf.config.threading`) and `tfmem plan` (its --inter-op-threads).
+out-of-memory advice (their session's config) and `tfmem.function` (the eager
+runtime's `tf.config.threading`) through `session_kernels_at_once`, `tfmem plan`
+with its --inter-op-threads.
 """
 
 import os
@@ -47,6 +48,12 @@ def kernels_at_once(device, threads):
         threads = int(from_env) if from_env.isdigit() else 0
         threads = threads or len(os.sched_getaffinity(0))
     return max(threads, 1)
+
+
+def session_kernels_at_once(device, session=None):
+    """`kernels_at_once` on `device` with the threads `session` (None: the eager
+    runtime) is configured with."""
+    return kernels_at_once(device, configured_inter_op_threads(session))
 
 
 def overlapping_scratch(view, order, scratch, concurrent_ops):

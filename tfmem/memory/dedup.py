@@ -40,7 +40,7 @@ def merges_equal_ops(session):
     subgraph elimination and its arithmetic optimizer (measured: with any one of them
     on, two equal transposes run as one).  On unless the session's config turns all
     three off."""
-    config = tf_private.config_of(session) if session is not None else None
+    config = tf_private.config_of(session)
     if config is None:
         return True
     classic = config.graph_options.optimizer_options

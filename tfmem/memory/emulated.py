@@ -26,9 +26,10 @@ allocator replay (memory/allocator.py) which one this process has.
 import os
 import sys
 
+from tfmem.memory.sizes import MIB
+
 USE_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 LIMIT_MB = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
-MIB = 1 << 20
 _RESERVE_MAX = 16 << 30  # an uncapped allocator's region: address space, never written
 _RESERVE_MIN = 1 << 30
 _RESERVED = ()  # the regions reserve_emulated_memory took in this process
@@ -86,8 +87,7 @@ def reserve_emulated_memory():
                            "on the emulated accelerator (its allocator's peak is not zero): "
                            "call it right after importing TensorFlow")
     limit = mib * MIB
-    size = _take_region(tf, limit)
-    if size:
+    if _take_region(tf, limit):
         big = tf.config.experimental.get_memory_info("CPU:0")["peak"] // MIB * MIB
         _RESERVED = tuple(r for r in (min(limit - big, 2 * MIB), big) if r > 0)
     tf.config.experimental.reset_memory_stats("CPU:0")
@@ -97,7 +97,7 @@ def reserve_emulated_memory():
 def _take_region(tf, limit):
     """Run and free one uninitialised tensor big enough that the allocator takes a region
     of all the cap leaves (4 MiB spare for the small regions the run's own constants
-    take); halve it where the machine gives no such region.  The bytes, 0 for none."""
+    take); halve it where the machine gives no such region.  Whether one was taken."""
     import psutil  # pylint: disable=import-outside-toplevel
     size = min(limit - 4 * MIB, _RESERVE_MAX, psutil.virtual_memory().total // 2)
     while size >= min(_RESERVE_MIN, limit // 2):
@@ -107,10 +107,10 @@ def _take_region(tf, limit):
         try:
             with tf.compat.v1.Session(graph=graph) as session:
                 session.run(region.op)
-            return size // MIB * MIB
+            return True
         except tf.errors.ResourceExhaustedError:
             size //= 2
-    return 0
+    return False
 
 
 def allocator_regions():

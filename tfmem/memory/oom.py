@@ -15,7 +15,7 @@ import dataclasses
 from tfmem.memory import budget
 from tfmem import errors
 from tfmem.plan.analyse import split_tensor_name
-from tfmem.memory.concurrency import configured_inter_op_threads, kernels_at_once
+from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.sizing import Sizing
 from tfmem.memory.simulate import TensorSizes, simulate
 from tfmem.memory.sizes import mib
@@ -105,7 +105,7 @@ def device_memory_error(session, plan, feeds, index, error, capacity, device):
     graph = session.graph
     shapes_fed = {name: getattr(value, "shape", ()) for name, value in feeds.items()}
     sizing = Sizing.of(graph, plan.view, shapes_fed, session,
-                       kernels_at_once(device, configured_inter_op_threads(session)))
+                       session_kernels_at_once(device, session))
     sizes = TensorSizes(plan.view, sizing.shapes)
     fed_bytes = {name: getattr(value, "nbytes", 0) for name, value in feeds.items()}
     largest = largest_tensors(plan, index, sizes, fed_bytes)

@@ -213,12 +213,8 @@ def session_config(threads):
     return config
 
 
-def _config_of(session):
-    return tf_private.config_of(session) if session is not None else None
-
-
 def threads_of(session):
-    config = _config_of(session)
+    config = tf_private.config_of(session)
     return int(config.intra_op_parallelism_threads) if config is not None else 0
 
 

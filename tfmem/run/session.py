@@ -43,7 +43,7 @@ from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
 from tfmem.run import partial_run, remote, residence as residences
 from tfmem.run import remeasure
-from tfmem.memory.concurrency import configured_inter_op_threads, kernels_at_once
+from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.scratch import ScratchCache
 from tfmem.plan import updates
 from tfmem import tf_private
@@ -254,8 +254,7 @@ class TFMemSession(SessionInterfaceMethods):
     def _sizing(self, view, feed_shapes):
         """The request's Sizing at these fed shapes (kernel scratch under this session's
         threads; on a CPU device, as many kernels at once as it has inter-op threads)."""
-        concurrent = kernels_at_once(self._runtime.device,
-                                     configured_inter_op_threads(self._session))
+        concurrent = session_kernels_at_once(self._runtime.device, self._session)
         return Sizing.of(self.graph, view, feed_shapes, self._session, concurrent)
 
     def _make_plan(self, request, correction=None, view=None):

@@ -26,7 +26,7 @@ not change, from the tensors-only trace made at once.
 
 import threading
 
-from tfmem.memory.concurrency import configured_inter_op_threads, kernels_at_once
+from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
@@ -36,7 +36,7 @@ def sizing(graph, view, feed_shapes, device):
     """The request's Sizing at `feed_shapes` on `device` ('CPU:0', 'GPU:0'), for the
     eager runtime: its threads decide how many kernels run at once there."""
     return Sizing.of(graph, view, feed_shapes,
-                     concurrent_ops=kernels_at_once(device, configured_inter_op_threads()))
+                     concurrent_ops=session_kernels_at_once(device))
 
 
 def predict(plan, request_sizing):
