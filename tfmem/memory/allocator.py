@@ -54,9 +54,13 @@ def rounded(nbytes):
 class Regions:
     """How the replayed allocator holds memory: `reserved` region sizes taken before
     anything else (the whole cap, after `reserve_emulated_memory`), then regions grown
-    as needed; `limit` the bytes all regions may take (None: no limit that matters)."""
+    as needed; `limit` the bytes all regions may take (None: no limit that matters);
+    `occupied` bytes the device holds for others (other requests, other sessions): the
+    replay has that much less, off the limit and off the largest reserved region (where
+    it would lie; not as one buffer, which a grown layout would hand a chunk too large)."""
     reserved: tuple = ()
     limit: int = None
+    occupied: int = 0
 
 
 class BFCModel:
@@ -70,7 +74,7 @@ class BFCModel:
 
     def __init__(self, regions=Regions()):
         self.region_bytes = INITIAL_REGION
-        self.limit = regions.limit
+        self.limit = None if regions.limit is None else regions.limit - regions.occupied
         self.regions = 0
         self.pool = 0  # bytes of all regions
         self.beyond_limit = 0
@@ -82,8 +86,13 @@ class BFCModel:
         self._used = {}  # chunk address -> requested bytes, for chunks in use
         self._end = {}  # chunk end address -> chunk address (to find the left neighbour)
         self._free = []  # sorted (size, address) of free chunks
-        for size in regions.reserved:
-            self._add_region(rounded(size))
+        reserved = list(regions.reserved)
+        if reserved and regions.occupied:
+            largest = reserved.index(max(reserved))
+            reserved[largest] = max(reserved[largest] - regions.occupied, 0)
+        for size in reserved:
+            if size:
+                self._add_region(rounded(size))
 
     def allocate(self, nbytes):
         """Hand out a chunk for `nbytes`; its address is the handle (None for 0 bytes)."""
@@ -235,18 +244,20 @@ class AllocationLog:
 
 
 def replay(log, steps=2, regions=Regions()):
-    """{partition index: peak chunk bytes in use} in the last of `steps` replays of
-    the step after its state, on an allocator that starts with `regions` only.
+    """({partition index: peak chunk bytes}, {partition index: served}) in the last of
+    `steps` replays of the step after its state, on an allocator that starts with
+    `regions` only.
 
     The first steps leave the regions and free chunks a steady-state step meets.  A
-    partition during which the allocator went over its limit reads the bytes its
-    regions would need (more than the limit: it does not fit).
+    partition is served when the allocator found every request a chunk within its
+    limit; one that was not reads the bytes its regions would need (more than the
+    limit).
     """
     model = BFCModel(regions)
     handles = {}
     for _, buffer, nbytes in log.state:
         handles[buffer] = model.allocate(nbytes)
-    peaks = {}
+    peaks, served = {}, {}
     for number in range(steps):
         last = number == steps - 1
         current = None
@@ -256,6 +267,7 @@ def replay(log, steps=2, regions=Regions()):
                 current = event[1]
                 if last:
                     peaks[current] = model.needed
+                    served[current] = not model.beyond_limit
                 continue
             if kind == "alloc":
                 handles[event[1]] = model.allocate(event[2])
@@ -263,4 +275,5 @@ def replay(log, steps=2, regions=Regions()):
                 model.free(handles.pop(event[1], None))
             if last and current is not None:
                 peaks[current] = max(peaks[current], model.needed)
-    return peaks
+                served[current] = served[current] and not model.beyond_limit
+    return peaks, served

@@ -13,12 +13,21 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    which op alone is too large.
 
 Predictions include each kernel's scratch memory, measured once per kernel
-configuration (`scratch.calibrate`), must fit `budget * (1 - margin)` (10 % by
-default), and are
-made with device copies held to the end of each partition that frees them,
-each partition's peak the larger of the bytes requested and the same
-allocations replayed in the BFC allocator's chunks (`allocator.replay`), plus
-an allowance for chunks the replayed order does not show (`chunk_slack`).
+configuration (`scratch.calibrate`), are made with device copies held to the
+end of each partition that frees them, plus an allowance for chunks the
+replayed order does not show (`chunk_slack`), and must fit `budget * (1 -
+margin)` (10 % by default) in one of two ways:
+
+- a budget below the device's memory (or a device whose limit the replay does
+  not know) is a ceiling on what TensorFlow reports in use: each partition's
+  peak is the larger of the bytes requested and the same allocations replayed
+  in the BFC allocator's chunks (`allocator.replay`);
+- a budget of the whole device: TensorFlow's in-use figure cannot pass the
+  device, and a step fails only when a request finds no chunk.  A chunk the
+  allocator hands out whole can make the in-use figure the whole device while
+  every request is served (a 27 MiB scratch buffer in a 49 MiB free tail: 49 <
+  2 x 27, not split), so here the bytes requested must fit with the margin and
+  the replay under the device's limit must serve every request (`served`).
 
 Budget mode learns: after each measured step, `TFMemSession` and `tfmem.function`
 compare every partition's measured peak with its prediction (`Correction`, through
@@ -156,10 +165,28 @@ def predict(plan, sizing, extra_scratch=None):
                     **sizing.simulate_options())
 
 
-def _limit(budget_bytes, margin, others, factor):
-    """Bytes a prediction may reach: the budget less its margin and what the device holds
-    beyond the request's own state, in the uncorrected model's units."""
+def _whole_device(budget_bytes, regions):
+    """Whether the budget is the whole device whose limit the allocator replay knows."""
+    return regions.limit is not None and budget_bytes >= regions.limit
+
+
+def _limit(budget_bytes, margin, others, factor, regions):
+    """Bytes a prediction may reach: the budget (at most the device) less its margin and
+    what the device holds beyond the request's own state, in the uncorrected model's
+    units."""
+    if _whole_device(budget_bytes, regions):
+        budget_bytes = regions.limit
     return (budget_bytes * (1 - margin) - others) / factor
+
+
+def _fits(trace, budget_bytes, limit, others):
+    """Whether `trace` fits: on the whole device, its requested bytes within `limit` and
+    every request served by the replay (which counted at least `others`); otherwise its
+    peak, the larger of requested and chunk bytes, within `limit`."""
+    if _whole_device(budget_bytes, trace.regions):
+        return (trace.peak_device_requested <= limit and trace.served
+                and trace.regions.occupied >= others)
+    return trace.peak_device <= limit
 
 
 def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, correction=None):
@@ -171,7 +198,8 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     requests and sessions allocate too."""
     others = max(resident_bytes - trace.state_bytes, 0)
     factor = correction.factor if correction is not None else 1.0
-    return trace.peak_device <= _limit(budget_bytes, margin, others, factor)
+    return _fits(trace, budget_bytes,
+                 _limit(budget_bytes, margin, others, factor, trace.regions), others)
 
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
@@ -193,18 +221,23 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     """
     groups = units(view)
     shapes = sizing.shapes
-    options = sizing.simulate_options()
     scratch = merged_scratch(sizing.scratch, correction)
     factor = correction.factor if correction is not None else 1.0
     slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
-    limit = _limit(budget_bytes, margin, others, factor)
+    options = sizing.simulate_options()
+    options["regions"] = dataclasses.replace(sizing.regions, occupied=others)
+    limit = _limit(budget_bytes, margin, others, factor, sizing.regions)
+
+    def within_budget(trace):
+        return _fits(trace, budget_bytes, limit, others)
+
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
             trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
                              chunks=True, **options)
-            if trace.peak_device <= limit:
+            if within_budget(trace):
                 return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
@@ -219,7 +252,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                 plan = build_plan(view, partition(view, groups, size), size, candidate, placement)
                 trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
                                  chunks=True, **options)
-                if trace.peak_device <= limit:
+                if within_budget(trace):
                     tried[size] = (plan, trace)
                     break
         return tried[size]
@@ -235,12 +268,16 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                          shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
                          **options)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
+        whole = _whole_device(budget_bytes, sizing.regions)
+        needs = trace.peak_device_requested if whole else trace.peak_device
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
             f"stay under {mib(limit * factor)}"
             + (f", after {mib(others)} the device holds for other requests" if others else "")
-            + f"): even one op per partition needs {mib(trace.peak_device * factor)}"
-            f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
+            + f"): even one op per partition needs {mib(needs * factor)}"
+            + (" and the device's allocator cannot serve its requests within its "
+               f"{mib(sizing.regions.limit)}" if whole and not trace.served else "")
+            + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
     low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit

@@ -68,6 +68,11 @@ class PartitionMemory:
     # The peak in the allocator's chunks (allocator.replay): what TensorFlow's BFC
     # allocator reports in use, a chunk often larger than its request.
     device_peak_chunks: int = 0
+    # The peak in bytes requested (device_peak, unless `chunks` raised it).
+    device_peak_requested: int = 0
+    # Whether the replayed allocator served every request of the partition within the
+    # device's limit (Regions.limit); always True without a limit.
+    served: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,10 +81,22 @@ class MemoryTrace:
     partitions: tuple
     state_bytes: int
     unknown_tensors: int
+    regions: Regions = Regions()  # the allocator layout the chunk replay started from
 
     @property
     def peak_device(self):
         return max((p.device_peak for p in self.partitions), default=self.state_bytes)
+
+    @property
+    def peak_device_requested(self):
+        """The predicted peak in bytes requested, whatever `chunks` made `peak_device`."""
+        return max((p.device_peak_requested for p in self.partitions),
+                   default=self.state_bytes)
+
+    @property
+    def served(self):
+        """Whether the replayed allocator served every request within the device's limit."""
+        return all(p.served for p in self.partitions)
 
     @property
     def peak_device_chunks(self):
@@ -417,10 +434,12 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
                                      sum(host.values()), to_host, to_device, kernel))
-    replayed = replay(log, regions=regions)
-    trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack)
+    replayed, served = replay(log, regions=regions)
+    trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack,
+                                 device_peak_requested=p.device_peak,
+                                 served=served.get(p.index, True))
              for p in trace]
     if chunks:
         trace = [dataclasses.replace(p, device_peak=max(p.device_peak, p.device_peak_chunks))
                  for p in trace]
-    return MemoryTrace(tuple(trace), state, len(size.unknown))
+    return MemoryTrace(tuple(trace), state, len(size.unknown), regions)
