@@ -12,7 +12,7 @@ import sys
 
 from hypothesis import given, settings, strategies as st
 
-from tfmem.memory.allocator import BFCModel, Regions, rounded
+from tfmem.memory.allocator import AllocationLog, BFCModel, Regions, replay, rounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -109,6 +109,33 @@ def test_a_request_the_cap_leaves_no_room_for_reads_more_than_the_cap():
     model.free(second)
     assert model.needed == model.in_use == 16 * MIB
     model.free(first)
+
+
+def test_the_replay_says_which_partitions_it_could_not_serve_under_the_cap():
+    log = AllocationLog()
+    log.partition(0)
+    log.allocate("a", 12 * MIB)  # a 16 MiB region, handed out whole (16 < 2 x 12)
+    log.partition(1)
+    log.allocate("b", 9 * MIB)  # 8 MiB left under the cap
+    log.release("b")
+    log.release("a")
+    peaks, served = replay(log, steps=1, regions=Regions(limit=24 * MIB))
+    assert served == {0: True, 1: False}
+    assert peaks[0] == 16 * MIB < 24 * MIB < peaks[1]
+    _, unlimited = replay(log, steps=1)
+    assert unlimited == {0: True, 1: True}
+
+
+def test_bytes_held_for_others_come_off_the_limit_and_the_reserved_region():
+    alone = BFCModel(Regions(limit=24 * MIB))
+    beside = BFCModel(Regions(limit=24 * MIB, occupied=8 * MIB))
+    for model in (alone, beside):
+        model.allocate(12 * MIB)  # a 16 MiB region, handed out whole
+        model.allocate(3 * MIB)  # alone: an 8 MiB region fits under the cap; beside: none
+    assert not alone.beyond_limit and alone.needed == 19 * MIB  # the 8 MiB region split
+    assert beside.beyond_limit and beside.needed > 16 * MIB
+    assert BFCModel(Regions((2 * MIB, 22 * MIB), limit=24 * MIB, occupied=8 * MIB)).pool \
+        == 16 * MIB
 
 
 @settings(max_examples=60, deadline=None)

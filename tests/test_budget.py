@@ -32,7 +32,8 @@ from tfmem.plan.place import place
 from tfmem.plan.build import build_plan
 from tfmem.memory.scratch import calibrate
 from tfmem.memory.shapes import resolve_shapes
-from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.memory.allocator import Regions
+from tfmem.memory.simulate import MemoryTrace, PartitionMemory, TensorSizes, simulate
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
@@ -81,6 +82,38 @@ def test_parse_bytes_rejects_and_names_the_value(value):
     with pytest.raises(ValueError) as err:
         tfmem.parse_bytes(value)
     assert repr(value) in str(err.value)
+
+
+def _one_partition(requested, chunks, served, regions):
+    return MemoryTrace((PartitionMemory(0, 0, max(requested, chunks), 0, 0, 0, 0,
+                                        device_peak_chunks=chunks,
+                                        device_peak_requested=requested, served=served),),
+                       0, 0, regions)
+
+
+def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_serving_them():
+    """A chunk handed out whole can make the in-use figure the whole device while every
+    request is served: on the whole device that plan fits (the margin on the bytes
+    requested); under a smaller budget the in-use figure is the bound."""
+    device = Regions(reserved=(100 * MIB,), limit=100 * MIB)
+    tail_taken_whole = _one_partition(85 * MIB, 100 * MIB, True, device)
+    assert budget.still_fits(tail_taken_whole, 100 * MIB, 0)
+    assert budget.still_fits(tail_taken_whole, 200 * MIB, 0)  # no more than the device
+    assert not budget.still_fits(tail_taken_whole, 99 * MIB, 0)  # a budget: in-use bound
+    assert not budget.still_fits(_one_partition(85 * MIB, 100 * MIB, False, device),
+                                 100 * MIB, 0)
+    assert not budget.still_fits(_one_partition(91 * MIB, 95 * MIB, True, device), 100 * MIB, 0)
+    # What the device holds for others comes off the margin's bytes, and a replay that
+    # did not count them must be made again.
+    assert not budget.still_fits(tail_taken_whole, 100 * MIB, 6 * MIB)
+    beside = dataclasses.replace(device, occupied=4 * MIB)
+    fits_beside = _one_partition(80 * MIB, 100 * MIB, True, beside)
+    assert budget.still_fits(fits_beside, 100 * MIB, 4 * MIB)
+    assert not budget.still_fits(fits_beside, 100 * MIB, 5 * MIB)
+    # A device whose limit the replay does not know: the in-use bound.
+    unknown = _one_partition(85 * MIB, 100 * MIB, True, Regions())
+    assert not budget.still_fits(unknown, 100 * MIB, 0)
+    assert budget.still_fits(_one_partition(85 * MIB, 90 * MIB, True, Regions()), 100 * MIB, 0)
 
 
 # ---------------------------------------------------------------------------
