@@ -45,7 +45,7 @@ from tfmem.errors import BudgetError
 from tfmem.plan.partition import partition
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
-from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
+from tfmem.memory.simulate import ALIASING, TensorSizes, simulate, state_bytes
 from tfmem.memory.sizes import mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
@@ -149,9 +149,10 @@ def chunk_slack(view, size_of):
     request computes.  TensorFlow's BFC allocator hands a free chunk out whole when
     splitting it would leave less than the request (a 1 MiB tensor can hold a 1.75
     MiB chunk), which no tensor-level model predicts; measured, it cost the 12-layer
-    MLP 2-4 MiB (one to three 1 MiB tensors' worth) at its peak."""
+    MLP 2-4 MiB (one to three 1 MiB tensors' worth) at its peak.  Ops whose outputs
+    view a buffer (a variable's read, an identity) allocate no chunk and are left out."""
     return max((size_of(f"{name}:{i}") for name, node in view.nodes.items()
-                for i in range(len(node.outputs))), default=0)
+                if node.type not in ALIASING for i in range(len(node.outputs))), default=0)
 
 
 def predict(plan, sizing, extra_scratch=None):
