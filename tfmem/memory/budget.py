@@ -46,7 +46,7 @@ from tfmem.plan.partition import partition
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
 from tfmem.memory.simulate import ALIASING, TensorSizes, simulate, state_bytes
-from tfmem.memory.sizes import mib
+from tfmem.memory.sizes import MIB, mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
 
@@ -274,7 +274,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
             f"stay under {mib(limit * factor)}"
-            + (f", after {mib(others)} the device holds for other requests" if others else "")
+            + (f", after {mib(others)} the device holds for other requests"
+               if others >= MIB // 20 else "")  # what would read 0.0 MiB is left out
             + f"): even one op per partition needs {mib(needs * factor)}"
             + (" and the device's allocator cannot serve its requests within its "
                f"{mib(sizing.regions.limit)}" if whole and not trace.served else "")
