@@ -289,3 +289,26 @@ def test_kernel_scratch_is_in_every_partitions_predicted_peak(capsys, tmp_path):
         assert ours["device_peak"] >= bare.device_peak
     assert max(p["device_peak"] for p in predicted) >= \
         max(p.device_peak for p in tensors_only) + max(p["scratch"] for p in predicted) // 2
+
+
+def test_the_summary_says_whether_the_device_serves_every_request(models):
+    """Where the device's limit is known (the emulated accelerator), the summary says
+    whether the chunk replay served every request within it."""
+    from tfmem.cli.plan import format_summary  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.allocator import Regions  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import simulate  # pylint: disable=import-outside-toplevel
+    graph = tf.Graph()
+    with graph.as_default():
+        tf1.train.import_meta_graph(models["mlp.meta"], clear_devices=True)
+    view = analyse([graph.get_tensor_by_name("loss:0")], [graph.get_operation_by_name("train")],
+                   [graph.get_tensor_by_name("x:0"), graph.get_tensor_by_name("y:0")])
+    plan = make_plan(view, 10)
+    shapes = resolve_shapes(graph, view, {"x:0": (4096, 64), "y:0": (4096, 1)})
+    unknown = format_summary(plan, simulate(plan, shapes))
+    assert "within the device" not in unknown
+    roomy = format_summary(plan, simulate(plan, shapes, regions=Regions(limit=1 << 30)))
+    assert "the replay serves every request within 1024.00 MiB" in roomy
+    tight = simulate(plan, shapes, regions=Regions(limit=2 * MIB))
+    assert not tight.served
+    assert "NOT SERVED" in format_summary(plan, tight)

@@ -480,6 +480,21 @@ def _band_text(trace, budget):
     return text
 
 
+def _served_lines(trace):
+    """Whether the chunk replay served every request within the device's limit (when
+    the device's limit is known: the emulated accelerator)."""
+    limit = trace.regions.limit
+    if limit is None:
+        return []
+    unserved = [m.index for m in trace.partitions if not m.served]
+    if not unserved:
+        return [f"within the device:     the replay serves every request within "
+                f"{mib(limit, 2)}"]
+    return [f"within the device:     NOT SERVED: a request of partition(s) "
+            f"{', '.join(map(str, unserved[:5]))}{' ...' if len(unserved) > 5 else ''} "
+            f"finds no chunk within {mib(limit, 2)} (TensorFlow would run out of memory)"]
+
+
 def format_summary(plan, trace, model=None, budget=None, kernels=1):
     """The summary table of a plan and its MemoryTrace, as text (`kernels`: how many
     may run at once, as predicted)."""
@@ -514,6 +529,7 @@ def format_summary(plan, trace, model=None, budget=None, kernels=1):
         f"in allocator chunks:   {mib(trace.peak_device_chunks, 2, unit=False)} MiB "
         f"(the same allocations replayed through TensorFlow's BFC policy)",
         f"predicted band:        {_band_text(trace, budget)}",
+        *_served_lines(trace),
         f"largest kernel scratch: {mib(max((m.scratch for m in trace.partitions), default=0), 2, unit=False)} MiB "
         f"(counted in the peaks; up to {kernels} kernel{'s' if kernels > 1 else ''} at once)",
         f"predicted host peak:   {mib(trace.peak_host, 2, unit=False)} MiB",
