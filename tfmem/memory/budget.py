@@ -228,7 +228,9 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
     options = sizing.simulate_options()
-    options["regions"] = dataclasses.replace(sizing.regions, occupied=others)
+    # The replay takes what others hold off the device, rounded up to a MiB: a device
+    # that later holds a few KiB more (allocator figures move) still has its plan served.
+    options["regions"] = dataclasses.replace(sizing.regions, occupied=-(-others // MIB) * MIB)
     limit = _limit(budget_bytes, margin, others, factor, sizing.regions)
 
     def within_budget(trace):
