@@ -118,12 +118,12 @@ tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB", measure="every")
 xs = np.random.RandomState(0).randn(2048, 256).astype(np.float32)
 tfs.run(loss, {x: xs, wait: False})  # planned and compiled before the threads race
 
-learned = {}  # thread name -> (resident, scratch) budget mode's learning received
+learned = {}  # thread name -> (resident, scratch given as figures?) learning received
 real_learn = learning.learn_from_step
 
 
 def spy(correction, trace, peaks, resident, scratch, predict, what="the request"):
-    learned[threading.current_thread().name] = (resident, dict(scratch))
+    learned[threading.current_thread().name] = (resident, not callable(scratch))
     return real_learn(correction, trace, peaks, resident, scratch, predict, what)
 
 
@@ -294,7 +294,10 @@ def test_concurrent_steps_each_learn_from_their_own_figures(measured):
         # a few bytes of the step before between that read and its own)
         assert abs(learned_resident - resident[name]) < held // 8, (name, race)
         assert learned_resident == race["stats"][name][0], (name, race)
-        assert learned_scratch == race["scratch"][name] == race["stats"][name][1], (name, race)
+        # each step's statistics are its own ...
+        assert race["scratch"][name] == race["stats"][name][1], (name, race)
+        # ... but learning measures kernels again (a step's figure is the chunk it got)
+        assert learned_scratch is False, (name, race)
 
 
 def test_a_step_within_the_allocators_jitter_teaches_nothing():

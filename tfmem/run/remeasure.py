@@ -1,11 +1,12 @@
-"""Remeasure: kernel scratch for budget mode's learning where a step has no statistics.
+"""Remeasure: kernel scratch for budget mode's learning.
 
-A step run as callables with allocation tracking reports each op's scratch
-(execute.measured_scratch), and budget mode takes it in when the step went
-over its prediction.  A partial run reports none, so when a partial-run step
-went over, the request's kernels are calibrated again (tfmem.memory.scratch),
-past the process's cache: the planning figures came from that cache, which
-may be stale (a `TFMEM_SCRATCH_CACHE` file written on another machine or
+When a step went over its prediction, the request's kernels are calibrated
+again (tfmem.memory.scratch, in the kernel runner), past the process's cache.
+A partial run has no step statistics; a step run as callables has them
+(execute.measured_scratch), but they count the chunk the allocator handed each
+kernel, not its request (a 27 MiB scratch buffer in a capped region's 52 MiB
+tail reads 52), and the chunk replay models chunks already.  The planning
+figures came from the process's cache, which may be stale (a `TFMEM_SCRATCH_CACHE` file written on another machine or
 another TensorFlow).  Figures that differ replace the cache's and its file's,
 as tfmem.function does, so the next process plans with them from its first
 step.  Each kernel configuration is measured again once per session.

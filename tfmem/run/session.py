@@ -423,10 +423,12 @@ class TFMemSession(SessionInterfaceMethods):
         if entry.correction is None:
             entry.correction = budget.Correction()
         feed_shapes = request.feed_shapes()
-        scratch_seen = stats.kernel_scratch
-        if stats.partial_run:  # no step statistics: its kernels measured again when it went over
-            scratch_seen = functools.partial(remeasure.request_scratch, self._session,
-                                             entry.plan.view, feed_shapes, self._remeasured)
+        # The kernels measured again when the step went over, in the kernel runner: what
+        # each requests.  A step's own statistics count the chunk the allocator handed
+        # out (a 27 MiB scratch request read 52 MiB in a capped region's tail), which the
+        # chunk replay already models; taken as scratch, it counted that tail twice.
+        scratch_seen = functools.partial(remeasure.request_scratch, self._session,
+                                         entry.plan.view, feed_shapes, self._remeasured)
         if not learning.learn_from_step(
                 entry.correction, entry.trace, stats.partition_peak_bytes,
                 stats.resident_bytes, scratch_seen,

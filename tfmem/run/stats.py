@@ -46,7 +46,8 @@ class StepStats:
     measured: bool = False
     # This step's own figures budget mode learns from (concurrent steps of one plan each
     # keep theirs): the device's bytes in use when it started (None: not measured), and
-    # the kernel scratch per op its step statistics showed (the Session front end only).
+    # the kernel scratch per op its step statistics showed (the Session front end only;
+    # in allocator chunks, so budget mode learns from the kernels measured again instead).
     resident_bytes: int | None = None
     kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (lower, upper) bytes around the step's device peak, known where the peak itself is
