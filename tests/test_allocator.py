@@ -126,6 +126,16 @@ def test_the_replay_says_which_partitions_it_could_not_serve_under_the_cap():
     assert unlimited == {0: True, 1: True}
 
 
+def test_kernels_running_at_once_ask_for_their_scratch_separately():
+    """Two 27 MiB scratch buffers fit two 30 MiB regions; one 54 MiB buffer would not."""
+    regions = Regions((30 * MIB, 30 * MIB), limit=60 * MIB)
+    for sizes, fits in (((27 * MIB, 27 * MIB), True), ((54 * MIB,), False)):
+        log = AllocationLog()
+        log.partition(0)
+        log.scratch(*sizes)
+        assert replay(log, steps=1, regions=regions)[1] == {0: fits}, sizes
+
+
 def test_bytes_held_for_others_come_off_the_limit_and_the_reserved_region():
     alone = BFCModel(Regions(limit=24 * MIB))
     beside = BFCModel(Regions(limit=24 * MIB, occupied=8 * MIB))

@@ -22,7 +22,7 @@ from tfmem import cli
 from tfmem.cli import child_env
 from tfmem.memory import oom
 from tfmem.memory.concurrency import (configured_inter_op_threads, kernels_at_once,
-                                      overlapping_scratch)
+                                      overlapping_buffers)
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizes import mib
 from tfmem.memory.sizing import Sizing
@@ -50,15 +50,17 @@ def test_ops_with_a_path_between_them_never_overlap():
     view, order = _diamond()
     scratch = {"a": 10, "b": 7, "c": 5, "d": 3}
     # c runs after a and b: only d may run beside it; a, b and d beside each other
-    assert overlapping_scratch(view, order, scratch, 2) == {"a": 7, "b": 10, "d": 10, "c": 3}
-    # three at once: the two largest others
-    assert overlapping_scratch(view, order, scratch, 3) == {"a": 10, "b": 13, "d": 17, "c": 3}
+    assert overlapping_buffers(view, order, scratch, 2) == {
+        "a": (7,), "b": (10,), "d": (10,), "c": (3,)}
+    # three at once: the two largest others, each its own buffer
+    assert overlapping_buffers(view, order, scratch, 3) == {
+        "a": (7, 3), "b": (10, 3), "d": (10, 7), "c": (3,)}
 
 
 def test_one_thread_runs_one_kernel_at_a_time():
     view, order = _diamond()
-    assert overlapping_scratch(view, order, {"a": 10, "b": 7}, 1) == {}
-    assert overlapping_scratch(view, order, {"a": 10}, 2) == {}  # nothing beside it
+    assert overlapping_buffers(view, order, {"a": 10, "b": 7}, 1) == {}
+    assert overlapping_buffers(view, order, {"a": 10}, 2) == {}  # nothing beside it
 
 
 # --------------------------------------------------------------------------
@@ -249,3 +251,17 @@ def test_tfmem_function_predicts_as_many_kernels_as_eager_threads(measured):
         figures = measured[threads]["function"]
         assert figures["simulated"] == figures["predicted"]  # .simulate() and memory_report()
         assert figures["advice"]  # its out-of-memory advice predicts with the same rule
+
+
+def test_the_replay_gives_kernels_at_once_a_chunk_each():
+    """Two independent kernels of 27 MiB scratch each, two at once: TensorFlow asks for
+    two buffers, which two 30 MiB regions serve; one 54 MiB chunk would not fit."""
+    from tfmem.memory.allocator import Regions  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
+    view, _ = _diamond()
+    plan = make_plan(view, 100)
+    scratch = {"a": 27 * MIB, "b": 27 * MIB}
+    regions = Regions((30 * MIB, 30 * MIB), limit=60 * MIB)
+    trace = simulate(plan, scratch=scratch, concurrent_ops=2, regions=regions)
+    assert trace.peak_device >= 54 * MIB  # both held at once
+    assert trace.served

@@ -222,10 +222,14 @@ class AllocationLog:
         else:
             self.allocate(tensor, nbytes)
 
-    def scratch(self, nbytes):
-        """A kernel's scratch, held while the kernel runs."""
-        self.allocate(None, nbytes)
-        self.release(None)
+    def scratch(self, *sizes):
+        """A kernel's scratch (and that of kernels running beside it), each its own
+        buffer, held while the kernel runs."""
+        keys = [("scratch", index) for index in range(len(sizes))]
+        for key, nbytes in zip(keys, sizes):
+            self.allocate(key, nbytes)
+        for key in keys:
+            self.release(key)
 
     def release(self, key):
         buffer = self._buffer.pop(key, None)

@@ -56,10 +56,11 @@ def session_kernels_at_once(device, session=None):
     return kernels_at_once(device, configured_inter_op_threads(session))
 
 
-def overlapping_scratch(view, order, scratch, concurrent_ops):
-    """{op: bytes of scratch other ops of the partition (`order`, producers first) may
-    hold while it runs}: the largest `concurrent_ops - 1` scratches of ops with no path
-    to or from it."""
+def overlapping_buffers(view, order, scratch, concurrent_ops):
+    """{op: the scratch buffers (bytes each, largest first) other ops of the partition
+    (`order`, producers first) may hold while it runs}: the largest `concurrent_ops - 1`
+    scratches of ops with no path to or from it, each its own allocation, as TensorFlow
+    makes them."""
     if concurrent_ops < 2:
         return {}
     heavy = [name for name in order if scratch.get(name)]
@@ -79,5 +80,5 @@ def overlapping_scratch(view, order, scratch, concurrent_ops):
                          and not above[name] & bit[other] and not above[other] & bit[name]),
                         reverse=True)
         if others:
-            overlap[name] = sum(others[:concurrent_ops - 1])
+            overlap[name] = tuple(others[:concurrent_ops - 1])
     return overlap

@@ -31,7 +31,7 @@ import heapq
 
 from tfmem.memory import dedup
 from tfmem.memory.allocator import AllocationLog, Regions, replay
-from tfmem.memory.concurrency import overlapping_scratch
+from tfmem.memory.concurrency import overlapping_buffers
 from tfmem.memory.workspace import Workspaces
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name, tensor_bytes
@@ -264,7 +264,8 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     merged = dedup.duplicates(view, order, signatures, keep_until_end)
     root = _buffers(view, order, merged)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
-    overlap = overlapping_scratch(view, order, scratch, concurrent_ops)
+    beside = overlapping_buffers(view, order, scratch, concurrent_ops)
+    overlap = {name: sum(sizes) for name, sizes in beside.items()}
     workspace_end = _workspace_ends(view, order, workspaces, merged)
     last_read = {}
     for step, name in enumerate(order):
@@ -300,7 +301,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
             if events is not None:
                 events.allocate((name, "workspace"), workspaces.extra[name])
         if events is not None and scratch.get(name):
-            events.scratch(scratch[name] + overlap.get(name, 0))
+            events.scratch(scratch[name], *beside.get(name, ()))
         peak = max(peak, current + scratch.get(name, 0) + overlap.get(name, 0))
         dying += [(op, "workspace") for op, end in workspace_end.items() if end == step]
         for buffer in dying:
