@@ -95,7 +95,8 @@ def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_servi
     """A chunk handed out whole can make the in-use figure the whole device while every
     request is served: on the whole device that plan fits (the margin on the bytes
     requested); under a smaller budget the in-use figure is the bound."""
-    device = Regions(reserved=(100 * MIB,), limit=100 * MIB)
+    # replayed with the 10 % margin held back, as budget.fit replays
+    device = Regions(reserved=(100 * MIB,), limit=100 * MIB, occupied=10 * MIB)
     tail_taken_whole = _one_partition(85 * MIB, 100 * MIB, True, device)
     assert budget.still_fits(tail_taken_whole, 100 * MIB, 0)
     assert budget.still_fits(tail_taken_whole, 200 * MIB, 0)  # no more than the device
@@ -106,10 +107,14 @@ def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_servi
     # What the device holds for others comes off the margin's bytes, and a replay that
     # did not count them must be made again.
     assert not budget.still_fits(tail_taken_whole, 100 * MIB, 6 * MIB)
-    beside = dataclasses.replace(device, occupied=4 * MIB)
+    beside = dataclasses.replace(device, occupied=14 * MIB)
     fits_beside = _one_partition(80 * MIB, 100 * MIB, True, beside)
     assert budget.still_fits(fits_beside, 100 * MIB, 4 * MIB)
     assert not budget.still_fits(fits_beside, 100 * MIB, 5 * MIB)
+    # a replay that did not hold the margin back proves nothing
+    assert not budget.still_fits(_one_partition(85 * MIB, 100 * MIB, True,
+                                                dataclasses.replace(device, occupied=0)),
+                                 100 * MIB, 0)
     # A device whose limit the replay does not know: the in-use bound.
     unknown = _one_partition(85 * MIB, 100 * MIB, True, Regions())
     assert not budget.still_fits(unknown, 100 * MIB, 0)

@@ -27,7 +27,8 @@ margin)` (10 % by default) in one of two ways:
   allocator hands out whole can make the in-use figure the whole device while
   every request is served (a 27 MiB scratch buffer in a 49 MiB free tail: 49 <
   2 x 27, not split), so here the bytes requested must fit with the margin and
-  the replay under the device's limit must serve every request (`served`).
+  the replay under the device's limit, with the margin held back, must serve
+  every request (`served`).
 
 Budget mode learns: after each measured step, `TFMemSession` and `tfmem.function`
 compare every partition's measured peak with its prediction (`Correction`, through
@@ -180,13 +181,19 @@ def _limit(budget_bytes, margin, others, factor, regions):
     return (budget_bytes * (1 - margin) - others) / factor
 
 
-def _fits(trace, budget_bytes, limit, others):
+def _held_back(budget_bytes, margin, regions):
+    """Bytes of the device the replay holds back on the whole device: its margin."""
+    return int(regions.limit * margin) if _whole_device(budget_bytes, regions) else 0
+
+
+def _fits(trace, budget_bytes, limit, others, margin):
     """Whether `trace` fits: on the whole device, its requested bytes within `limit` and
-    every request served by the replay (which counted at least `others`); otherwise its
-    peak, the larger of requested and chunk bytes, within `limit`."""
+    every request served by the replay with the margin and at least `others` held back;
+    otherwise its peak, the larger of requested and chunk bytes, within `limit`."""
     if _whole_device(budget_bytes, trace.regions):
+        held = _held_back(budget_bytes, margin, trace.regions)
         return (trace.peak_device_requested <= limit and trace.served
-                and trace.regions.occupied >= others)
+                and trace.regions.occupied >= others + held)
     return trace.peak_device <= limit
 
 
@@ -200,7 +207,7 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     others = max(resident_bytes - trace.state_bytes, 0)
     factor = correction.factor if correction is not None else 1.0
     return _fits(trace, budget_bytes,
-                 _limit(budget_bytes, margin, others, factor, trace.regions), others)
+                 _limit(budget_bytes, margin, others, factor, trace.regions), others, margin)
 
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
@@ -228,13 +235,19 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
     options = sizing.simulate_options()
-    # The replay takes what others hold off the device, rounded up to a MiB: a device
-    # that later holds a few KiB more (allocator figures move) still has its plan served.
-    options["regions"] = dataclasses.replace(sizing.regions, occupied=-(-others // MIB) * MIB)
+    # The replay takes what others hold off the device, rounded up to a MiB (a device
+    # that later holds a few KiB more, as allocator figures move, still has its plan
+    # served), and on the whole device the margin too: every request must find a chunk
+    # with the margin held back, not only in a layout the replay fills to the last
+    # byte (two 27 MiB scratch buffers in a 54 MiB region were served in the replay and
+    # ran out in TensorFlow).
+    held = _held_back(budget_bytes, margin, sizing.regions)
+    options["regions"] = dataclasses.replace(sizing.regions,
+                                             occupied=-(-others // MIB) * MIB + held)
     limit = _limit(budget_bytes, margin, others, factor, sizing.regions)
 
     def within_budget(trace):
-        return _fits(trace, budget_bytes, limit, others)
+        return _fits(trace, budget_bytes, limit, others, margin)
 
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
