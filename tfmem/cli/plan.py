@@ -483,16 +483,17 @@ def _band_text(trace, budget):
 def _served_lines(trace):
     """Whether the chunk replay served every request within the device's limit (when
     the device's limit is known: the emulated accelerator)."""
-    limit = trace.regions.limit
-    if limit is None:
+    regions = trace.regions
+    if regions.limit is None:
         return []
+    within = mib(regions.limit, 2) + (f" less {mib(regions.occupied, 2)} held back"
+                                      if regions.occupied else "")
     unserved = [m.index for m in trace.partitions if not m.served]
     if not unserved:
-        return [f"within the device:     the replay serves every request within "
-                f"{mib(limit, 2)}"]
+        return [f"within the device:     the replay serves every request within {within}"]
     return [f"within the device:     NOT SERVED: a request of partition(s) "
             f"{', '.join(map(str, unserved[:5]))}{' ...' if len(unserved) > 5 else ''} "
-            f"finds no chunk within {mib(limit, 2)} (TensorFlow would run out of memory)"]
+            f"finds no chunk within {within} (TensorFlow would run out of memory)"]
 
 
 def format_summary(plan, trace, model=None, budget=None, kernels=1):

@@ -284,8 +284,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                          shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
                          **options)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
-        whole = _whole_device(budget_bytes, sizing.regions)
-        needs = trace.peak_device_requested if whole else trace.peak_device
+        on_device = _whole_device(budget_bytes, sizing.regions)
+        needs = trace.peak_device_requested if on_device else trace.peak_device
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
             f"stay under {mib(limit * factor)}"
@@ -293,7 +293,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                if others >= MIB // 20 else "")  # what would read 0.0 MiB is left out
             + f"): even one op per partition needs {mib(needs * factor)}"
             + (" and the device's allocator cannot serve its requests within its "
-               f"{mib(sizing.regions.limit)}" if whole and not trace.served else "")
+               f"{mib(sizing.regions.limit)} with the margin held back"
+               if on_device and not trace.served else "")
             + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")

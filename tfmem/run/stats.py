@@ -44,10 +44,11 @@ class StepStats:
     upload_time: float = 0.0
     step: int = 0
     measured: bool = False
-    # This step's own figures budget mode learns from (concurrent steps of one plan each
-    # keep theirs): the device's bytes in use when it started (None: not measured), and
-    # the kernel scratch per op its step statistics showed (the Session front end only;
-    # in allocator chunks, so budget mode learns from the kernels measured again instead).
+    # This step's own figures (concurrent steps of one plan each keep theirs): the
+    # device's bytes in use when it started (None: not measured), which budget mode
+    # learns from, and the kernel scratch per op its step statistics showed (the Session
+    # front end only), in the allocator's chunks: budget mode's learning measures the
+    # kernels again instead (run/remeasure.py).
     resident_bytes: int | None = None
     kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (lower, upper) bytes around the step's device peak, known where the peak itself is
