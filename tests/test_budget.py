@@ -121,6 +121,36 @@ def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_servi
     assert budget.still_fits(_one_partition(85 * MIB, 90 * MIB, True, Regions()), 100 * MIB, 0)
 
 
+def test_a_plan_measured_to_fit_is_kept_when_the_device_grows():
+    """ResidentCheck: once the device holds more than the plan was fitted beside, the
+    prediction is asked again, then the plan's measured steps (their peak above what the
+    device held when they started); only when neither fits is it planned again."""
+    from tfmem.memory.resident import ResidentCheck
+    from tfmem.run.stats import StepStats
+    device = Regions(reserved=(100 * MIB,), limit=100 * MIB, occupied=10 * MIB)
+    cautious = _one_partition(89 * MIB, 99 * MIB, True, device)  # served with 10 MiB back
+
+    def check(measured=None):
+        resident = ResidentCheck()
+        for peak, held in measured or ():
+            resident.record(StepStats(device_peak_bytes=peak, resident_bytes=held))
+        return resident
+
+    # no measured step: the prediction decides (3 MiB more than it was fitted beside)
+    assert check().outgrown(cautious, 100 * MIB, 3 * MIB)
+    # steps measured 60 MiB above 2 MiB: 3 + 60 within 90 % of the device: kept
+    assert not check([(62 * MIB, 2 * MIB)]).outgrown(cautious, 100 * MIB, 3 * MIB)
+    # the largest measured step counts, not the last; unknown figures teach nothing
+    grown = check([(90 * MIB, 2 * MIB), (None, 2 * MIB), (62 * MIB, 2 * MIB)])
+    assert grown.outgrown(cautious, 100 * MIB, 3 * MIB)
+    # ... nor beyond the budget when it is smaller than the device
+    assert check([(62 * MIB, 2 * MIB)]).outgrown(cautious, 64 * MIB, 3 * MIB)
+    # checked again only once the device holds more than at the last check
+    resident = check()
+    assert resident.outgrown(cautious, 100 * MIB, 3 * MIB)
+    assert not resident.outgrown(cautious, 100 * MIB, 3 * MIB)
+
+
 # ---------------------------------------------------------------------------
 # in this process: no cap, no accelerator
 

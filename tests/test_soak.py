@@ -57,6 +57,24 @@ def test_short_soak_does_not_grow(tmp_path):
     assert "VERDICT no growth" in proc.stdout
 
 
+def test_budget_mode_soak_runs_on_after_its_first_update(tmp_path):
+    """The soak's own setting, briefly: budget mode under half plain TensorFlow's peak.
+    Its one-op plan is predicted close to the cap; the first update leaves the device
+    holding a little more, and the plan, measured well within the cap, must run on
+    (it was once planned again into "nothing fits" after a step that had run)."""
+    out = tmp_path / "soak.json"
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "soak.py"), "--steps", "40",
+         "--warmup", "10", "--every", "10", "--onednn", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=400, check=False, env=env)
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["finite"] and result["partitions"] > 1
+    assert 0 < result["max_device_peak"] <= result["cap_mib"] * MIB
+    assert result["max_device_peak"] < result["plain_peak"]
+
+
 def _result(device, rss, buffers=1000, state_bytes=50):
     samples = [dict(step=100 + 50 * i, device=d, rss=r, host_buffers=buffers)
                for i, (d, r) in enumerate(zip(device, rss))]

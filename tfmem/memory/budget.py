@@ -210,6 +210,16 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
                  _limit(budget_bytes, margin, others, factor, trace.regions), others, margin)
 
 
+def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
+                        margin=DEFAULT_MARGIN):
+    """Whether a plan whose measured steps each took at most `step_bytes` (TensorFlow's
+    peak less what the device held when the step started) fits beside `resident_bytes`:
+    within the budget, at most the device, less the margin.  A measured step is what the
+    model predicts; where the two disagree after the device grew, the measurement rules."""
+    usable = budget_bytes if regions.limit is None else min(budget_bytes, regions.limit)
+    return resident_bytes + step_bytes <= usable * (1 - margin)
+
+
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
     """(plan, trace) of the largest partition size whose predicted peak fits the budget.

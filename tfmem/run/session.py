@@ -389,6 +389,7 @@ class TFMemSession(SessionInterfaceMethods):
         log.debug("step: %s", stats)
         self._note_buffers(entry)
         if self._budget is not None:
+            entry.resident.record(stats)
             self._learn(request, entry, stats)
         for listener in self._step_listeners:
             listener(self, entry, stats)

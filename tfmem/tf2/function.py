@@ -438,6 +438,7 @@ class PartitionedFunction:
         self._last = (stats, trace)  # one store: a concurrent call publishes a whole pair too
         if self._runtime.budget_bytes is not None:
             with self._planning:
+                traced.resident.record(stats)
                 self._learn(traced, stats)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
