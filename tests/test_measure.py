@@ -89,7 +89,7 @@ for _ in range(3):
     learn["peaks"].append(accelerator.device_memory("CPU:0")["peak"])
     learn["partitions"].append(tfs.last_step.partitions)
     learn["predicted"].append(tfs.memory_report().predicted_device_peak)
-learn["log"] = records
+learn["log"] = list(records)
 
 # 3. Sampled measurement: the first steps of a plan, then one in SAMPLE_EVERY; a step
 # the user traces is measured anyway; a sampled step over the prediction still teaches.
@@ -114,7 +114,9 @@ for mode in sampling.MODES:
     sampled[mode] = dict(flags=flags, reports=reports, traced=tfs.last_step.measured)
 # Budget mode, figures stable and sampled: shrink the plan's prediction as a model that
 # went stale would, and the next sampled step must re-plan (and measure every step again).
-tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB")
+# A budget below the device: its ceiling is the in-use figure a measured step reads (on
+# the whole device a step that ran teaches only new kernel scratch, see budget.Correction).
+tfs = tfmem.TFMemSession(sess, device_memory_budget="256MiB")
 steps, flags = 0, []
 while True:
     tfs.run(fetches, feed)

@@ -122,9 +122,9 @@ learned = {}  # thread name -> (resident, scratch given as figures?) learning re
 real_learn = learning.learn_from_step
 
 
-def spy(correction, trace, peaks, resident, scratch, predict, what="the request"):
+def spy(correction, trace, peaks, resident, scratch, predict, what="the request", **options):
     learned[threading.current_thread().name] = (resident, not callable(scratch))
-    return real_learn(correction, trace, peaks, resident, scratch, predict, what)
+    return real_learn(correction, trace, peaks, resident, scratch, predict, what, **options)
 
 
 learning.learn_from_step = spy
@@ -207,9 +207,9 @@ learned, values = {}, {}
 real_learn = learning.learn_from_step
 
 
-def spy(correction, trace, peaks, resident, scratch, predict, what="the request"):
+def spy(correction, trace, peaks, resident, scratch, predict, what="the request", **options):
     learned[threading.current_thread().name] = resident
-    return real_learn(correction, trace, peaks, resident, scratch, predict, what)
+    return real_learn(correction, trace, peaks, resident, scratch, predict, what, **options)
 
 
 learning.learn_from_step = spy

@@ -115,19 +115,40 @@ class Correction:
         known = [m for m in measured_peaks if m is not None]
         return bool(known) and max(known) > trace.peak_device * self.factor
 
-    def learn(self, trace, measured_peaks, scratch_seen, predict):
+    def learn(self, trace, measured_peaks, scratch_seen, predict, whole_device=False):
         """Compare a step's measured peak with `trace`'s (the plan was fitted to that);
         when it went over, take in the kernel scratch the step measured, and set the
         factor from the prediction `predict(scratch)` makes with it.  True when
-        something was learned."""
+        something was learned.
+
+        On the whole device (`whole_device`) only new kernel scratch is learned: there
+        the in-use figure of a step that ran can be the whole device (a chunk handed out
+        whole) while every request was served, which is what the plan was fitted to; a
+        factor from it would shrink every later prediction's room for nothing, until
+        nothing fits.  A step that runs out teaches that (`learn_out_of_memory`)."""
         if not self.went_over(trace, measured_peaks):
             return False
         known = [m for m in measured_peaks if m is not None]
-        for name, nbytes in scratch_seen.items():
-            self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
+        new = {name: nbytes for name, nbytes in scratch_seen.items()
+               if nbytes > self.scratch.get(name, 0)}
+        self.scratch.update(new)
+        if whole_device:
+            return bool(new)
         corrected = predict(self.scratch)
         self.factor = max(self.factor, max(known) / max(corrected.peak_device, 1))
         return True
+
+    def learn_out_of_memory(self, index, available, scratch_seen, predict):
+        """Partition `index` of a step ran out of device memory: it needed more than
+        `available` bytes.  Take in the kernel scratch measured again, and raise the factor
+        until that partition's prediction (its bytes requested, the smaller figure) reaches
+        `available`.  Returns the prediction `predict(scratch)` made with that scratch."""
+        for name, nbytes in scratch_seen.items():
+            self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
+        corrected = predict(self.scratch)
+        needed = corrected.partitions[index].device_peak_requested
+        self.factor = max(self.factor, available / max(needed, 1))
+        return corrected
 
 
 def merged_scratch(calibrated, correction):
@@ -167,7 +188,7 @@ def predict(plan, sizing, extra_scratch=None):
                     **sizing.simulate_options())
 
 
-def _whole_device(budget_bytes, regions):
+def on_whole_device(budget_bytes, regions):
     """Whether the budget is the whole device whose limit the allocator replay knows."""
     return regions.limit is not None and budget_bytes >= regions.limit
 
@@ -176,21 +197,21 @@ def _limit(budget_bytes, margin, others, factor, regions):
     """Bytes a prediction may reach: the budget (at most the device) less its margin and
     what the device holds beyond the request's own state, in the uncorrected model's
     units."""
-    if _whole_device(budget_bytes, regions):
+    if on_whole_device(budget_bytes, regions):
         budget_bytes = regions.limit
     return (budget_bytes * (1 - margin) - others) / factor
 
 
 def _held_back(budget_bytes, margin, regions):
     """Bytes of the device the replay holds back on the whole device: its margin."""
-    return int(regions.limit * margin) if _whole_device(budget_bytes, regions) else 0
+    return int(regions.limit * margin) if on_whole_device(budget_bytes, regions) else 0
 
 
 def _fits(trace, budget_bytes, limit, others, margin):
     """Whether `trace` fits: on the whole device, its requested bytes within `limit` and
     every request served by the replay with the margin and at least `others` held back;
     otherwise its peak, the larger of requested and chunk bytes, within `limit`."""
-    if _whole_device(budget_bytes, trace.regions):
+    if on_whole_device(budget_bytes, trace.regions):
         held = _held_back(budget_bytes, margin, trace.regions)
         return (trace.peak_device_requested <= limit and trace.served
                 and trace.regions.occupied >= others + held)
@@ -294,7 +315,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                          shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
                          **options)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
-        on_device = _whole_device(budget_bytes, sizing.regions)
+        on_device = on_whole_device(budget_bytes, sizing.regions)
         needs = trace.peak_device_requested if on_device else trace.peak_device
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "

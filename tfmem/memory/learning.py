@@ -5,6 +5,11 @@
                   --> yes: Correction takes in the step's kernel scratch and the
                       factor still missing; log it; plan again for the NEXT step
 
+    step out of device memory in partition i (`learn_from_out_of_memory`)
+                  --> the kernels measured again; the factor raised until partition
+                      i's prediction reaches what the device had for it; the error
+                      says so; plan again for the NEXT step
+
 `TFMemSession` and `tfmem.function` call `learn_from_step` after every step of
 budget mode and re-plan when it returns True.  The step that went over is never
 run again: it may have updated variables.  Peaks that are None (a partition
@@ -13,6 +18,8 @@ out; the known ones still teach.
 """
 
 import logging
+
+from tfmem.memory.sizes import mib
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +31,7 @@ JITTER = 0.01
 
 
 def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, predict,
-                    what="the request"):
+                    what="the request", whole_device=False):
     """Compare a step's measured peaks with `trace`, the prediction its plan was fitted
     to, and correct `correction` (a `budget.Correction`) when the step went over.
 
@@ -35,7 +42,8 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
     not in the predictions, so it is taken off them; `scratch_seen`: kernel scratch
     per op the step measured, or a function returning it, called only when the step
     went over (a front end without step statistics measures it then); `predict(scratch)`:
-    the plan's prediction with that scratch.  True when something was learned: the
+    the plan's prediction with that scratch; `whole_device`: the budget is the whole
+    device (see `budget.Correction.learn`).  True when something was learned: the
     caller plans again before the next step.
     """
     if not partition_peaks or all(m is None for m in partition_peaks):
@@ -49,7 +57,8 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
         return False
     if callable(scratch_seen):  # measured only now that it is needed
         scratch_seen = scratch_seen()
-    correction.learn(trace, measured, scratch_seen, predict)
+    if not correction.learn(trace, measured, scratch_seen, predict, whole_device):
+        return False
     worst = max((i for i, m in enumerate(measured) if m is not None), key=measured.__getitem__)
     log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
              "model now takes the kernel scratch this step measured (%d ops) and scales "
@@ -57,3 +66,27 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
              measured[worst] / (1 << 20), worst, trace.peak_device / (1 << 20),
              len(correction.scratch), correction.factor, what)
     return True
+
+
+def learn_from_out_of_memory(correction, trace, index, capacity, resident, scratch_seen,
+                             predict, what="the request"):
+    """A step of the plan fitted to `trace` ran out of device memory in partition `index`:
+    it needed more than the device's `capacity` bytes less what the device holds for others
+    (`resident`, its bytes in use after the failed step freed its own, beyond the request's
+    state; None: unknown).  Correct `correction` (see `learn_from_step` for `scratch_seen`
+    and `predict`) so that the next plan predicts at least that much there; returns the
+    sentence the error adds.  Without it the same plan would run out again, step after step."""
+    others = max(resident - trace.state_bytes, 0) if resident is not None else 0
+    available = capacity - others
+    if callable(scratch_seen):
+        scratch_seen = scratch_seen()
+    corrected = correction.learn_out_of_memory(index, available, scratch_seen, predict)
+    message = (f"Budget mode took this in: partition {index} was predicted at "
+               f"{mib(trace.partitions[index].device_peak)} and needed more than the "
+               f"{mib(available)} the device had for it; with its kernels measured again the "
+               f"model predicts {mib(corrected.partitions[index].device_peak)} there and "
+               f"scales predictions by {correction.factor:.2f}, and {what} is "
+               "planned again before its next step (this step is not run again: it may have "
+               "updated variables).")
+    log.warning("%s", message)
+    return message

@@ -45,6 +45,10 @@ class ResidentCheck:
         taken = max(stats.device_peak_bytes - stats.resident_bytes, 0)
         self.step_bytes = max(taken, self.step_bytes or 0)
 
+    def ran_out(self):
+        """A step of the plan ran out of device memory: its measured steps prove nothing."""
+        self.step_bytes = None
+
     def outgrown(self, trace, budget_bytes, resident_bytes, correction=None,
                  what="the request"):
         """True when the device now holds `resident_bytes`, more than at the last check,

@@ -46,7 +46,7 @@ from tfmem.run import remeasure
 from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.scratch import ScratchCache
 from tfmem.plan import updates
-from tfmem import tf_private
+from tfmem import errors, tf_private
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +372,15 @@ class TFMemSession(SessionInterfaceMethods):
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
         if entry.schedule is None:
             entry.schedule = sampling.MeasureSchedule(self._measure)
-        values, stats = entry.executor.run(
-            request.feed_values_by_name(), options, step_metadata, timeline,
-            measure=entry.schedule.wants())
+        try:
+            values, stats = entry.executor.run(
+                request.feed_values_by_name(), options, step_metadata, timeline,
+                measure=entry.schedule.wants())
+        except errors.DeviceMemoryError as err:
+            # (a partial run's failure cancelled the session: no next step to plan for)
+            if self._budget is not None and self._runtime.cancelled_by is None:
+                err.add_note(self._learn_out_of_memory(request, entry, err.partition))
+            raise
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
         entry.schedule.record(stats.partition_peak_bytes if stats.measured and
@@ -434,9 +440,31 @@ class TFMemSession(SessionInterfaceMethods):
                 entry.correction, entry.trace, stats.partition_peak_bytes,
                 stats.resident_bytes, scratch_seen,
                 lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
-                                                                      feed_shapes), extra)):
+                                                                      feed_shapes), extra),
+                whole_device=budget.on_whole_device(self._budget, entry.trace.regions)):
             return
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
+
+    def _learn_out_of_memory(self, request, entry, index):
+        """Budget mode, after a step ran out of device memory in partition `index`: correct
+        the model and plan the request again before its next step (see learning); the
+        sentence the error adds."""
+        if entry.correction is None:
+            entry.correction = budget.Correction()
+        entry.resident.ran_out()
+        feed_shapes = request.feed_shapes()
+        memory = (accelerator.device_memory(self._runtime.device)
+                  if self._runtime.measure_device else None)
+        message = learning.learn_from_out_of_memory(
+            entry.correction, entry.trace, index,
+            accelerator.device_capacity(self._session) or self._budget,
+            memory["current"] if memory else None,
+            functools.partial(remeasure.request_scratch, self._session, entry.plan.view,
+                              feed_shapes, self._remeasured),
+            lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view, feed_shapes),
+                                         extra))
+        entry.replan = True
+        return message
 
     def memory_report(self):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""

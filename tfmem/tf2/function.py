@@ -36,6 +36,7 @@ from tensorflow.python.eager import record
 from tfmem.run import accelerator
 from tfmem.memory import budget, learning
 from tfmem.run.buffers import HostBufferPool
+from tfmem import errors
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
@@ -344,8 +345,29 @@ class PartitionedFunction:
                 traced.correction, traced.trace, stats.partition_peak_bytes,
                 stats.resident_bytes, functools.partial(self._scratch_measured, traced),
                 lambda extra: budget.predict(traced.plan, traced.sizing, extra),
-                what=f"tfmem.function {self.__name__!r}"):
+                what=f"tfmem.function {self.__name__!r}",
+                whole_device=budget.on_whole_device(self._runtime.budget_bytes,
+                                                    traced.trace.regions)):
             traced.replan = True
+
+    def _learn_out_of_memory(self, traced, index):
+        """Budget mode, after a call ran out of device memory in partition `index`: correct
+        the model and plan again before the next call (see learning); the sentence the
+        error adds."""
+        if traced.correction is None:
+            traced.correction = budget.Correction()
+        traced.resident.ran_out()
+        runtime = self._runtime
+        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
+        message = learning.learn_from_out_of_memory(
+            traced.correction, prediction.resolved(traced.trace), index,
+            accelerator.device_capacity(GraphDevices(None)) or runtime.budget_bytes,
+            memory["current"] if memory else None,
+            functools.partial(self._scratch_measured, traced),
+            lambda extra: budget.predict(traced.plan, traced.sizing, extra),
+            what=f"tfmem.function {self.__name__!r}")
+        traced.replan = True
+        return message
 
     def _scratch_measured(self, traced):
         """The trace's kernel scratch measured again, past the process's cache (which may
@@ -434,7 +456,13 @@ class PartitionedFunction:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
         trace = traced.trace  # the prediction of this plan as it runs (learning may replace it)
-        results, stats = traced.executor.run(feeds, timeline)
+        try:
+            results, stats = traced.executor.run(feeds, timeline)
+        except errors.DeviceMemoryError as err:
+            if self._runtime.budget_bytes is not None:
+                with self._planning:
+                    err.add_note(self._learn_out_of_memory(traced, err.partition))
+            raise
         self._last = (stats, trace)  # one store: a concurrent call publishes a whole pair too
         if self._runtime.budget_bytes is not None:
             with self._planning:
