@@ -67,13 +67,8 @@ sess = tf1.Session(graph=model.graph, config=config)
 tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
 probe = tfmem.TFMemSession(sess, partition_size=100000)
 plan = probe.plan(fetches, feed)
-stale = scratch.ScratchCache(cache_path)
-scratch.calibrate(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess,
-                  cache=stale)
-with open(cache_path) as file:
-    zeros = {key: 0 for key in json.load(file)}
-with open(cache_path, "w") as file:
-    json.dump(zeros, file)
+scratch.write_stale_cache(cache_path, model.graph, plan.view,
+                          {t.name: v.shape for t, v in feed.items()}, sess)
 os.environ[scratch.CACHE_ENV] = cache_path
 records = []
 handler = logging.Handler()

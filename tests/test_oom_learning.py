@@ -85,12 +85,8 @@ sess = tf1.Session(graph=model.graph, config=config)
 sess.run(model.init)
 # A stale scratch cache: this request's kernels, each recorded with no scratch.
 view = tfmem.TFMemSession(sess, partition_size=100000).plan(fetches, feed).view
-scratch.calibrate(model.graph, view, {t.name: v.shape for t, v in feed.items()}, sess,
-                  cache=scratch.ScratchCache(cache_path))
-with open(cache_path) as file:
-    stale = {key: 0 for key in json.load(file)}
-with open(cache_path, "w") as file:
-    json.dump(stale, file)
+scratch.write_stale_cache(cache_path, model.graph, view,
+                          {t.name: v.shape for t, v in feed.items()}, sess)
 os.environ[scratch.CACHE_ENV] = cache_path
 
 records = []

@@ -291,6 +291,17 @@ def calibrate(graph, view, feed_shapes, session=None, cache=None):
     return calibrate_kernels(graph, view, feed_shapes, session, cache)[0]
 
 
+def write_stale_cache(path, graph, view, feed_shapes, session=None):
+    """Write a cache file at `path` recording every kernel configuration of the request
+    with no scratch: what a file from another machine or TensorFlow release may say.
+    Budget mode must find out from its steps; its tests and experiments start here."""
+    calibrate(graph, view, feed_shapes, session, cache=ScratchCache(path))
+    with open(path, encoding="utf-8") as file:
+        stale = {key: 0 for key in json.load(file)}
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(stale, file)
+
+
 def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None):
     """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
     the scratch graph) of the request's calibratable ops: `calibrate`'s figures, the
