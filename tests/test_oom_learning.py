@@ -9,7 +9,10 @@ step after step.  Now budget mode measures the request's kernels again, raises i
 factor until the failed partition's prediction reaches what the device had for it,
 says so in the error, and plans again before the next step.
 
-Three fresh processes (oneDNN off, set explicitly: the Eigen convolution gradients
+The same for `tfmem.function` (a convolution net in eager TensorFlow), in a second
+test.
+
+Three fresh processes per test (oneDNN off, set explicitly: the Eigen convolution gradients
 allocate megabytes of im2col scratch; one intra-op and one inter-op thread).  The
 first measures a plain step of a small ResNet on an uncapped BFC allocator.  The
 second runs on a device capped below that step and held as one region (as a GPU's
@@ -150,5 +153,106 @@ def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path
     # (its in-use figure may be the whole device), so nothing is learned or planned again
     assert all(not s["log"] for s in out["steps"][1:]), out["steps"]
     # no step ran twice: plain TensorFlow's losses and weights from what the failure left
+    assert [s["loss"] for s in out["steps"]] == plain["losses"]
+    assert out["weights"] == plain["weights"]
+
+
+TF2_SCRIPT = r"""
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tfmem
+tfmem.emulate_accelerator(int(sys.argv[1]))
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+stage, steps, cache_path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if stage != "reference":  # one region of the cap (and the layout both runs share)
+    tfmem.reserve_emulated_memory()
+from tfmem.run import accelerator
+from tfmem.memory import scratch
+rng = np.random.default_rng(0)
+stem = tf.Variable(rng.standard_normal((3, 3, 3, 16)).astype(np.float32) * 0.2)
+kernels = [tf.Variable(rng.standard_normal((3, 3, 16, 16)).astype(np.float32) * 0.15)
+           for _ in range(8)]
+dense = tf.Variable(rng.standard_normal((16, 10)).astype(np.float32) * 0.1)
+variables = [stem] + kernels + [dense]
+
+
+def step(x, y):
+    with tf.GradientTape() as tape:
+        h = tf.nn.relu(tf.nn.conv2d(x, stem, 1, "SAME"))
+        for k in kernels:
+            h = tf.nn.relu(tf.nn.conv2d(h, k, 1, "SAME")) + h * 0.5
+        logits = tf.reduce_mean(h, axis=[1, 2]) @ dense
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
+    for v, g in zip(variables, tape.gradient(loss, variables)):
+        v.assign_sub(0.05 * g)
+    return loss
+
+
+r = np.random.default_rng(2)
+x = tf.constant(r.standard_normal((32, 32, 32, 3)).astype(np.float32))
+y = tf.constant(r.integers(0, 10, 32).astype(np.int32))
+out = {}
+left_path = cache_path + ".left.npz"
+if stage == "reference":  # tf.function's peak, uncapped
+    plain = tf.function(step)
+    plain(x, y)
+    accelerator.reset_peak("CPU:0")
+    plain(x, y)
+    out["plain_peak"] = accelerator.device_memory("CPU:0")["peak"]
+elif stage == "plain":  # tf.function's steps from the weights the failed call left
+    left = np.load(left_path)
+    for number, variable in enumerate(variables):
+        variable.assign(left[str(number)])
+    plain = tf.function(step)
+    out["losses"] = [np.asarray(plain(x, y)).tobytes().hex() for _ in range(steps)]
+    out["weights"] = [v.numpy().tobytes().hex() for v in variables]
+else:
+    fn = tfmem.function(step, partition_size="auto")  # the whole device as budget
+    concrete = fn.get_concrete_function(x, y)
+    from tfmem.plan.analyse import analyse
+    graph = concrete.graph
+    view = analyse([t for t in graph.outputs], list(graph.control_outputs), graph.inputs)
+    scratch.write_stale_cache(cache_path, graph, view, {})
+    os.environ[scratch.CACHE_ENV] = cache_path
+    try:
+        fn(x, y)
+        out["error"] = None
+    except tfmem.DeviceMemoryError as err:
+        out["error"] = "\n".join([str(err)] + list(getattr(err, "__notes__", ())))
+    np.savez(left_path, **{str(n): v.numpy() for n, v in enumerate(variables)})
+    out["steps"] = []
+    for _ in range(steps):
+        loss = fn(x, y)
+        out["steps"].append(dict(loss=np.asarray(loss).tobytes().hex(),
+                                 partitions=fn.last_step.partitions))
+    out["weights"] = [v.numpy().tobytes().hex() for v in variables]
+print(json.dumps(out))
+"""
+
+
+def _tf2_child(stage, cap_mib, cache_path):
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TFMEM_SCRATCH_CACHE", None)
+    done = subprocess.run([sys.executable, "-c", TF2_SCRIPT, str(cap_mib), stage, str(STEPS),
+                           str(cache_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+    assert done.returncode == 0, f"{stage} process failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_function_budget_mode_plans_again_after_a_call_runs_out_of_device_memory(tmp_path):
+    """The same for tfmem.function (eager TensorFlow, a convolution net)."""
+    plain_peak = _tf2_child("reference", REFERENCE_CAP_MIB, tmp_path / "unused")["plain_peak"]
+    cap_mib = math.floor(plain_peak * CAP_FRACTION / MIB)
+    out = _tf2_child("learn", cap_mib, tmp_path / "kernels.json")
+    plain = _tf2_child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
+    print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; {out['error']}; "
+          f"then {[s['partitions'] for s in out['steps']]} partitions")
+    assert out["error"] is not None, "the first call did not run out: the test proves nothing"
+    assert "Budget mode took this in" in out["error"], out["error"]
+    assert len({s["partitions"] for s in out["steps"]}) == 1 and out["steps"][0]["partitions"] > 1
     assert [s["loss"] for s in out["steps"]] == plain["losses"]
     assert out["weights"] == plain["weights"]
