@@ -121,6 +121,35 @@ def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_servi
     assert budget.still_fits(_one_partition(85 * MIB, 90 * MIB, True, Regions()), 100 * MIB, 0)
 
 
+def test_learning_measures_kernels_once_and_on_the_whole_device_sets_no_factor():
+    """A step over its prediction has the request's kernels measured again, once per
+    request (a configuration's figure does not change within a session).  Below the
+    device it scales predictions; on the whole device a step that ran teaches only
+    scratch the model did not have, so a second such step learns nothing."""
+    from tfmem.memory import learning
+    calls = []
+
+    def measure_again():
+        calls.append(1)
+        return {"conv": 5 * MIB}
+
+    trace = _one_partition(40 * MIB, 40 * MIB, True, Regions())
+    corrected = _one_partition(45 * MIB, 45 * MIB, True, Regions())
+    below = budget.Correction()
+    assert learning.learn_from_step(below, trace, (50 * MIB,), None, measure_again,
+                                    lambda extra: corrected)
+    assert below.factor == pytest.approx(50 / 45) and below.scratch == {"conv": 5 * MIB}
+    assert learning.learn_from_step(below, trace, (60 * MIB,), None, measure_again,
+                                    lambda extra: corrected)
+    assert below.factor == pytest.approx(60 / 45) and len(calls) == 1
+    whole = budget.Correction()
+    for step in range(2):  # the first takes in the scratch, the second has nothing new
+        assert learning.learn_from_step(
+            whole, trace, (50 * MIB,), None, measure_again, lambda extra: corrected,
+            whole_device=True) == (step == 0)
+    assert whole.factor == 1.0 and whole.scratch == {"conv": 5 * MIB} and len(calls) == 2
+
+
 def test_a_plan_measured_to_fit_is_kept_when_the_device_grows():
     """ResidentCheck: once the device holds more than the plan was fitted beside, the
     prediction is asked again, then the plan's measured steps (their peak above what the

@@ -106,6 +106,7 @@ class Correction:
     def __init__(self):
         self.factor = 1.0
         self.scratch = {}
+        self.measured_again = None  # the request's kernels measured again, once (learning)
 
     def went_over(self, trace, measured_peaks):
         """True when a step's measured peaks (None: a peak not known) exceed `trace`'s

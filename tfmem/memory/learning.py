@@ -55,8 +55,7 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
     if not correction.went_over(trace, tuple(None if m is None else m / (1 + JITTER)
                                              for m in measured)):
         return False
-    if callable(scratch_seen):  # measured only now that it is needed
-        scratch_seen = scratch_seen()
+    scratch_seen = _scratch_seen(correction, scratch_seen)
     if not correction.learn(trace, measured, scratch_seen, predict, whole_device):
         return False
     worst = max((i for i, m in enumerate(measured) if m is not None), key=measured.__getitem__)
@@ -78,8 +77,7 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
     sentence the error adds.  Without it the same plan would run out again, step after step."""
     others = max(resident - trace.state_bytes, 0) if resident is not None else 0
     available = capacity - others
-    if callable(scratch_seen):
-        scratch_seen = scratch_seen()
+    scratch_seen = _scratch_seen(correction, scratch_seen)
     corrected = correction.learn_out_of_memory(index, available, scratch_seen, predict)
     message = (f"Budget mode took this in: partition {index} was predicted at "
                f"{mib(trace.partitions[index].device_peak)} and needed more than the "
@@ -90,3 +88,15 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
                "updated variables).")
     log.warning("%s", message)
     return message
+
+
+def _scratch_seen(correction, scratch_seen):
+    """The kernel scratch to learn from: `scratch_seen`'s figures, or, where it is a
+    function measuring the request's kernels again, what it returned the first time for
+    this request (a kernel configuration's figure does not change within a session, and
+    measuring means importing the request into a scratch graph)."""
+    if not callable(scratch_seen):
+        return scratch_seen
+    if correction.measured_again is None:
+        correction.measured_again = scratch_seen()
+    return correction.measured_again
