@@ -124,21 +124,26 @@ print(json.dumps(out))
 """
 
 
-def _child(stage, cap_mib, cache_path):
+def _child(script, stage, cap_mib, *args):
+    """The JSON line a fresh process running `script` prints (oneDNN off, no scratch file
+    of the caller's)."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TFMEM_SCRATCH_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(cap_mib), stage, str(BATCH),
-                           str(STEPS), str(cache_path)],
+    done = subprocess.run([sys.executable, "-c", script, str(cap_mib), stage,
+                           *(str(a) for a in args)],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert done.returncode == 0, f"{stage} process failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path):
-    plain_peak = _child("reference", REFERENCE_CAP_MIB, tmp_path / "unused.json")["plain_peak"]
+    def child(stage, cap_mib, cache_path):
+        return _child(SCRIPT, stage, cap_mib, BATCH, STEPS, cache_path)
+
+    plain_peak = child("reference", REFERENCE_CAP_MIB, tmp_path / "unused.json")["plain_peak"]
     cap_mib = math.floor(plain_peak * CAP_FRACTION / MIB)
-    out = _child("learn", cap_mib, tmp_path / "kernels.json")
-    plain = _child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
+    out = child("learn", cap_mib, tmp_path / "kernels.json")
+    plain = child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
     print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; first plan "
           f"{out['first_partitions']} partitions; {out['error']}")
     for number, step in enumerate(out["steps"], 2):
@@ -235,22 +240,15 @@ print(json.dumps(out))
 """
 
 
-def _tf2_child(stage, cap_mib, cache_path):
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("TFMEM_SCRATCH_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", TF2_SCRIPT, str(cap_mib), stage, str(STEPS),
-                           str(cache_path)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
-    assert done.returncode == 0, f"{stage} process failed:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def test_function_budget_mode_plans_again_after_a_call_runs_out_of_device_memory(tmp_path):
     """The same for tfmem.function (eager TensorFlow, a convolution net)."""
-    plain_peak = _tf2_child("reference", REFERENCE_CAP_MIB, tmp_path / "unused")["plain_peak"]
+    def child(stage, cap_mib, cache_path):
+        return _child(TF2_SCRIPT, stage, cap_mib, STEPS, cache_path)
+
+    plain_peak = child("reference", REFERENCE_CAP_MIB, tmp_path / "unused")["plain_peak"]
     cap_mib = math.floor(plain_peak * CAP_FRACTION / MIB)
-    out = _tf2_child("learn", cap_mib, tmp_path / "kernels.json")
-    plain = _tf2_child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
+    out = child("learn", cap_mib, tmp_path / "kernels.json")
+    plain = child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
     print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; {out['error']}; "
           f"then {[s['partitions'] for s in out['steps']]} partitions")
     assert out["error"] is not None, "the first call did not run out: the test proves nothing"
