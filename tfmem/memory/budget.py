@@ -130,9 +130,7 @@ class Correction:
         if not self.went_over(trace, measured_peaks):
             return False
         known = [m for m in measured_peaks if m is not None]
-        new = {name: nbytes for name, nbytes in scratch_seen.items()
-               if nbytes > self.scratch.get(name, 0)}
-        self.scratch.update(new)
+        new = self._take_in(scratch_seen)
         if whole_device:
             return bool(new)
         corrected = predict(self.scratch)
@@ -144,12 +142,18 @@ class Correction:
         `available` bytes.  Take in the kernel scratch measured again, and raise the factor
         until that partition's prediction (its bytes requested, the smaller figure) reaches
         `available`.  Returns the prediction `predict(scratch)` made with that scratch."""
-        for name, nbytes in scratch_seen.items():
-            self.scratch[name] = max(nbytes, self.scratch.get(name, 0))
+        self._take_in(scratch_seen)
         corrected = predict(self.scratch)
         needed = corrected.partitions[index].device_peak_requested
         self.factor = max(self.factor, available / max(needed, 1))
         return corrected
+
+    def _take_in(self, scratch_seen):
+        """Raise the learned scratch to `scratch_seen`'s figures; the ones that raised it."""
+        new = {name: nbytes for name, nbytes in scratch_seen.items()
+               if nbytes > self.scratch.get(name, 0)}
+        self.scratch.update(new)
+        return new
 
 
 def merged_scratch(calibrated, correction):

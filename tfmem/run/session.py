@@ -427,20 +427,10 @@ class TFMemSession(SessionInterfaceMethods):
         have run since) measured over its predicted peak, correct the model and plan the
         request again before the next step (this one is never run again).
         memory_report() shows every partition's measured and predicted peak."""
-        if entry.correction is None:
-            entry.correction = budget.Correction()
-        feed_shapes = request.feed_shapes()
-        # The kernels measured again when the step went over, in the kernel runner: what
-        # each requests.  A step's own statistics count the chunk the allocator handed
-        # out (a 27 MiB scratch request read 52 MiB in a capped region's tail), which the
-        # chunk replay already models; taken as scratch, it counted that tail twice.
-        scratch_seen = functools.partial(remeasure.request_scratch, self._session,
-                                         entry.plan.view, feed_shapes, self._remeasured)
+        scratch_seen, predict = self._learning_inputs(request, entry)
         if not learning.learn_from_step(
                 entry.correction, entry.trace, stats.partition_peak_bytes,
-                stats.resident_bytes, scratch_seen,
-                lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view,
-                                                                      feed_shapes), extra),
+                stats.resident_bytes, scratch_seen, predict,
                 whole_device=budget.on_whole_device(self._budget, entry.trace.regions)):
             return
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
@@ -449,22 +439,31 @@ class TFMemSession(SessionInterfaceMethods):
         """Budget mode, after a step ran out of device memory in partition `index`: correct
         the model and plan the request again before its next step (see learning); the
         sentence the error adds."""
-        if entry.correction is None:
-            entry.correction = budget.Correction()
+        scratch_seen, predict = self._learning_inputs(request, entry)
         entry.resident.ran_out()
-        feed_shapes = request.feed_shapes()
         memory = (accelerator.device_memory(self._runtime.device)
                   if self._runtime.measure_device else None)
         message = learning.learn_from_out_of_memory(
             entry.correction, entry.trace, index,
             accelerator.device_capacity(self._session) or self._budget,
-            memory["current"] if memory else None,
-            functools.partial(remeasure.request_scratch, self._session, entry.plan.view,
-                              feed_shapes, self._remeasured),
-            lambda extra: budget.predict(entry.plan, self._sizing(entry.plan.view, feed_shapes),
-                                         extra))
+            memory["current"] if memory else None, scratch_seen, predict)
         entry.replan = True
         return message
+
+    def _learning_inputs(self, request, entry):
+        """(measure the request's kernels again, predict its plan with given scratch) for
+        learning, the entry's Correction made if it has none."""
+        if entry.correction is None:
+            entry.correction = budget.Correction()
+        feed_shapes = request.feed_shapes()
+        # The kernels measured again, in the kernel runner: what each requests.  A step's
+        # own statistics count the chunk the allocator handed out (a 27 MiB scratch
+        # request read 52 MiB in a capped region's tail), which the chunk replay already
+        # models; taken as scratch, it counted that tail twice.
+        scratch_seen = functools.partial(remeasure.request_scratch, self._session,
+                                         entry.plan.view, feed_shapes, self._remeasured)
+        return scratch_seen, lambda extra: budget.predict(
+            entry.plan, self._sizing(entry.plan.view, feed_shapes), extra)
 
     def memory_report(self):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""

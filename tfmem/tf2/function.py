@@ -339,12 +339,10 @@ class PartitionedFunction:
         """Budget mode: when the step (`stats`, its own figures) measured over its
         prediction, correct the model and plan again before the next call (see
         tfmem.memory.learning)."""
-        if traced.correction is None:
-            traced.correction = budget.Correction()
+        scratch_seen, predict = self._learning_inputs(traced)
         if learning.learn_from_step(
                 traced.correction, traced.trace, stats.partition_peak_bytes,
-                stats.resident_bytes, functools.partial(self._scratch_measured, traced),
-                lambda extra: budget.predict(traced.plan, traced.sizing, extra),
+                stats.resident_bytes, scratch_seen, predict,
                 what=f"tfmem.function {self.__name__!r}",
                 whole_device=budget.on_whole_device(self._runtime.budget_bytes,
                                                     traced.trace.regions)):
@@ -354,20 +352,25 @@ class PartitionedFunction:
         """Budget mode, after a call ran out of device memory in partition `index`: correct
         the model and plan again before the next call (see learning); the sentence the
         error adds."""
-        if traced.correction is None:
-            traced.correction = budget.Correction()
+        scratch_seen, predict = self._learning_inputs(traced)
         traced.resident.ran_out()
         runtime = self._runtime
         memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
         message = learning.learn_from_out_of_memory(
-            traced.correction, prediction.resolved(traced.trace), index,
+            traced.correction, traced.trace, index,
             accelerator.device_capacity(GraphDevices(None)) or runtime.budget_bytes,
-            memory["current"] if memory else None,
-            functools.partial(self._scratch_measured, traced),
-            lambda extra: budget.predict(traced.plan, traced.sizing, extra),
+            memory["current"] if memory else None, scratch_seen, predict,
             what=f"tfmem.function {self.__name__!r}")
         traced.replan = True
         return message
+
+    def _learning_inputs(self, traced):
+        """(measure the trace's kernels again, predict its plan with given scratch) for
+        learning, the trace's Correction made if it has none."""
+        if traced.correction is None:
+            traced.correction = budget.Correction()
+        return (functools.partial(self._scratch_measured, traced),
+                lambda extra: budget.predict(traced.plan, traced.sizing, extra))
 
     def _scratch_measured(self, traced):
         """The trace's kernel scratch measured again, past the process's cache (which may
