@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_mlp, build_resnet, make_step
+from bench_tf2 import build_convnet, build_mlp, build_resnet, make_step
 from tfmem.run import accelerator
 from tfmem.memory import scratch
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -80,27 +80,8 @@ def mlp(seed):
 
 
 def convnet(seed):
-    rng = np.random.default_rng(seed)
-    stem = tf.Variable(rng.standard_normal((3, 3, 3, 16)).astype(np.float32) * 0.2)
-    kernels = [tf.Variable(rng.standard_normal((3, 3, 16, 16)).astype(np.float32) * 0.15)
-               for _ in range(8)]
-    dense = tf.Variable(rng.standard_normal((16, 10)).astype(np.float32) * 0.1)
-    variables = [stem] + kernels + [dense]
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            h = tf.nn.relu(tf.nn.conv2d(x, stem, 1, "SAME"))
-            for k in kernels:
-                h = tf.nn.relu(tf.nn.conv2d(h, k, 1, "SAME")) + h * 0.5
-            logits = tf.reduce_mean(h, axis=[1, 2]) @ dense
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
-        for v, g in zip(variables, tape.gradient(loss, variables)):
-            v.assign_sub(0.05 * g)
-        return loss
-    r = np.random.default_rng(2)
-    x = tf.constant(r.standard_normal((32, 32, 32, 3)).astype(np.float32))
-    y = tf.constant(r.integers(0, 10, 32).astype(np.int32))
-    return step, (x, y)
+    step, _, args = build_convnet(tf, np, seed)
+    return step, args
 
 
 out = {}

@@ -178,29 +178,9 @@ if stage != "reference":  # one region of the cap (and the layout both runs shar
     tfmem.reserve_emulated_memory()
 from tfmem.run import accelerator
 from tfmem.memory import scratch
-rng = np.random.default_rng(0)
-stem = tf.Variable(rng.standard_normal((3, 3, 3, 16)).astype(np.float32) * 0.2)
-kernels = [tf.Variable(rng.standard_normal((3, 3, 16, 16)).astype(np.float32) * 0.15)
-           for _ in range(8)]
-dense = tf.Variable(rng.standard_normal((16, 10)).astype(np.float32) * 0.1)
-variables = [stem] + kernels + [dense]
-
-
-def step(x, y):
-    with tf.GradientTape() as tape:
-        h = tf.nn.relu(tf.nn.conv2d(x, stem, 1, "SAME"))
-        for k in kernels:
-            h = tf.nn.relu(tf.nn.conv2d(h, k, 1, "SAME")) + h * 0.5
-        logits = tf.reduce_mean(h, axis=[1, 2]) @ dense
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, logits))
-    for v, g in zip(variables, tape.gradient(loss, variables)):
-        v.assign_sub(0.05 * g)
-    return loss
-
-
-r = np.random.default_rng(2)
-x = tf.constant(r.standard_normal((32, 32, 32, 3)).astype(np.float32))
-y = tf.constant(r.integers(0, 10, 32).astype(np.int32))
+sys.path.insert(0, "tools")  # the child runs from the repository's root
+from bench_tf2 import build_convnet
+step, variables, (x, y) = build_convnet(tf, np, 0)
 out = {}
 left_path = cache_path + ".left.npz"
 if stage == "reference":  # tf.function's peak, uncapped
