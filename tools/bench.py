@@ -978,7 +978,13 @@ def build_parser():
                              "per step instead of one callable per partition")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile tfmem steps at partition_size 50 and 200")
-    parser.add_argument("--json", metavar="OUT", help="write every figure as JSON")
+    parser.add_argument("--onednn", choices=("0", "1"),
+                        help="TF_ENABLE_ONEDNN_OPTS for this process and its children "
+                             "(default: the environment's value, else 0; never the machine's "
+                             "default)")
+    parser.add_argument("--json", metavar="OUT",
+                        help="write every figure as JSON, with its provenance (commit, "
+                             "TensorFlow, kernel path, cores, date)")
     # internal: one capped run in this process
     parser.add_argument("--child", choices=("peak", "plain", "tfmem"), help=argparse.SUPPRESS)
     parser.add_argument("--cap", type=int, help=argparse.SUPPRESS)
@@ -992,15 +998,23 @@ def main(argv=None):
         out = child(args.child, args.cap, **json.loads(args.child_settings))
         print(json.dumps(out))
         return 0
+    # before TensorFlow starts here: the kernel path is chosen, never the machine's default
+    onednn = args.onednn or ("1" if child_env.onednn_from_env(default=False) else "0")
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = onednn
     if args.per_partition_rewrite:
         from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
         plan_import.ENABLED = False
+    from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
+    started_from = provenance.source()
     started = time.perf_counter()
     results = run_all(args)
     results["total_s"] = time.perf_counter() - started
     report(results)
     print(f"(bench took {results['total_s']:.0f} s)")
     if args.json:
+        results.update(kind="bench", argv=list(sys.argv[1:] if argv is None else argv),
+                       provenance=provenance.provenance(
+                           child_env.kernel_path(onednn == "1"), started_from))
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=1, default=str)
     return 0

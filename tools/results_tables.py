@@ -21,7 +21,9 @@ session-graph-per-partition measurement's (`partition_graphs.json`, written by
 spread's (`peak_spread.json`, written by
 `python experiments/peak_spread.py --json experiments/results/peak_spread.json`) or the
 simulator accuracy's (`accuracy.json`, written by
-`python experiments/accuracy.py --json experiments/results/accuracy.json`).  Text outside
+`python experiments/accuracy.py --json experiments/results/accuracy.json`) or the
+benchmark's (`bench-*.json`, written by `python tools/bench.py ... --json OUT`: its own
+report, as it printed it).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
 """
@@ -213,6 +215,24 @@ def accuracy_block(data):
         accuracy.markdown(data["rows"]), "", f"    {accuracy.summary(data['rows'])}", ""])
 
 
+def bench_block(data, name):
+    """The markdown of tools/bench.py's result file: its own report, as it printed it."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench  # pylint: disable=import-outside-toplevel
+    lines = []
+    bench.report(data, out=lambda text="": lines.extend(str(text).split("\n")))
+    argv, skip = [], False
+    for arg in data["argv"]:  # all but --json OUT, which the block names itself
+        if not skip and not arg.startswith("--json"):
+            argv.append(arg)
+        skip = arg == "--json"
+    argv = " ".join(argv)
+    return "\n".join([
+        f"`python tools/bench.py {argv} --json experiments/results/{name}.json` "
+        f"(whole run {data['total_s']:.0f} s; {_provenance(data.get('provenance'))}):", "",
+        "```", *lines, "```", ""])
+
+
 def _seconds(values):
     return " / ".join(f"{value:.2f}" for value in values) or "-"
 
@@ -254,6 +274,8 @@ def block(name):
     if data.get("kind") == "partial-runs":  # experiments/partial_runs.py (issue 12)
         import partial_runs  # pylint: disable=import-outside-toplevel
         return partial_runs.markdown(data, _provenance(data.get("provenance")))
+    if data.get("kind") == "bench":
+        return bench_block(data, name)
     if data.get("kind") == "single-trials":
         return trials_block(data)
     if data.get("kind") == "simulator-accuracy":
