@@ -817,7 +817,7 @@ def report(results, out=print):
     capped = results.get("capped")
     if capped:
         out(f"\n(b) capped: {capped['model']}, batch {capped['batch']}, one process per run, "
-            f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS', '0')}")
+            f"kernel path: {_kernel_path(results)}")
         peak = capped.get("plain_uncapped", {})
         if "cap_mib" not in capped:
             out(f"  plain peak run failed: {peak.get('stderr_tail', '')}")
@@ -859,6 +859,12 @@ def report(results, out=print):
     out("")
     for name, value in targets(results):
         out(_target_line(name, value))
+
+
+def _kernel_path(results):
+    """oneDNN on or off: as the result file's provenance records it, else this process's."""
+    recorded = results.get("provenance", {}).get("kernel_path")
+    return recorded or child_env.kernel_path(child_env.onednn_from_env(default=False))
 
 
 def report_first_step(first, out=print):
