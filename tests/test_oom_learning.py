@@ -136,14 +136,21 @@ def _child(script, stage, cap_mib, *args):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path):
+def _runs(script, tmp_path, *args):
+    """(plain's peak, the cap, the learning run, plain's run from the weights it left): the
+    cap is CAP_FRACTION of plain's uncapped peak, so the stale first plan runs out."""
     def child(stage, cap_mib, cache_path):
-        return _child(SCRIPT, stage, cap_mib, BATCH, STEPS, cache_path)
+        return _child(script, stage, cap_mib, *args, cache_path)
 
     plain_peak = child("reference", REFERENCE_CAP_MIB, tmp_path / "unused.json")["plain_peak"]
     cap_mib = math.floor(plain_peak * CAP_FRACTION / MIB)
     out = child("learn", cap_mib, tmp_path / "kernels.json")
     plain = child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
+    return plain_peak, cap_mib, out, plain
+
+
+def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path):
+    plain_peak, cap_mib, out, plain = _runs(SCRIPT, tmp_path, BATCH, STEPS)
     print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; first plan "
           f"{out['first_partitions']} partitions; {out['error']}")
     for number, step in enumerate(out["steps"], 2):
@@ -222,13 +229,7 @@ print(json.dumps(out))
 
 def test_function_budget_mode_plans_again_after_a_call_runs_out_of_device_memory(tmp_path):
     """The same for tfmem.function (eager TensorFlow, a convolution net)."""
-    def child(stage, cap_mib, cache_path):
-        return _child(TF2_SCRIPT, stage, cap_mib, STEPS, cache_path)
-
-    plain_peak = child("reference", REFERENCE_CAP_MIB, tmp_path / "unused")["plain_peak"]
-    cap_mib = math.floor(plain_peak * CAP_FRACTION / MIB)
-    out = child("learn", cap_mib, tmp_path / "kernels.json")
-    plain = child("plain", REFERENCE_CAP_MIB, tmp_path / "kernels.json")
+    plain_peak, cap_mib, out, plain = _runs(TF2_SCRIPT, tmp_path, STEPS)
     print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; {out['error']}; "
           f"then {[s['partitions'] for s in out['steps']]} partitions")
     assert out["error"] is not None, "the first call did not run out: the test proves nothing"
