@@ -74,7 +74,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import tfmem  # noqa: E402  (imports no TensorFlow: children set the cap first)
-from tfmem.cli import child_env  # noqa: E402
+from tfmem.cli import child_env, provenance  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure_cost  # noqa: E402  (section (e): what measuring steps costs)
@@ -1010,7 +1010,6 @@ def main(argv=None):
     if args.per_partition_rewrite:
         from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
         plan_import.ENABLED = False
-    from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
     started_from = provenance.source()
     started = time.perf_counter()
     results = run_all(args)

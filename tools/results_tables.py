@@ -42,6 +42,7 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /r
 MIB = 1 << 20
 
 sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT))
 
 
@@ -130,7 +131,6 @@ def soak_block(data):
 
 def budget_block(data):
     """The markdown of tools/budget_table.py's result file."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import budget_table  # pylint: disable=import-outside-toplevel
     caps = " ".join(str(c) for c in data["caps"])
     return "\n".join([
@@ -217,7 +217,6 @@ def accuracy_block(data):
 
 def bench_block(data, name):
     """The markdown of tools/bench.py's result file: its own report, as it printed it."""
-    sys.path.insert(0, str(ROOT / "tools"))
     import bench  # pylint: disable=import-outside-toplevel
     lines = []
     bench.report(data, out=lambda text="": lines.extend(str(text).split("\n")))
