@@ -5,25 +5,29 @@
 
 TensorFlow's executor (`ExecutorState::ScheduleReady`) runs the ready ops its
 cost model calls inexpensive inline, first in first out, and hands the
-expensive ones to the inter-op pool; whether an op is expensive follows the
-op times it measured (`KernelStats`), so the order can differ from process to
-process.  The simulator walks each partition depth-first in the plan's order.
+expensive ones to the inter-op pool, each op's readers in the order of its
+output edges: the order they were added up to eight, a hash of addresses
+beyond, so the order can differ from process to process.  Until session 19
+the simulator walked each partition depth-first in the plan's order; it now
+takes the worst of that and the executor emulated (tfmem/memory/op_order.py).
 
 Each fresh process (pinned thread pools, TensorFlow's BFC allocator far
 above the step, the kernel path set explicitly) trains one model of
 experiments/accuracy.py's MODELS through `TFMemSession(measure="every")`,
 then traces one step (`RunOptions(FULL_TRACE)`: every op's start time).  Per
 partition it prints the peak TensorFlow measured in the last untraced step
-and in the traced one, and the simulator's requested peak in three orders:
-its own (depth-first), first-in-first-out over ready ops (the inline queue
-with every op cheap), and the order TensorFlow ran the ops in that process
-(by start time; ops it did not run, removed by Grappler, as soon as ready).
+and in the traced one, and the simulator's requested peak in its own orders
+(the worst of the three that follow), depth first in the plan's order, the
+executor emulated (tfmem/memory/op_order.py) with each op's readers in the
+partition's order and reversed, first-in-first-out over ready ops (the inline
+queue with every op cheap), and the order TensorFlow ran the ops in that
+process (by start time; ops it did not run, removed by Grappler, as soon as
+ready).
 Figures include the request's state, less what earlier allocations left.
-Session 9 (issue 10) ran it; nothing here is asserted.
+Sessions 9 and 19 (issue 10) ran it; nothing here is asserted.
 """
 
 import argparse
-import functools
 import itertools
 import json
 import os
@@ -40,7 +44,7 @@ MIB = 1 << 20
 
 
 def fifo_priority():
-    """A ready-op priority (see simulate's _dependency_order): the order ops became ready."""
+    """A ready-op priority (see op_order.dependency_order): the order ops became ready."""
     arrivals = itertools.count()
     return lambda name, position: next(arrivals)
 
@@ -56,7 +60,7 @@ def worker(name, size, steps):
     # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import config_pb2
     import accuracy
-    from tfmem.memory import simulate as simulator
+    from tfmem.memory import op_order, simulate as simulator
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
@@ -79,19 +83,26 @@ def worker(name, size, steps):
             match = re.search(r"/p\d+(?:_in|_out)?/(.*)$", node.node_name)
             op = match.group(1) if match else node.node_name
             started.setdefault(op, node.all_start_micros)
-    depth_first = simulator._dependency_order  # pylint: disable=protected-access
-    priorities = {"depth-first": None, "fifo": fifo_priority(),
-                  "tensorflow's": started_priority(started)}
+    candidates = simulator.partition_orders
+    orders = {
+        "simulator's (the worst of three)": candidates,
+        "depth-first": lambda view, ops, _: [op_order.dependency_order(view, ops)],
+        "executor": lambda view, ops, originals: [
+            op_order.executor_order(view, ops, originals)],
+        "executor, readers reversed": lambda view, ops, originals: [
+            op_order.executor_order(view, ops, originals, reversed_readers=True)],
+        "fifo": lambda view, ops, _: [op_order.dependency_order(view, ops, fifo_priority())],
+        "tensorflow's": lambda view, ops, _: [op_order.dependency_order(
+            view, ops, started_priority(started))]}
     predicted = {}
     try:
-        for label, priority in priorities.items():
-            # pylint: disable-next=protected-access
-            simulator._dependency_order = functools.partial(depth_first, priority=priority)
+        for label, order in orders.items():
+            simulator.partition_orders = order
             trace = simulator.simulate(plan, sizing.shapes, scratch=sizing.scratch,
                                        **sizing.simulate_options())
             predicted[label] = [p.device_peak for p in trace.partitions]
     finally:
-        simulator._dependency_order = depth_first  # pylint: disable=protected-access
+        simulator.partition_orders = candidates
     tfs.close()
 
     def own(peaks):

@@ -9,16 +9,18 @@ schedule, and keeps byte counts instead of tensors:
              last read; kept and swapped outputs until the run ends)
     host   = host buffers of swapped transfers
 
-Inside a partition, ops run in dependency order; an op's output is freed
-after its last reader.  Ops that return a view of their input (Identity,
-Reshape, a variable read) allocate nothing, and elementwise ops write into
-an input that dies with them, as TensorFlow's kernels forward buffers.
-Shape, Size and Rank read no data: TensorFlow runs them as soon as their
-input exists, so they do not keep it alive.  Byte sizes come from static shapes, or from `shapes.resolve_shapes` when
-feeds fix unknown dimensions; a tensor of unknown size counts as 0 and is
-reported in `unknown_tensors`.  Equal ops of a partition are merged, as
-TensorFlow merges them (`dedup.py`), and a kernel's extra outputs (oneDNN max
-pooling's workspace) live until the reader that uses them (`workspace.py`).
+Inside a partition, ops run in the worst of the orders TensorFlow's executor
+may take (`op_order.py`); an op's output is freed after its last reader.  Ops
+that return a view of their input (Identity, Reshape, a variable read, a sum
+that reduces nothing) allocate nothing, and elementwise ops write into an
+input that dies with them, as TensorFlow's kernels forward buffers.  Shape,
+Size and Rank read no data: TensorFlow runs them as soon as their input
+exists, so they do not keep it alive.  Byte sizes come from static shapes, or
+from `shapes.resolve_shapes` when feeds fix unknown dimensions; a tensor of
+unknown size counts as 0 and is reported in `unknown_tensors`.  Equal ops of
+a partition are merged, as TensorFlow merges them (`dedup.py`), and a
+kernel's extra outputs (oneDNN max pooling's workspace) live until the reader
+that uses them (`workspace.py`).
 
 Every allocation and free is also logged in order and replayed through
 TensorFlow's BFC allocator policy (`allocator.py`): `device_peak_chunks` is the
@@ -27,9 +29,8 @@ peak in the chunks that allocator reports, which can exceed the bytes requested
 """
 
 import dataclasses
-import heapq
 
-from tfmem.memory import dedup
+from tfmem.memory import dedup, op_order
 from tfmem.memory.allocator import AllocationLog, Regions, replay
 from tfmem.memory.concurrency import overlapping_buffers
 from tfmem.memory.workspace import Workspaces
@@ -168,47 +169,9 @@ class TensorSizes:
         return None
 
 
-def _dependency_order(view, ops, priority=None):
-    """The partition's ops with producers first, keeping the plan's order where free.
-
-    `priority(name, position)`, when given, picks among ready ops instead (the
-    smallest first; called once per op, as it becomes ready): how
-    experiments/executor_order.py replays other orders than the plan's.
-    """
-    members = set(ops)
-    position = {name: i for i, name in enumerate(ops)}
-    waiting = {name: 0 for name in ops}
-    readers = {name: [] for name in ops}
-    for name in ops:
-        node = view.nodes[name]
-        sources = {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs)
-        for src in sources & members:
-            if view.nodes[src].type in ("NextIteration", "RefNextIteration"):
-                continue
-            waiting[name] += 1
-            readers[src].append(name)
-    # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
-    # graph (tens of thousands of ops) orders in milliseconds.
-    if priority is None:
-        entry, name_of = position.__getitem__, ops.__getitem__
-    else:
-        def entry(name):
-            return priority(name, position[name]), position[name]
-
-        def name_of(item):
-            return ops[item[1]]
-    ready = [entry(name) for name in ops if waiting[name] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        name = name_of(heapq.heappop(ready))
-        order.append(name)
-        for reader in readers[name]:
-            waiting[reader] -= 1
-            if waiting[reader] == 0:
-                heapq.heappush(ready, entry(reader))
-    ordered = set(order)
-    return order + [name for name in ops if name not in ordered]
+# The orders the simulator tries for a partition's ops (experiments/executor_order.py
+# swaps in others).
+partition_orders = op_order.candidate_orders
 
 
 # Aliasing ops whose outputs are views of a data input's buffer (output i of
@@ -218,9 +181,26 @@ def _dependency_order(view, ops, priority=None):
 # one of several inputs, decided at run time.
 VIEWS = ALIASING - frozenset({"Const", "ReadVariableOp", "GetSessionTensor", "Merge",
                               "RefMerge", "NextIteration"})
+# Reductions whose kernel returns its input when it reduces nothing (every reduced
+# dimension of size one): a broadcasting op's gradient sums over the axes
+# BroadcastGradientArgs returns, most often none.
+REDUCTIONS = frozenset({"Sum", "Mean", "Prod", "Max", "Min", "All", "Any"})
 
 
-def _buffers(view, order, merged=None):
+def _is_view(view, name, size):
+    node = view.nodes[name]
+    if node.type in VIEWS:
+        return bool(node.inputs)
+    if node.type in REDUCTIONS:
+        source = split_tensor_name(node.inputs[0])[0]
+        if source not in view.nodes and source not in view.sources:  # fed: not ours
+            return False
+        nbytes = size(f"{name}:0")
+        return bool(nbytes) and nbytes == size(node.inputs[0])
+    return False
+
+
+def _buffers(view, order, size, merged=None):
     """{tensor: the tensor whose buffer it is}, through chains of views, and through the
     equal ops Grappler merges (`merged`: {op: the op kept in its place}, see dedup)."""
     root = {}
@@ -231,7 +211,7 @@ def _buffers(view, order, merged=None):
             for index, _ in enumerate(node.outputs):
                 root[f"{name}:{index}"] = root.get(f"{kept}:{index}", f"{kept}:{index}")
             continue
-        if node.type not in VIEWS or not node.inputs:
+        if not _is_view(view, name, size):
             continue
         for index, _ in enumerate(node.outputs):
             source = node.inputs[index if node.type == "IdentityN" else 0]
@@ -240,7 +220,21 @@ def _buffers(view, order, merged=None):
 
 
 def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None,
-                 workspaces=Workspaces(), signatures=None, concurrent_ops=1):
+                 **options):
+    """Peak bytes the partition allocates beyond what is resident when it starts, in the
+    worst of the orders TensorFlow's executor may take (`partition_orders`); `events`
+    record that order.  See `_in_order` for the arguments."""
+    orders = partition_orders(view, partition.ops, view.originals)
+    if len(orders) > 1:
+        peaks = [_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
+                           None, **options) for order in orders]
+        orders = [orders[peaks.index(max(peaks))]]
+    return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
+                     **options)
+
+
+def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
+              workspaces=Workspaces(), signatures=None, concurrent_ops=1):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -260,9 +254,8 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     With `concurrent_ops` above one, an op's scratch is held beside that of the ops
     that may run at the same time (see concurrency).
     """
-    order = _dependency_order(view, partition.ops)
     merged = dedup.duplicates(view, order, signatures, keep_until_end)
-    root = _buffers(view, order, merged)
+    root = _buffers(view, order, size, merged)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
     beside = overlapping_buffers(view, order, scratch, concurrent_ops)
     overlap = {name: sum(sizes) for name, sizes in beside.items()}
@@ -403,8 +396,9 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if key in live and early_frees:
                 log.rename(key, key[0])
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
-                                     scratch or {}, log, workspaces or Workspaces(),
-                                     signatures, concurrent_ops)
+                                     scratch or {}, log,
+                                     workspaces=workspaces or Workspaces(),
+                                     signatures=signatures, concurrent_ops=concurrent_ops)
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)

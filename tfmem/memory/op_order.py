@@ -1,0 +1,237 @@
+"""The orders a partition's ops may run in, for the simulator.
+
+A step's peak depends on the order its ops run in, and TensorFlow does not walk
+a graph depth first.  Its executor (`ExecutorState::ProcessInline` and
+`ScheduleReady` in executor.cc) works through the ops each finished op makes
+ready, in the order of that op's output edges, data edges first:
+
+- an inexpensive kernel goes to the running thread's inline queue, first in
+  first out;
+- of the expensive ones, the last stays on the thread when its inline queue is
+  empty; the others go to the inter-op pool, whose worker takes the task it
+  pushed last first (Eigen's pool pushes a worker's own tasks at the front of
+  its queue).  The step's first ops (state, feeds) are pushed from outside,
+  at the back, in node order.
+
+Every kernel starts out expensive (a cost estimate of 1e8 cycles that decays by
+a tenth each time it runs, against a threshold of a few thousand) except those
+that declare themselves cheap (`INEXPENSIVE`): for the first ninety-odd steps
+that is the rule; later, kernels that measure cheap run inline too
+(DeepSpeech's peak moved by 2 % at step 93).
+
+Output edges iterate in the order they were added, which follows node ids, up
+to eight of them; beyond, in a hash order of the edges' addresses.  So an op
+with many readers (a loss's gradient reaching every frame, a weight read by
+every frame) makes them ready in an order that changes from process to
+process, one reason the same plan measures differently in two processes.
+Node ids follow TensorFlow's numbering of a GraphDef (`_node_ids`); constant
+folding turns ops computed from constants alone into new nodes
+(`folded_constants`); under TensorFlow's default session config Grappler
+rewrites the graph further.
+
+So the simulator does not bet on one order: `candidate_orders` are the plan's
+depth-first order and the executor emulated with each op's readers in node-id
+order and reversed, and the simulator counts the worst.  DeepSpeech at 32
+frames (batch 128, one partition, one thread per pool) measures 19.9-21.3 MiB
+in several processes; the emulated executor predicts 20.9, depth first 15.3:
+the backward pass runs as a wave across all frames, not frame by frame.
+"""
+
+
+import collections
+import heapq
+
+from tfmem.plan.analyse import split_tensor_name
+
+# Kernels whose IsExpensive() is false: TensorFlow runs them inline, at once.
+INEXPENSIVE = frozenset({
+    "Identity", "IdentityN", "StopGradient", "PreventGradient", "Snapshot", "Const",
+    "Reshape", "Squeeze", "ExpandDims", "Shape", "ShapeN", "Size", "Rank", "NoOp",
+    "ControlTrigger", "Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge",
+    "RefMerge", "NextIteration", "RefNextIteration", "LoopCond", "ReadVariableOp",
+    "VarHandleOp", "VariableV2", "StridedSliceGrad",
+})
+_BACK_EDGES = ("NextIteration", "RefNextIteration")  # a loop's: not waited for
+_VALUE_VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})  # folded too
+
+
+def _producers(node):
+    return dict.fromkeys([split_tensor_name(t)[0] for t in node.inputs]
+                         + list(node.control_inputs))
+
+
+def _edges(view, ops, folded=frozenset()):
+    """({op: how many of its producers are in `ops`}, {op: its readers in `ops`}); ops
+    `folded` into constants wait for nothing."""
+    members = set(ops)
+    waiting = {name: 0 for name in ops}
+    readers = {name: [] for name in ops}
+    for name in ops:
+        if name in folded:
+            continue
+        for src in _producers(view.nodes[name]):
+            if src in members and view.nodes[src].type not in _BACK_EDGES:
+                waiting[name] += 1
+                readers[src].append(name)
+    return waiting, readers
+
+
+def _reads_data(view, reader, producer):
+    return any(split_tensor_name(t)[0] == producer for t in view.nodes[reader].inputs)
+
+
+def folded_constants(view, ops):
+    """The ops TensorFlow's constant folding replaces by a Const before the step runs:
+    stateless ops whose every producer is a constant or folded (a loss's gradient seed,
+    ones shaped like a scalar loss, scaled by the constant batch size)."""
+    folded = set()
+    for name in dependency_order(view, ops):
+        node = view.nodes[name]
+        if node.side_effects or (node.type in INEXPENSIVE and node.type not in _VALUE_VIEWS):
+            continue
+        producers = _producers(node)
+        if producers and all(p in folded or getattr(view.sources.get(p), "type", None) == "Const"
+                             for p in producers):
+            folded.add(name)
+    return folded
+
+
+def candidate_orders(view, ops, originals=frozenset()):
+    """The orders the simulator tries, the worst counting: the plan's (depth first), and
+    the executor's with each op's readers in the partition's order and reversed."""
+    return [dependency_order(view, ops), executor_order(view, ops, originals),
+            executor_order(view, ops, originals, reversed_readers=True)]
+
+
+def executor_order(view, ops, originals=frozenset(), reversed_readers=False):
+    """The partition's ops in the order TensorFlow's executor runs them with one inter-op
+    thread (see the module docstring), an op's readers in the order of their node ids
+    or reversed; ops in a cycle, which it never runs, last."""
+    folded = folded_constants(view, ops)
+    node_id = _node_ids(view, ops, originals)
+    waiting, readers = _edges(view, ops, folded)
+    for producer, names in readers.items():
+        names.sort(key=node_id.__getitem__, reverse=reversed_readers)
+        names.sort(key=lambda reader: not _reads_data(view, reader, producer))  # data first
+    # The step's first ops produce what the partition reads from outside: state (the
+    # user's nodes, numbered first), feeds and other partitions' results (arguments
+    # TensorFlow adds to the graph), and the constants folding made (the last nodes).
+    outside = {}
+    for name in ops:
+        if name in folded:
+            continue
+        for src in _producers(view.nodes[name]):
+            if src not in waiting:
+                outside.setdefault(src, []).append(name)
+                waiting[name] += 1
+    roots = [((src not in view.sources, node_id[first[0]]), src)
+             for src, first in outside.items()]
+    roots += [((0, node_id[name]), name) for name in ops
+              if waiting[name] == 0 and name not in folded]
+    roots += [((2, node_id[name]), name) for name in ops if name in folded]
+    pool = collections.deque(root for _, root in sorted(roots))
+    order = []
+    while pool:
+        first = pool.popleft()
+        inline = collections.deque([first] if first in waiting else [])
+        if first in outside:
+            _make_ready(view, outside[first], waiting, inline, pool)
+        while inline:
+            name = inline.popleft()
+            order.append(name)
+            _make_ready(view, readers[name], waiting, inline, pool)
+    return _with_the_rest(order, ops)
+
+
+def _node_ids(view, ops, originals):
+    """{op: its rank among the partition's node ids}.  TensorFlow numbers a graph's nodes
+    as it builds them from a GraphDef, in topological order, the earliest listed ready
+    node first; the user's ops (originals) are listed before tfmem's copies, the copies
+    in the partition's order, and the arguments that stand for feeds and transfers come
+    last, so ops that read none are numbered before any that does."""
+    listed = {name: (name not in originals, i) for i, name in enumerate(ops)}
+    members = set(ops)
+    waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
+    for name in ops:
+        producers = _producers(view.nodes[name])
+        inside = [p for p in producers
+                  if p in members and view.nodes[p].type not in _BACK_EDGES]
+        fed = any(p not in members and p not in view.sources for p in producers)
+        waiting[name] = len(inside) + fed
+        for src in inside:
+            readers[src].append(name)
+        if fed:
+            reads_fed.append(name)
+    ready = [(listed[name], name) for name in ops if waiting[name] == 0]
+    heapq.heapify(ready)
+    ids = {}
+    while ready or reads_fed:
+        if not ready:  # the arguments: after every node that reads none
+            for name in reads_fed:
+                waiting[name] -= 1
+                if waiting[name] == 0:
+                    heapq.heappush(ready, (listed[name], name))
+            reads_fed = []
+            continue
+        _, name = heapq.heappop(ready)
+        ids[name] = len(ids)
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (listed[reader], reader))
+    for name in ops:  # in a cycle
+        ids.setdefault(name, len(ids))
+    return ids
+
+
+def _make_ready(view, names, waiting, inline, pool):
+    """An op has run: its readers whose inputs are all there go to the inline queue or
+    the pool, as `ScheduleReady` sends them."""
+    kept = None  # the last expensive op made ready: this thread's next, maybe
+    for reader in names:
+        waiting[reader] -= 1
+        if waiting[reader]:
+            continue
+        if view.nodes[reader].type in INEXPENSIVE:
+            inline.append(reader)
+            continue
+        if kept is not None:
+            pool.appendleft(kept)
+        kept = reader
+    if kept is not None:
+        (pool.appendleft if inline else inline.append)(kept)
+
+
+def dependency_order(view, ops, priority=None):
+    """The ops with producers first, keeping the partition's order where free (depth
+    first, as the plan lists them), or picking among ready ops by `priority(name,
+    position)` (the smallest first; called once per op, as it becomes ready):
+    experiments/executor_order.py compares other orders with the executor's."""
+    position = {name: i for i, name in enumerate(ops)}
+    waiting, readers = _edges(view, ops)
+    if priority is None:
+        entry, name_of = position.__getitem__, ops.__getitem__
+    else:
+        def entry(name):
+            return priority(name, position[name]), position[name]
+
+        def name_of(item):
+            return ops[item[1]]
+    # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
+    # graph (tens of thousands of ops) orders in milliseconds.
+    ready = [entry(name) for name in ops if waiting[name] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = name_of(heapq.heappop(ready))
+        order.append(name)
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, entry(reader))
+    return _with_the_rest(order, ops)
+
+
+def _with_the_rest(order, ops):
+    ordered = set(order)
+    return order + [name for name in ops if name not in ordered]
