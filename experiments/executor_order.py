@@ -2,6 +2,7 @@
 
     python experiments/executor_order.py --model moe --onednn 0 --partition-size 200
     python experiments/executor_order.py --model moe --onednn 1 --processes 2
+    python experiments/executor_order.py --model deepspeech --partition-size 100000
 
 TensorFlow's executor (`ExecutorState::ScheduleReady`) runs the ready ops its
 cost model calls inexpensive inline, first in first out, and hands the
@@ -13,8 +14,8 @@ takes the worst of that and the executor emulated (tfmem/memory/op_order.py).
 
 Each fresh process (pinned thread pools, TensorFlow's BFC allocator far
 above the step, the kernel path set explicitly) trains one model of
-experiments/accuracy.py's MODELS through `TFMemSession(measure="every")`,
-then traces one step (`RunOptions(FULL_TRACE)`: every op's start time).  Per
+experiments/accuracy.py's MODELS, or the DeepSpeech experiment's model,
+through `TFMemSession(measure="every")`, then traces one step (`RunOptions(FULL_TRACE)`: every op's start time).  Per
 partition it prints the peak TensorFlow measured in the last untraced step
 and in the traced one, and the simulator's requested peak in its own orders
 (the worst of the three that follow), depth first in the plan's order, the
@@ -55,6 +56,26 @@ def started_priority(started):
     return lambda name, position: (started.get(name, -1), position)
 
 
+def deepspeech_session(size):
+    """accuracy.measured_session's tuple for the DeepSpeech experiment's model (32 frames,
+    batch 128) under tfmem's session config, one thread per pool."""
+    # pylint: disable=import-outside-toplevel
+    import types
+    import tensorflow as tf
+    import tfmem
+    import deepspeech
+
+    args = types.SimpleNamespace(features=26, hidden=128, classes=29, seed=0, batch_size=128,
+                                 learning_rate=0.001)
+    model = deepspeech.build(tf, 32, args)
+    config = tfmem.session_config(tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                                            inter_op_parallelism_threads=1))
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    return model, sess, tfs, model.feed, [model.train_op, model.loss]
+
+
 def worker(name, size, steps):
     """One process's figures (see the docstring)."""
     # pylint: disable=import-outside-toplevel
@@ -64,8 +85,11 @@ def worker(name, size, steps):
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
-    builder, kwargs, batch = accuracy.MODELS[name]
-    model, sess, tfs, feed, fetches = accuracy.measured_session(builder, kwargs, batch, size)
+    if name == "deepspeech":
+        model, sess, tfs, feed, fetches = deepspeech_session(size)
+    else:
+        builder, kwargs, batch = accuracy.MODELS[name]
+        model, sess, tfs, feed, fetches = accuracy.measured_session(builder, kwargs, batch, size)
     plan = tfs.plan(fetches, feed)
     sizing = Sizing.of(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess)
     state = tfs.simulate(fetches, feed).state_bytes
@@ -112,7 +136,8 @@ def worker(name, size, steps):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="moe", help="a name of accuracy.MODELS")
+    parser.add_argument("--model", default="moe",
+                        help="a name of accuracy.MODELS, or deepspeech (32 frames, batch 128)")
     parser.add_argument("--onednn", choices=("0", "1"), default="0")
     parser.add_argument("--partition-size", type=int, default=200)
     parser.add_argument("--processes", type=int, default=4, help="fresh processes, one at a time")
