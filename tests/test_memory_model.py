@@ -146,27 +146,17 @@ print(json.dumps(dict(extra_outputs=extra_outputs, rows=rows, gradients=gradient
 
 
 WAVE = r"""
-import json, sys, types
+import json, sys
 sys.path.insert(0, "experiments")
-import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
-import tfmem
-import deepspeech
+from executor_order import deepspeech_session
 from tfmem.memory import op_order, simulate as simulator
 
-args = types.SimpleNamespace(features=26, hidden=128, classes=29, seed=0, batch_size=128,
-                             learning_rate=0.001)
-model = deepspeech.build(tf, 32, args)
-config = tfmem.session_config(tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
-                                                        inter_op_parallelism_threads=1))
-sess = tf.compat.v1.Session(graph=model.graph, config=config)
-tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
-fetches = [model.train_op, model.loss]
-tfs = tfmem.TFMemSession(sess, partition_size=100000)
+model, sess, tfs, feed, fetches = deepspeech_session(100000)
 for _ in range(2):
-    tfs.run(fetches, model.feed)
+    tfs.run(fetches, feed)
 metadata = config_pb2.RunMetadata()
-tfs.run(fetches, model.feed, run_metadata=metadata,
+tfs.run(fetches, feed, run_metadata=metadata,
         options=config_pb2.RunOptions(trace_level=config_pb2.RunOptions.FULL_TRACE))
 # TensorFlow's own records: the step's allocations and frees in time order.
 events = sorted((r.alloc_micros, r.alloc_bytes) for d in metadata.step_stats.dev_stats
@@ -179,10 +169,10 @@ predicted = {}
 for label, orders in (("simulator", simulator.partition_orders),
                       ("depth first", lambda view, ops, _: [op_order.dependency_order(view, ops)])):
     simulator.partition_orders = orders
-    trace = tfs.simulate(fetches, model.feed)
+    trace = tfs.simulate(fetches, feed)
     predicted[label] = trace.peak_device - trace.state_bytes
 print(json.dumps(dict(measured=measured, predicted=predicted,
-                      partitions=len(tfs.plan(fetches, model.feed).partitions))))
+                      partitions=len(tfs.plan(fetches, feed).partitions))))
 """
 
 
