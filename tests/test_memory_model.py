@@ -176,6 +176,32 @@ print(json.dumps(dict(measured=measured, predicted=predicted,
 """
 
 
+NUMBERING = r"""
+import json, sys
+sys.path.insert(0, "experiments")
+from tensorflow.core.protobuf import config_pb2
+from executor_order import deepspeech_session
+from tfmem.memory import op_order
+
+model, sess, tfs, feed, fetches = deepspeech_session(100000)
+metadata = config_pb2.RunMetadata()
+tfs.run(fetches, feed, run_metadata=metadata,
+        options=config_pb2.RunOptions(output_partition_graphs=True))
+plan = tfs.plan(fetches, feed)
+ops = plan.partitions[0].ops
+# The graph TensorFlow's executor ran, its nodes in id order; tfmem's copies are
+# named tfmem/plan<k>/p0/<op>.
+names = [n.name for g in metadata.partition_graphs for n in g.node]
+copies = [n.rsplit("/p0/", 1)[-1] for n in names if "/p0/" in n]
+ids = op_order._node_ids(plan.view, ops, plan.view.originals)
+numbered = [n for n in copies if n in ids]
+print(json.dumps(dict(
+    copies=len(numbered), in_id_order=sorted(numbered, key=ids.get) == numbered,
+    folded=sorted(op_order.folded_constants(plan.view, ops)),
+    not_run=sorted(set(ops) - set(copies) - set(names)))))
+"""
+
+
 def _child(script, onednn):
     env = child_env(onednn=onednn)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
@@ -278,3 +304,13 @@ def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
         assert figures["partitions"] == 1, figures
         assert predicted["depth first"] < 0.85 * measured, (onednn, figures)
         assert 0.95 * measured <= predicted["simulator"] <= 1.2 * measured, (onednn, figures)
+
+
+def test_the_executor_emulation_numbers_and_folds_the_graph_as_tensorflow_does():
+    """The emulated executor's inputs, checked against the graph TensorFlow ran
+    (`output_partition_graphs`, the Eigen path, DeepSpeech as one partition): its node
+    numbering puts tfmem's copies in TensorFlow's id order, and the ops it takes as
+    folded into constants are exactly those of the partition TensorFlow did not run."""
+    figures = _child(NUMBERING, onednn=False)
+    assert figures["copies"] > 1000 and figures["in_id_order"], figures["copies"]
+    assert figures["folded"] and figures["folded"] == figures["not_run"], figures
