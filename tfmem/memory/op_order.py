@@ -26,8 +26,9 @@ every frame) makes them ready in an order that changes from process to
 process, one reason the same plan measures differently in two processes.
 Node ids follow TensorFlow's numbering of a GraphDef (`_node_ids`); constant
 folding turns ops computed from constants alone into new nodes
-(`folded_constants`); under TensorFlow's default session config Grappler
-rewrites the graph further.
+(`folded_constants`); both match the graph TensorFlow ran for DeepSpeech
+(tests/test_memory_model.py).  Under TensorFlow's default session config
+Grappler rewrites the graph further.
 
 So the simulator does not bet on one order: `candidate_orders` are the plan's
 depth-first order and the executor emulated with each op's readers in node-id
