@@ -33,9 +33,11 @@ Grappler rewrites the graph further.
 So the simulator does not bet on one order: `candidate_orders` are the plan's
 depth-first order and the executor emulated with each op's readers in node-id
 order and reversed, and the simulator counts the worst.  DeepSpeech at 32
-frames (batch 128, one partition, one thread per pool) measures 19.9-21.3 MiB
-in several processes; the emulated executor predicts 20.9, depth first 15.3:
-the backward pass runs as a wave across all frames, not frame by frame.
+frames (batch 128, one partition, one thread per pool, the request's state
+included) measures 19.7-20.0 MiB in five processes, and 19.9-20.2 simulated in
+the order each process's trace recorded; the emulated executor predicts 21.8,
+depth first 16.3: the backward pass runs as a wave across all frames, not
+frame by frame (experiments/executor_order.py --model deepspeech).
 """
 
 
@@ -99,7 +101,7 @@ def folded_constants(view, ops):
 
 def candidate_orders(view, ops, originals=frozenset()):
     """The orders the simulator tries, the worst counting: the plan's (depth first), and
-    the executor's with each op's readers in the partition's order and reversed."""
+    the executor's with each op's readers in node-id order and reversed."""
     return [dependency_order(view, ops), executor_order(view, ops, originals),
             executor_order(view, ops, originals, reversed_readers=True)]
 
