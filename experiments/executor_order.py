@@ -19,11 +19,11 @@ through `TFMemSession(measure="every")`, then traces one step
 (`RunOptions(FULL_TRACE)`: every op's start time).  Per partition it prints
 the peak TensorFlow measured in the last untraced step and in the traced
 one, and the simulator's requested peak in its own orders (the worst of the
-three that follow), depth first in the plan's order, the executor emulated (tfmem/memory/op_order.py) with each op's readers in
-node-id order and reversed, first-in-first-out over ready ops (the inline
-queue with every op cheap), and the order TensorFlow ran the ops in that
-process (by start time; ops it did not run, removed by Grappler, as soon as
-ready).
+three that follow), depth first in the plan's order, the executor emulated
+(tfmem/memory/op_order.py) with each op's readers in node-id order and
+reversed, first-in-first-out over ready ops (the inline queue with every op
+cheap), and the order TensorFlow ran the ops in that process (by start
+time; ops it did not run, removed by Grappler, as soon as ready).
 Figures include the request's state, less what earlier allocations left.
 Sessions 9 and 19 (issue 10) ran it; nothing here is asserted.
 """
