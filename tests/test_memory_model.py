@@ -297,12 +297,13 @@ def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
     walk of the graph holds at once, because TensorFlow's executor runs the backward
     pass across all frames together.  The simulator's prediction (the worst of the
     orders it emulates) is at most 5 % below what TensorFlow's records hold at the
-    step's peak, and at most 20 % above; the depth-first walk alone is well below."""
+    step's peak, and at most 20 % above; the depth-first walk alone reads more than 10 %
+    below (15.3 MiB against 18.6-20.3 in session 19's processes)."""
     for onednn in (False, True):
         figures = _child(WAVE, onednn=onednn)
         measured, predicted = figures["measured"], figures["predicted"]
         assert figures["partitions"] == 1, figures
-        assert predicted["depth first"] < 0.85 * measured, (onednn, figures)
+        assert predicted["depth first"] < 0.9 * measured, (onednn, figures)
         assert 0.95 * measured <= predicted["simulator"] <= 1.2 * measured, (onednn, figures)
 
 
