@@ -112,9 +112,9 @@ def worker(name, size, steps):
         "simulator's (the worst of three)": candidates,
         "depth-first": lambda view, ops, _: [op_order.dependency_order(view, ops)],
         "executor": lambda view, ops, originals: [
-            op_order.executor_order(view, ops, originals)],
+            op_order.executor_orders(view, ops, originals)[0]],
         "executor, readers reversed": lambda view, ops, originals: [
-            op_order.executor_order(view, ops, originals, reversed_readers=True)],
+            op_order.executor_orders(view, ops, originals)[1]],
         "fifo": lambda view, ops, _: [op_order.dependency_order(view, ops, fifo_priority())],
         "tensorflow's": lambda view, ops, _: [op_order.dependency_order(
             view, ops, started_priority(started))]}

@@ -83,12 +83,13 @@ def _reads_data(view, reader, producer):
     return any(split_tensor_name(t)[0] == producer for t in view.nodes[reader].inputs)
 
 
-def folded_constants(view, ops):
+def folded_constants(view, ops, depth_first=None):
     """The ops TensorFlow's constant folding replaces by a Const before the step runs:
     stateless ops whose every producer is a constant or folded (a loss's gradient seed,
-    ones shaped like a scalar loss, scaled by the constant batch size)."""
+    ones shaped like a scalar loss, scaled by the constant batch size).  `depth_first`:
+    `dependency_order(view, ops)`, when the caller has it."""
     folded = set()
-    for name in dependency_order(view, ops):
+    for name in depth_first or dependency_order(view, ops):
         node = view.nodes[name]
         if node.side_effects or (node.type in INEXPENSIVE and node.type not in _VALUE_VIEWS):
             continue
@@ -102,16 +103,22 @@ def folded_constants(view, ops):
 def candidate_orders(view, ops, originals=frozenset()):
     """The orders the simulator tries, the worst counting: the plan's (depth first), and
     the executor's with each op's readers in node-id order and reversed."""
-    return [dependency_order(view, ops), executor_order(view, ops, originals),
-            executor_order(view, ops, originals, reversed_readers=True)]
+    depth_first = dependency_order(view, ops)
+    return [depth_first] + executor_orders(view, ops, originals, depth_first)
 
 
-def executor_order(view, ops, originals=frozenset(), reversed_readers=False):
+def executor_orders(view, ops, originals=frozenset(), depth_first=None):
     """The partition's ops in the order TensorFlow's executor runs them with one inter-op
-    thread (see the module docstring), an op's readers in the order of their node ids
-    or reversed; ops in a cycle, which it never runs, last."""
-    folded = folded_constants(view, ops)
+    thread (see the module docstring): [with each op's readers in the order of their
+    node ids, with them reversed]; ops in a cycle, which it never runs, last.
+    `depth_first`: `dependency_order(view, ops)`, when the caller has it."""
+    folded = folded_constants(view, ops, depth_first)
     node_id = _node_ids(view, ops, originals)
+    return [_executor_order(view, ops, folded, node_id, reversed_readers)
+            for reversed_readers in (False, True)]
+
+
+def _executor_order(view, ops, folded, node_id, reversed_readers):
     waiting, readers = _edges(view, ops, folded)
     for producer, names in readers.items():
         names.sort(key=node_id.__getitem__, reverse=reversed_readers)
