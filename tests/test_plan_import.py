@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem.plan import stretches
 from tfmem.run import plan_import
 
 tf1 = tf.compat.v1
@@ -46,10 +47,11 @@ def _config():
                                                 inter_op_parallelism_threads=1))
 
 
-def _steps(one_import, swap, steps=3):
+def _steps(one_import, swap, steps=3, stretched=True):
     graph, x, loss, train, init, data = _model()
     previous = plan_import.ENABLED
     plan_import.ENABLED = one_import
+    stretches.ENABLED = stretched
     try:
         with tf1.Session(graph=graph, config=_config()) as sess:
             tfs = tfmem.TFMemSession(sess, partition_size=4, swap=swap, swap_distance=1)
@@ -60,6 +62,7 @@ def _steps(one_import, swap, steps=3):
             return losses, graph.version - before, plan, sess.run(graph.weights)
     finally:
         plan_import.ENABLED = previous
+        stretches.ENABLED = True
 
 
 def _plain(steps=3):
@@ -73,8 +76,9 @@ def _plain(steps=3):
 @pytest.mark.parametrize("swap", ["none", "all"])
 def test_one_import_equals_plain_and_the_per_partition_rewrite(swap):
     plain_losses, plain_w = _plain()
-    losses, added, plan, w = _steps(True, swap)
+    losses, added, plan, w = _steps(True, swap, stretched=False)
     old_losses, old_added, _, old_w = _steps(False, swap)
+    stretched_losses, _, _, stretched_w = _steps(True, swap)
     assert len(plan.partitions) > 3
     split = [t for t in plan.transfers if t.tensor.startswith("split:")]
     assert len(split) >= 2, "two outputs of one op cross partitions"
@@ -85,6 +89,8 @@ def test_one_import_equals_plain_and_the_per_partition_rewrite(swap):
     np.testing.assert_array_equal(losses, plain_losses)
     np.testing.assert_array_equal(w, plain_w)
     np.testing.assert_array_equal(old_losses, plain_losses)
+    np.testing.assert_array_equal(stretched_losses, plain_losses)
+    np.testing.assert_array_equal(stretched_w, plain_w)
     assert added == old_added, "the same ops as the per-partition rewrite"
 
 

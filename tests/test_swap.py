@@ -24,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem.plan import stretches
 from tfmem.plan.swap import Span, SwapPolicy, spans
 from tfmem.run import accelerator
 from conftest import (ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session,
@@ -517,9 +518,12 @@ def test_stats_without_swapping(swap_pair):
     assert stats.partitions == len(plan.partitions)
     assert (stats.swapped_out, stats.swapped_out_bytes, stats.swapped_in, stats.swapped_in_bytes) == (0, 0, 0, 0)
     assert stats.host_buffer_bytes == 0 and tfs.host_buffers.allocations == 0
-    # a handle lives from its producer's partition through its last reader's
-    live = [[t for t in plan.transfers if t.producer <= p <= max(t.consumers)]
-            for p in range(len(plan.partitions))]
+    # a handle lives from its producer's call through its last reader's; within one
+    # call (a stretch of partitions) a tensor is an edge, not a handle
+    run = stretches.merged(plan)
+    assert stats.calls == len(run.partitions)
+    live = [[t for t in run.transfers if t.producer <= p <= max(t.consumers)]
+            for p in range(len(run.partitions))]
     assert stats.peak_device_handles == max(len(ts) for ts in live)
     assert stats.peak_device_handle_bytes == max(sum(_nbytes(g, t.tensor) for t in ts) for ts in live)
 

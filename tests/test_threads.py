@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfmem
+from tfmem.plan import stretches
 from conftest import assert_same_result
 
 tf1 = tf.compat.v1
@@ -128,14 +129,14 @@ def test_concurrent_failures_release_their_steps(sessions):
 
 def test_concurrent_first_steps_with_new_run_options_compile_once(sessions, monkeypatch):
     """Threads that all bring the same new RunOptions at once share one set of callables:
-    each partition is compiled once for them, not once per thread."""
+    each stretch of partitions is compiled once for them, not once per thread."""
     g, x, out, _, _, _, init, feeds = build()
     plain = sessions(g)
     tfs = tfmem.TFMemSession(sessions(g), partition_size=2, measure="off")
     plain.run(init)
     tfs.run(init)
     tfs.run(out, feed_dict={x: feeds[0]})  # plan and callables for the default options
-    partitions = len(tfs.plan(out, feed_dict={x: feeds[0]}).partitions)
+    calls = len(stretches.stretches(tfs.plan(out, feed_dict={x: feeds[0]})))
     made = []
     original = tfmem.tf_private.make_callable
 
@@ -152,6 +153,6 @@ def test_concurrent_first_steps_with_new_run_options_compile_once(sessions, monk
         got[thread] = tfs.run(out, feed_dict={x: feeds[thread]}, options=options)
 
     _run_threads(work)
-    assert made.count(600000) == partitions, made
+    assert made.count(600000) == calls, made
     for thread in range(THREADS):
         assert_same_result(plain.run(out, feed_dict={x: feeds[thread]}), got[thread])

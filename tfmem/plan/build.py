@@ -65,6 +65,26 @@ class Partition:
     sources: tuple  # state-source ops whose originals this partition uses
     fetches: tuple  # requested tensors produced (or, for state sources, read) here
     uploads: tuple = ()  # transfers the prefetcher uploads while this partition runs
+    # Of a stretch (see stretches): (index, ops) of each partition of the plan it runs,
+    # one after the other, in one call; empty for a partition of the plan itself.
+    stages: tuple = ()
+
+
+def connected_inputs(view, partition):
+    """Computed tensors the partition's originals read: each is connected, not fed.
+
+    An input made by another original of the same partition is a real edge
+    of the user's graph, and fed tensors and sources are read where they are.
+    """
+    originals = [op for op in partition.ops if op in view.originals]
+    tensors = []
+    for name in originals:
+        for tensor in view.nodes[name].inputs:
+            producer = split_tensor_name(tensor)[0]
+            if tensor in view.feeds or producer in view.sources or producer in originals:
+                continue
+            tensors.append(tensor)
+    return tuple(dict.fromkeys(tensors))
 
 
 @dataclasses.dataclass(frozen=True)

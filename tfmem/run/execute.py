@@ -39,25 +39,46 @@ def _callable_options(program, run_options, measure):
     return options
 
 
-def measured_peak(metadata):
-    """The device allocator's peak during a run, from its step statistics, or None.
+def _node_peaks(metadata):
+    """(node name, the allocator's bytes in use at the node's peak) from step statistics.
 
     With allocation tracking on (SOFTWARE_TRACE), each op's statistics hold the
     allocator's bytes in use when it finished, and the bytes the op itself had
     allocated at its peak and still holds (its outputs); at the op's peak the
-    allocator held `in use - live + peak`.  This reads TensorFlow's own figures
-    without resetting its process-wide peak (`get_memory_info()['peak']`), which
-    belongs to the user.  On this machine it equals the allocator's peak of a
-    freshly reset run to the byte when nothing else allocates meanwhile.
+    allocator held `in use - live + peak`.
     """
-    best = None
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
             for memory in node.memory:
                 if memory.allocator_bytes_in_use:
-                    value = memory.allocator_bytes_in_use - memory.live_bytes + memory.peak_bytes
-                    best = value if best is None else max(best, value)
-    return best
+                    yield node.node_name, (memory.allocator_bytes_in_use - memory.live_bytes
+                                           + memory.peak_bytes)
+
+
+def measured_peak(metadata):
+    """The device allocator's peak during a run, from its step statistics, or None.
+
+    This reads TensorFlow's own figures without resetting its process-wide peak
+    (`get_memory_info()['peak']`), which belongs to the user.  On this machine it
+    equals the allocator's peak of a freshly reset run to the byte when nothing
+    else allocates meanwhile.
+    """
+    return max((value for _, value in _node_peaks(metadata)), default=None)
+
+
+def stage_peaks(metadata, index, stages):
+    """Per stage of call `index` (see stretches), the peak of its ops' statistics, or None
+    where none of them allocated; a call of one stage counts every op of the call."""
+    if len(stages) == 1:
+        return [measured_peak(metadata)]
+    marker = f"/p{index}/"
+    stage_of = {op: s for s, (_, ops) in enumerate(stages) for op in ops}
+    peaks = [None] * len(stages)
+    for name, value in _node_peaks(metadata):
+        s = stage_of.get(name.split(marker, 1)[-1])  # a copy, or an original as it is
+        if s is not None and (peaks[s] is None or value > peaks[s]):
+            peaks[s] = value
+    return peaks
 
 
 def measured_scratch(metadata, ops, index):
@@ -89,7 +110,7 @@ class _Step:
     and its run metadata."""
 
     def __init__(self, executor, callables, run_metadata, measure, feeds):
-        self.plan = executor.plan
+        self.plan = executor.run_plan if callables is not None else executor.plan
         # (made only for a callable step: a partial-run step borrows only the diagnosis)
         self.wiring = executor.wiring if callables is not None else None
         self._executor = executor
@@ -97,25 +118,27 @@ class _Step:
         self._run_metadata = run_metadata  # the caller's RunMetadata, or None
         self._measure = measure  # read the device peak of each partition
         self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
-        self.peaks = []  # per partition: peak bytes or None
+        self.peaks = []  # per partition of the plan: peak bytes or None
         self.scratch = {}  # op name -> kernel scratch this step's statistics showed
 
     def call(self, index, args):
-        """Run partition `index`'s callable; record its device peak (None when not measured)."""
+        """Run callable `index` (a stretch of partitions); record each partition's device
+        peak (None when not measured)."""
         call = self._callables[index]
+        stages = self._executor.stages(index)
         if self._run_metadata is None and not self._measure:
-            self.peaks.append(None)
+            self.peaks.extend([None] * len(stages))
             return call(*args)
         record = self._executor.process_peak() if self._measure else None
         metadata = config_pb2.RunMetadata()
         values = call(*args, run_metadata=metadata)
-        peak = None
+        peaks = [None] * len(stages)
         if self._measure:
-            peak = self._executor.partition_peak(index, metadata, record)
+            peaks = self._executor.partition_peaks(index, metadata, record)
             self.scratch.update(self._executor.partition_scratch(index, metadata))
         if self._run_metadata is not None:
             self._run_metadata.MergeFrom(metadata)
-        self.peaks.append(peak)
+        self.peaks.extend(peaks)
         return values
 
     @staticmethod
@@ -125,7 +148,9 @@ class _Step:
     def out_of_memory(self, index, error):
         """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
-        return oom.device_memory_error(session, self.plan, self._feeds, index, error,
+        if self._callables is not None:  # a callable runs a stretch: name its partition
+            index = self._executor.failed_partition(index, error)
+        return oom.device_memory_error(session, self._executor.plan, self._feeds, index, error,
                                        accelerator.device_capacity(session),
                                        self._executor.device)
 
@@ -138,11 +163,14 @@ class _Step:
 class Executor:
     """Runs the programs of one plan on one session."""
 
-    def __init__(self, session, plan, programs, runtime, residence, partial=None):
+    def __init__(self, session, plan, programs, runtime, residence, partial=None,
+                 run_plan=None):
         """`programs`: the callables' Programs, or a function making them when first
-        needed (a plan whose steps run as partial runs: `partial`, see partial_run)."""
+        needed (a plan whose steps run as partial runs: `partial`, see partial_run).
+        `run_plan`: what the callables run, the plan's stretches (see stretches)."""
         self.session = session
         self.plan = plan
+        self.run_plan = run_plan or plan
         self._programs = programs
         self._partial = partial  # partial_run.PartialRun, or None
         self._wiring = None  # see wiring
@@ -151,18 +179,22 @@ class Executor:
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
-        self._schedule = Schedule(plan)
-        self._partial_schedule = partial_run.schedule_for(self._schedule)
+        schedule = Schedule(plan)
+        self._schedule = Schedule(self.run_plan) if self.run_plan is not plan else schedule
+        self._partial_schedule = partial_run.schedule_for(schedule)
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
-                   for index, keys in enumerate(self._schedule.uploads) if keys}
+                   for index, keys in enumerate(schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.
         if partial is None:
             self._callables_for(None, measure=runtime.measure_device)
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
+        # A stretch uploads only where its first partition does (see stretches).
+        self._run_batches = {s: self._batches[self.stages(s)[0][0]]
+                             for s, keys in enumerate(self._schedule.uploads) if keys}
         self._process = psutil.Process()
-        self._ops = [frozenset(p.ops) for p in plan.partitions]
+        self._ops = [frozenset(p.ops) for p in self.run_plan.partitions]
 
     @property
     def device(self):
@@ -212,6 +244,18 @@ class Executor:
 
         return [make(p) for p in self.programs]
 
+    def stages(self, index):
+        """((partition of the plan, its ops), ...) that callable `index` runs."""
+        return self.run_plan.partitions[index].stages or ((index, self.plan.partitions[index].ops),)
+
+    def failed_partition(self, index, error):
+        """The partition of the plan whose op failed in callable `index` (its first when
+        the error names no op of it)."""
+        stages = self.stages(index)
+        node = getattr(error, "node_def", None)
+        name = node.name.split(f"/p{index}/", 1)[-1] if node is not None else None
+        return next((i for i, ops in stages if name in ops), stages[0][0])
+
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
         memory = accelerator.device_memory(self._runtime.device)
@@ -221,23 +265,25 @@ class Executor:
         """{op name: kernel scratch} of partition `index`, from its step statistics."""
         return measured_scratch(metadata, self._ops[index], index)
 
-    def partition_peak(self, index, metadata, record_before):
-        """Partition `index`'s device peak: from its step statistics (`metadata`), or
-        TensorFlow's process peak when the partition raised it above `record_before`
-        (read, never reset: allocations of other threads, the prefetcher's uploads,
-        count there and not in the statistics).  Never above the process peak: the
+    def partition_peaks(self, index, metadata, record_before):
+        """The device peak of each partition callable `index` ran: from its step
+        statistics (`metadata`), and TensorFlow's process peak when the call raised it
+        above `record_before` (read, never reset: allocations of other threads, the
+        prefetcher's uploads, count there and not in the statistics), given to the
+        partition whose statistics peak highest.  Never above the process peak: the
         statistics' figure can be (an op's own peak added to the bytes in use when it
         finished, which ops running beside it may have raised since: 66-70 MiB read
         on a 51 MiB device)."""
-        peak = measured_peak(metadata)
+        peaks = stage_peaks(metadata, index, self.stages(index))
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:
-            return peak
-        if peak is None:  # no op of it allocated: it held what was resident
-            peak = memory["current"]
+            return peaks
+        # a partition none of whose ops allocated held what was resident
+        peaks = [memory["current"] if p is None else p for p in peaks]
         if record_before is not None and memory["peak"] > record_before:
-            peak = max(peak, memory["peak"])
-        return min(peak, memory["peak"])
+            highest = peaks.index(max(peaks))
+            peaks[highest] = max(peaks[highest], memory["peak"])
+        return [min(p, memory["peak"]) for p in peaks]
 
     def run(self, feeds, options=None, run_metadata=None, timeline=None, measure=True):
         """Run one step; return ({requested tensor name: value}, StepStats).
@@ -269,7 +315,7 @@ class Executor:
         else:
             step_run = call_peaks = None
             callables = self._callables_for(options, run_metadata, measure)
-            swaps = SwapManager(self._schedule, keys.bind(self._batches), runtime.pool,
+            swaps = SwapManager(self._schedule, keys.bind(self._run_batches), runtime.pool,
                                 runtime.prefetcher, keys, timeline)
             step = _Step(self, callables, run_metadata, measure, feeds)
         started = time.perf_counter()
@@ -293,6 +339,7 @@ class Executor:
             step_peak, bounds = (max(measured) if measured else None), None
         stats = swaps.counts.step_stats(
             partitions=len(self.plan.partitions),
+            calls=len(step.wiring),
             device_peak_bytes=step_peak,
             partition_peak_bytes=measured,
             measured=step_peak is not None or (measured is not None and

@@ -233,16 +233,18 @@ class PartialStep:
         return self._diagnosis.failure(index, error)
 
 
-def copy_plan(session, plan, scope, residence, enabled=True):
+def copy_plan(session, plan, scope, residence, enabled=True, callables_plan=None):
     """(PartialRun or None, the callables' Programs or a function making them): a plan
     whose steps can run as partial runs is copied for them now, and for its callables
-    only when a step first needs them (options, run_metadata, measured peaks)."""
+    only when a step first needs them (options, run_metadata, measured peaks).
+    `callables_plan`: what the callables run (the plan's stretches, see stretches)."""
     graph = session.graph
 
     def for_callables():
         with graph.as_default():
             callable_scope = graph.unique_name("tfmem/plan", mark_as_used=True)
-        return plan_import.rewrite_plan(graph, plan, callable_scope, residence)
+        return plan_import.rewrite_plan(graph, callables_plan or plan, callable_scope,
+                                        residence)
 
     why = _unsupported(session, plan, residence) if enabled else "partial_runs=False"
     if why is not None:

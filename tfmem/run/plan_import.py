@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tfmem.run import rewrite as partition_rewrite
 from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.build import connected_inputs
 from tfmem.run.residence import SessionHandles
 from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, add_node, clean_context
 
@@ -109,6 +110,9 @@ class _PartitionDef:
         nodes, self.done, _ = partition_rewrite.prefixed_copies(
             graph, plan.view, self.copied, set(self.originals), self.prefix, control, data)
         graph_def.node.extend(nodes)
+        if len(self.partition.stages) > 1:
+            _stages_in_order(graph_def, graph_def.node[-len(nodes):], self.prefix,
+                             self.partition.stages)
 
     def tensor_of_copy(self, tensor):
         """The copy's tensor name, if a copy of this partition makes `tensor`."""
@@ -129,6 +133,35 @@ class _PartitionDef:
             self.keeps[name] = keep + ":0"
 
 
+def _stages_in_order(graph_def, copies, prefix, stages):
+    """Make the stages of a stretch (see stretches) run one after the other: each stage's
+    copies that read no copy of their own stage wait for a NoOp after the stage before.
+
+    `copies`: the stretch's NodeDefs from `rewrite.prefixed_copies`, copies named
+    `<prefix>/<op>`."""
+    stage_of = {f"{prefix}/{op}": s for s, (_, ops) in enumerate(stages) for op in ops}
+    by_stage = [[] for _ in stages]
+    reads_own_stage, read_in_stage = set(), set()
+    for node in copies:
+        if node.name not in stage_of:  # the NoOp after the whole stretch
+            continue
+        by_stage[stage_of[node.name]].append(node)
+        for inp in node.input:
+            src = inp[1:] if inp.startswith("^") else inp.rpartition(":")[0]
+            if stage_of.get(src) == stage_of[node.name]:
+                reads_own_stage.add(node.name)
+                read_in_stage.add(src)
+    previous = []  # the NoOp after the stage before, once there is one
+    for s in range(1, len(stages)):
+        done = add_node(graph_def, f"{prefix}_stages/done{s - 1}", "NoOp",
+                        ["^" + n.name for n in by_stage[s - 1] if n.name not in read_in_stage]
+                        + previous)
+        previous = ["^" + done.name]
+        for node in by_stage[s]:
+            if node.name not in reads_own_stage:
+                node.input.extend(previous)
+
+
 class _External:
     """What the copies of the plan read from the session graph, by GraphDef name."""
 
@@ -145,9 +178,14 @@ class _External:
 ENABLED = True  # False: every plan goes through rewrite.rewrite (to compare the two)
 
 
+def imports_whole_plans(residence):
+    """Whether plans are copied by one import here (which can run stretches: `stretches`)."""
+    return ENABLED and supports(residence)
+
+
 def rewrite_plan(graph, plan, scope, residence):
     """The plan's Programs: one import where the residence allows it, else per partition."""
-    if ENABLED and supports(residence):
+    if imports_whole_plans(residence):
         return rewrite(graph, plan, scope, residence)
     return partition_rewrite.rewrite(graph, plan, scope, residence)
 
@@ -208,7 +246,7 @@ def _program(graph, plan, part, scope, external, residence):
         return name
 
     connections = tuple((read_by_original(t), t)
-                        for t in partition_rewrite.connected_inputs(plan.view, p))
+                        for t in connected_inputs(plan.view, p))
     fetches, sinks = [], []
     for name in p.outputs:
         transfer = plan.transfer(name)

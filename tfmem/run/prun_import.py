@@ -50,6 +50,7 @@ import tensorflow as tf
 
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.build import connected_inputs
 from tfmem.run import rewrite as partition_rewrite
 from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context
 
@@ -101,7 +102,7 @@ def unsupported(graph, plan):
             if tensor in fetched:
                 return f"fetch '{tensor}' is fetched by two partitions"
             fetched.add(tensor)
-        if partition_rewrite.connected_inputs(view, p):  # see rewrite: originals
+        if connected_inputs(view, p):  # see rewrite: originals
             return "a partition connects computed tensors to your ops"
     return None
 

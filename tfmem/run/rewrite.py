@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from tfmem.run import graph_growth
 from tfmem.plan.analyse import canonical_input, split_tensor_name
+from tfmem.plan.build import connected_inputs
 
 _DONE = "tfmem_partition_done"
 
@@ -210,23 +211,6 @@ def _originals_map(graph, view, copied, originals, input_map):
             if src in originals and "^" + src not in input_map:
                 with graph.control_dependencies([graph.get_operation_by_name(src)]):
                     input_map["^" + src] = tf.constant(0, name="gate")
-
-
-def connected_inputs(view, partition):
-    """Computed tensors the partition's originals read: each is connected, not fed.
-
-    An input made by another original of the same partition is a real edge
-    of the user's graph, and fed tensors and sources are read where they are.
-    """
-    originals = [op for op in partition.ops if op in view.originals]
-    tensors = []
-    for name in originals:
-        for tensor in view.nodes[name].inputs:
-            producer = split_tensor_name(tensor)[0]
-            if tensor in view.feeds or producer in view.sources or producer in originals:
-                continue
-            tensors.append(tensor)
-    return tuple(dict.fromkeys(tensors))
 
 
 def rewrite_partition(graph, plan, partition, scope, host_copies, residence):

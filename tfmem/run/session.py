@@ -41,11 +41,11 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan.streams import StreamLedger
 from tfmem.run.trace import Timeline, write_chrome_trace
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run import partial_run, remote, residence as residences
+from tfmem.run import partial_run, plan_import, remote, residence as residences
 from tfmem.run import remeasure
 from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.scratch import ScratchCache
-from tfmem.plan import updates
+from tfmem.plan import stretches, updates
 from tfmem import errors, tf_private
 
 log = logging.getLogger(__name__)
@@ -517,7 +517,7 @@ class TFMemSession(SessionInterfaceMethods):
             self._runtime.partial_runs and not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
-            callables=len(entry.plan.partitions), graph_ops_before=before,
+            callables=len(executor.run_plan.partitions), graph_ops_before=before,
             partial_run=executor.partial_run,
             graph_ops_after=self.graph.version)
         log.info("compiled: %s", self.last_compile)
@@ -532,8 +532,10 @@ class TFMemSession(SessionInterfaceMethods):
         started = time.perf_counter()
         residence = self._runtime.residence.for_plan(scope)
         # one partial run per step where it serves, else callables (see partial_run)
+        # the callables run the plan's stretches where the residence's ops allow it
+        run_plan = stretches.merged(plan) if plan_import.imports_whole_plans(residence) else plan
         partial, programs = partial_run.copy_plan(self._session, plan, scope, residence,
-                                                  partial_runs)
+                                                  partial_runs, run_plan)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -545,7 +547,8 @@ class TFMemSession(SessionInterfaceMethods):
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
-        executor = Executor(self._session, plan, programs, self._runtime, residence, partial)
+        executor = Executor(self._session, plan, programs, self._runtime, residence, partial,
+                            run_plan)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)
 

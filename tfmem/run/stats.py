@@ -27,6 +27,7 @@ class StepStats:
     prefetch waits included (tools/bench.py's per-partition overhead).
     """
     partitions: int = 0
+    calls: int = 0  # Session calls that ran them (one per stretch: see plan/stretches.py)
     swapped_out: int = 0
     swapped_out_bytes: int = 0
     swapped_in: int = 0
@@ -65,7 +66,8 @@ class StepStats:
         mib = MIB
         device = ("n/a" if self.measured else "not measured") if self.device_peak_bytes is None \
             else f"{self.device_peak_bytes / mib:.1f} MiB"
-        return (f"{self.partitions} partitions, {self.wall_time * 1e3:.1f} ms "
+        return (f"{self.partitions} partitions in {self.calls} calls, "
+                f"{self.wall_time * 1e3:.1f} ms "
                 f"(prefetch wait {self.prefetch_wait_time * 1e3:.1f} ms); swapped out "
                 f"{self.swapped_out} ({self.swapped_out_bytes / mib:.1f} MiB), in "
                 f"{self.swapped_in} ({self.swapped_in_bytes / mib:.1f} MiB); device peak "

@@ -94,5 +94,9 @@ def _run_partition(front_end, index, wiring, feeds, swaps, results, timeline):
     # tensor's device copy is freed before the next partition.
     values = value = None
     swaps.finish(index)
-    timeline.span("partitions", f"partition {index}", started, {"ops": len(front_end.plan.partitions[index].ops)})
+    part = front_end.plan.partitions[index]
+    covered = [i for i, _ in part.stages] or [index]  # a stretch runs several (stretches)
+    name = f"partition {covered[0]}" if len(covered) == 1 else \
+        f"partitions {covered[0]}-{covered[-1]}"
+    timeline.span("partitions", name, started, {"ops": len(part.ops), "partitions": len(covered)})
     return in_call

@@ -160,7 +160,7 @@ class EagerExecutor:
                 peaks.finish_step()  # the profiler stops also when the step fails
         wall = time.perf_counter() - started
         stats = swaps.counts.step_stats(
-            partitions=len(self.functions),
+            partitions=len(self.functions), calls=len(self.functions),
             device_peak_bytes=peaks.step_peak() if peaks is not None else None,
             partition_peak_bytes=tuple(peaks.partition_peaks) if peaks is not None else None,
             resident_bytes=peaks.resident if peaks is not None else None,
