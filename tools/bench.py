@@ -271,7 +271,7 @@ def bench_fits(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), st
             first_step_ratio=first_s / plain_first_s,
             compile=dict(plan_s=compiled.plan_time, simulate_s=compiled.simulate_time,
                          rewrite_s=compiled.rewrite_time, extend_s=compiled.extend_time,
-                         callables_s=compiled.callables_time,
+                         callables_s=compiled.callables_time, callables=compiled.callables,
                          setup_s=first_step.setup_time, partial_run=first_step.partial_run,
                          graph_ops_before=compiled.graph_ops_before,
                          graph_ops_after=compiled.graph_ops_after),
@@ -440,10 +440,12 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                 tfs.run(fetches, feed)
                 first_s = time.perf_counter() - started
                 c = tfs.last_compile
+                plan = tfs.plan(fetches, feed)
+                parts = len(plan.partitions)
                 row = dict(config=config, graph_ops=target, session_graph_ops=c.graph_ops_before,
                            added_ops=c.graph_ops_after - c.graph_ops_before,
-                           request_ops=tfs.plan(fetches, feed).num_ops, partition_size=size,
-                           partitions=c.callables, plan_s=c.plan_time,
+                           request_ops=plan.num_ops, partition_size=size,
+                           partitions=parts, callables=c.callables, plan_s=c.plan_time,
                            simulate_s=c.simulate_time, rewrite_s=c.rewrite_time,
                            extend_s=c.extend_time,
                            callables_s=c.callables_time,
@@ -452,12 +454,12 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                            setup_s=tfs.last_step.setup_time,
                            partial_run=tfs.last_step.partial_run,
                            ms_per_partition=(c.callables_time + tfs.last_step.setup_time)
-                           / max(c.callables, 1) * 1e3,
+                           / max(parts, 1) * 1e3,
                            first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
                            plain_first_step_s=plain_first_s)
                 rows.append(row)
                 log(f"(c) {config} config, {c.graph_ops_before} ops in the session graph, "
-                    f"partition_size={size}: {c.callables} partitions, callables "
+                    f"partition_size={size}: {parts} partitions, {c.callables} callables "
                     f"{row['ms_per_callable']:.0f} ms each, setup {row['setup_s']:.2f} s, "
                     f"first step {first_s:.1f} s "
                     f"(plain {plain_first_s:.2f} s)")
@@ -800,7 +802,7 @@ def report(results, out=print):
                 f"({c['first_step_ratio']:.2f}x plain's): planning {k['plan_s']:.1f} s, "
                 f"prediction {k['simulate_s']:.1f} s, rewrite {k['rewrite_s']:.1f} s, "
                 f"extend {k['extend_s']:.1f} s, "
-                f"callables {k['callables_s']:.1f} s, "
+                f"{k.get('callables', c['partitions'])} callables {k['callables_s']:.1f} s, "
                 + (f"partial-run setup {k['setup_s']:.1f} s, " if k.get("partial_run") else "")
                 + f"graph {k['graph_ops_before']} -> "
                 f"{k['graph_ops_after']} ops")
@@ -871,17 +873,19 @@ def report_first_step(first, out=print):
     """The table of (c): where tfmem's first step goes, per session-graph size."""
     out(f"\n(c) first step vs session graph: MLP training step ({first['layers']} layers, "
         f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
-    out(f"{'config':>7} {'graph':>6} {'ps':>4} {'parts':>5} {'plan':>5} {'pred.':>5} "
+    out(f"{'config':>7} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'plan':>5} {'pred.':>5} "
         f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
         f"{'+ops':>5}")
     for r in first["rows"]:
         out(f"{r['config']:>7} {r['session_graph_ops']:>6} {r['partition_size']:>4} "
-            f"{r['partitions']:>5} {r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
+            f"{r['partitions']:>5} {r.get('callables', r['partitions']):>5} "
+            f"{r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
             f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} "
             f"{r.get('setup_s', 0.0):>6.2f} {r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
             f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
             f"{r['added_ops']:>5}")
-    out("  graph: ops in the session graph when the plan was compiled; ps: partition_size;")
+    out("  graph: ops in the session graph when the plan was compiled; ps: partition_size; "
+        "calls: Session callables (one per stretch of partitions, see plan/stretches.py)")
     out("  plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying "
         "into the graph, TensorFlow taking in the grown graph, making the Session callables;")
     out("  setup: the first partial run's setup (one executor for every partition; 0 with "
