@@ -16,7 +16,9 @@ class CompileStats:
     rewrite_time: float = 0.0  # copying the partitions into the session graph
     extend_time: float = 0.0  # TensorFlow taking the grown graph into the session (once)
     callables_time: float = 0.0  # Session callables: TensorFlow builds each from the graph
-    callables: int = 0  # partitions given a callable
+    # callables made: one per stretch of partitions (see plan/stretches.py); none for a
+    # plan whose steps run as partial runs (made when a step first needs them)
+    callables: int = 0
     graph_ops_before: int = 0
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one

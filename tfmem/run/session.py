@@ -517,7 +517,8 @@ class TFMemSession(SessionInterfaceMethods):
             self._runtime.partial_runs and not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
-            callables=len(executor.run_plan.partitions), graph_ops_before=before,
+            callables=0 if executor.partial_run else len(executor.run_plan.partitions),
+            graph_ops_before=before,
             partial_run=executor.partial_run,
             graph_ops_after=self.graph.version)
         log.info("compiled: %s", self.last_compile)
