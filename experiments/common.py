@@ -222,8 +222,8 @@ def build_parser(experiment):
                      help="tensors smaller than this stay on the device (default: tfmem's)")
     tfm.add_argument("--partial-runs", action="store_true", default=None,
                      help="TFMemSession(partial_runs=True): each step one DirectSession partial "
-                          "run (one executor per request, not one callable per partition: a "
-                          "much shorter first step). A trial owns its session and ends at its "
+                          "run (one executor per request, not one callable per stretch of "
+                          "partitions). A trial owns its session and ends at its "
                           "first failure, so the session a failed partial run cancels costs "
                           "nothing here. Implies --measure off unless given, outside budget "
                           "mode (measured steps run as callables there)")
@@ -1044,7 +1044,7 @@ def step_path_text(settings):
             return (f"partial runs (measure {measure}: budget mode measures them by "
                     "TensorFlow's process peak around each call and learns)")
         return f"partial runs (measure {measure}: measured steps run callables)"
-    return f"one callable per partition (measure {measure})"
+    return f"callables (measure {measure})"
 
 
 def command_line(experiment, argv=None):

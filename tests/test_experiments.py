@@ -370,7 +370,7 @@ def test_partial_runs_option_reaches_the_trial_and_the_report():
     learns = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
                                                 "auto"])
     assert learns.measure == "sample" and "learns" in common.step_path_text(vars(learns))
-    assert common.step_path_text(vars(plain)) == "one callable per partition (measure sample)"
+    assert common.step_path_text(vars(plain)) == "callables (measure sample)"
     assert common.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
         "python experiments/moe.py --quick --partial-runs"
 

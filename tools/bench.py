@@ -985,7 +985,7 @@ def build_parser():
                              "plan_import), to compare")
     parser.add_argument("--partial-runs", action="store_true",
                         help="TFMemSession(partial_runs=True) in (a) and (c): one partial run "
-                             "per step instead of one callable per partition")
+                             "per step instead of one callable per stretch of partitions")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile tfmem steps at partition_size 50 and 200")
     parser.add_argument("--onednn", choices=("0", "1"),

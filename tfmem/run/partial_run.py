@@ -248,7 +248,7 @@ def copy_plan(session, plan, scope, residence, enabled=True, callables_plan=None
 
     why = _unsupported(session, plan, residence) if enabled else "partial_runs=False"
     if why is not None:
-        log.info("plan %s runs one callable per partition: %s", scope, why)
+        log.info("plan %s runs callables, not partial runs: %s", scope, why)
         return None, for_callables()
     return PartialRun(session, prun_import.import_plan(graph, plan, scope)), for_callables
 
