@@ -74,6 +74,28 @@ def new_session(graph):
     return tf1.Session(graph=graph, config=session_config())
 
 
+def tfmem_config():
+    """session_config() with Grappler off (tfmem.session_config): a partitioned step and
+    a plain one run the same kernels, so their results compare bit for bit."""
+    return tfmem.session_config(session_config())
+
+
+@pytest.fixture
+def two_sessions():
+    """Factory: ``make(graph)`` -> (plain session, session to wrap), both with
+    tfmem_config() and closed at teardown."""
+    opened = []
+
+    def make(graph):
+        pair = (tf1.Session(graph=graph, config=tfmem_config()),
+                tf1.Session(graph=graph, config=tfmem_config()))
+        opened.extend(pair)
+        return pair
+    yield make
+    for session in opened:
+        session.close()
+
+
 @pytest.fixture
 def python_sigint():
     """Python's own Ctrl-C handler for the test: a process started in the background by

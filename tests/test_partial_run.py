@@ -17,30 +17,11 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from conftest import tfmem_config
 from tfmem.cli import models
 from tfmem.run.partial_run import SessionCancelledError
 
 tf1 = tf.compat.v1
-
-
-def _config():
-    return tfmem.session_config(tf1.ConfigProto(intra_op_parallelism_threads=1,
-                                                inter_op_parallelism_threads=2))
-
-
-@pytest.fixture
-def two_sessions():
-    """make(graph) -> (plain session, session to wrap), both closed at teardown."""
-    opened = []
-
-    def make(graph):
-        pair = (tf1.Session(graph=graph, config=_config()),
-                tf1.Session(graph=graph, config=_config()))
-        opened.extend(pair)
-        return pair
-    yield make
-    for session in opened:
-        session.close()
 
 
 def _same(expected, got, path="result"):

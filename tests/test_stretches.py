@@ -16,31 +16,12 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from conftest import tfmem_config
 from tfmem.cli import models
 from tfmem.plan import stretches
 from tfmem.plan.build import validate
 
 tf1 = tf.compat.v1
-
-
-def _config():
-    return tfmem.session_config(tf1.ConfigProto(intra_op_parallelism_threads=1,
-                                                inter_op_parallelism_threads=2))
-
-
-@pytest.fixture
-def sessions():
-    """make(graph) -> (plain session, session to wrap), both closed at teardown."""
-    opened = []
-
-    def make(graph):
-        pair = (tf1.Session(graph=graph, config=_config()),
-                tf1.Session(graph=graph, config=_config()))
-        opened.extend(pair)
-        return pair
-    yield make
-    for session in opened:
-        session.close()
 
 
 def _valid(plan):
@@ -59,11 +40,11 @@ def _check_boundaries(plan):
             assert not any(plan.transfer(t).span_of(later).uploaded for t in after.inputs)
 
 
-def test_a_plan_that_swaps_nothing_runs_in_two_callables_bit_for_bit(sessions):
+def test_a_plan_that_swaps_nothing_runs_in_two_callables_bit_for_bit(two_sessions):
     """ResNet-14: the forward pass up to the fetched loss, and the rest; every weight and
     loss equals plain Session.run's over three training steps."""
     model = models.resnet(blocks=(2, 2, 2), width=8, image=16)
-    plain, wrapped = sessions(model.graph)
+    plain, wrapped = two_sessions(model.graph)
     plain.run(model.init)
     wrapped.run(model.init)
     tfs = tfmem.TFMemSession(wrapped, partition_size=30, swap="none")
@@ -87,7 +68,7 @@ def test_stretches_end_where_a_tensor_leaves_or_returns_to_the_device(swap, dist
     """MLP plans with and without swaps: the stretches respect every swap, upload and
     result, the merged plan is valid, and its transfers are those between stretches."""
     model = models.mlp(layers=8, width=64, features=64)
-    session = tf1.Session(graph=model.graph, config=_config())
+    session = tf1.Session(graph=model.graph, config=tfmem_config())
     try:
         tfs = tfmem.TFMemSession(session, partition_size=6, swap=swap, swap_distance=distance,
                                  swap_min_bytes=0)
@@ -133,7 +114,7 @@ def _read_after_write_graph():
     return g, x, update, out, init
 
 
-def test_an_original_reading_state_the_stretch_wrote_starts_a_new_stretch(sessions):
+def test_an_original_reading_state_the_stretch_wrote_starts_a_new_stretch(two_sessions):
     """The late read runs after the update in one call per partition; in a stretch it
     would run when the call starts and read the variable unwritten, so the stretch ends
     before it, and the step's result equals the per-partition plan's."""
@@ -143,7 +124,7 @@ def test_an_original_reading_state_the_stretch_wrote_starts_a_new_stretch(sessio
     for enabled in (False, True):
         stretches.ENABLED = enabled
         try:
-            _, wrapped = sessions(g)
+            _, wrapped = two_sessions(g)
             wrapped.run(init)
             tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="none")
             plan = tfs.plan(out, feed)
