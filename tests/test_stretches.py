@@ -191,3 +191,45 @@ def test_a_stretch_holds_what_one_call_per_partition_holds(onednn):
     close = [any(abs(a - b) <= max(0.1 * b, 1 << 20) for b in pair)
              for a, pair in zip(together, separate)]
     assert sum(close) >= 0.9 * len(close), (together, separate)
+
+
+_OOM_CHILD = r"""
+import json, re
+import tfmem
+tfmem.emulate_accelerator(40)
+import tensorflow as tf
+from tfmem.cli import models
+from tfmem.plan import stretches
+tf1 = tf.compat.v1
+model = models.mlp(layers=8, width=512, features=512)
+session = tf1.Session(graph=model.graph, config=tfmem.session_config(tf1.ConfigProto()))
+session.run(model.init)
+tfs = tfmem.TFMemSession(session, partition_size=10, swap="none", measure="off")
+feed = model.feed(2048)
+plan = tfs.plan([model.train, model.loss], feed)
+try:
+    tfs.run([model.train, model.loss], feed)
+    out = dict(error=None)
+except tfmem.DeviceMemoryError as err:
+    named = re.search(r"\{\{node [^}]*/p\d+/([^}]+)\}\}", str(err.__cause__)).group(1)
+    out = dict(error=str(err), partition=err.partition, named=named,
+               home=[p.index for p in plan.partitions if named in p.ops],
+               stretches=[list(g) for g in stretches.stretches(plan)])
+print(json.dumps(out))
+"""
+
+
+def test_out_of_memory_inside_a_stretch_names_the_partition_that_ran_out():
+    """Emulated 40 MiB: the forward pass's stretch runs out in one of its later partitions;
+    DeviceMemoryError names that partition (the op TensorFlow's message names is in it),
+    not the stretch's first."""
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", _OOM_CHILD], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["error"] is not None, "the step was meant to run out of memory"
+    assert out["home"] == [out["partition"]], out
+    stretch = next(g for g in out["stretches"] if out["partition"] in g)
+    assert out["partition"] != stretch[0], out
+    assert f"partition {out['partition']} of " in out["error"]

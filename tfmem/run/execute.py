@@ -10,6 +10,7 @@ requested tensors it computes.  The swap manager holds the transfers in
 between; if a step fails it releases what the step held.
 """
 
+import re
 import threading
 import time
 
@@ -250,10 +251,12 @@ class Executor:
 
     def failed_partition(self, index, error):
         """The partition of the plan whose op failed in callable `index` (its first when
-        the error names no op of it)."""
+        the error names no op of it): a callable's error names the node in its message."""
         stages = self.stages(index)
         node = getattr(error, "node_def", None)
-        name = node.name.split(f"/p{index}/", 1)[-1] if node is not None else None
+        named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
+        name = node.name if node is not None else named.group(1) if named else ""
+        name = name.split(f"/p{index}/", 1)[-1]
         return next((i for i, ops in stages if name in ops), stages[0][0])
 
     def process_peak(self):
