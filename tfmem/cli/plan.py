@@ -36,7 +36,7 @@ from tfmem.run import report_text
 from tfmem.run.trace import TRACKS
 from tfmem.cli.arguments import positive_int
 from tfmem.memory.sizes import mib
-from tfmem.plan import optypes
+from tfmem.plan import optypes, stretches
 
 MS_PER_OP = 1e-3  # nominal duration of one op in the planned trace, in seconds
 DEFAULT_PARTITION_SIZE = 200  # TFMemSession's default
@@ -496,6 +496,15 @@ def _served_lines(trace):
             f"finds no chunk within {within} (TensorFlow would run out of memory)"]
 
 
+def _calls_text(plan):
+    """How many callables a local session runs the plan in, and which partitions each runs."""
+    groups = stretches.stretches(plan)
+    ranges = ", ".join(f"{g[0]}" if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups[:8])
+    more = ", ..." if len(groups) > 8 else ""
+    return (f"{len(groups)} (one per stretch of partitions with nothing swapped between "
+            f"them, on a local session: {ranges}{more})")
+
+
 def format_summary(plan, trace, model=None, budget=None, kernels=1):
     """The summary table of a plan and its MemoryTrace, as text (`kernels`: how many
     may run at once, as predicted)."""
@@ -523,6 +532,7 @@ def format_summary(plan, trace, model=None, budget=None, kernels=1):
     lines += [
         "",
         f"partitions:            {len(plan.partitions)}",
+        f"session calls:         {_calls_text(plan)}",
         f"transfers:             {len(plan.transfers)} ({len(swapped)} swapped to host, "
         f"{len(plan.transfers) - len(swapped)} kept on the device)",
         f"predicted device peak: {mib(trace.peak_device, 2, unit=False)} MiB in partition "
