@@ -34,14 +34,15 @@ import dataclasses
 
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
-from tfmem.plan.build import Partition, Plan, Transfer, connected_inputs
+from tfmem.plan.build import Partition, Transfer, connected_inputs
 from tfmem.plan.swap import Span
 
 ENABLED = True  # False: one callable per partition (to compare the two)
 
 
 class _StateTouched:
-    """The state sources the ops of a stretch so far read, with side effects or not."""
+    """The state sources that the stretch's ops with side effects read so far, and whether
+    one of them reached state through a computed handle (`unknown`: any state)."""
 
     def __init__(self, view):
         self._view = view
@@ -68,7 +69,7 @@ class _StateTouched:
         view = self._view
         read = {split_tensor_name(t)[0] for op in partition.ops if op in view.originals
                 for t in view.nodes[op].inputs}
-        read &= set(view.sources)
+        read = {src for src in read if src in view.sources}
         return bool(read) and (self.unknown or bool(read & self.sources))
 
 
@@ -88,15 +89,16 @@ def stretches(plan):
     """The plan's stretches: tuples of consecutive partition indices, in order."""
     view = plan.view
     result, current, touched = [], [], _StateTouched(view)
+    closed = False  # the stretch so far must end here
     for p in plan.partitions:
         alone = bool(connected_inputs(view, p))
-        if current and (alone or _starts_stretch(plan, p) or touched.shared_with_originals(p)
-                        or _ends_stretch(plan, plan.partitions[current[-1]])
-                        or bool(connected_inputs(view, plan.partitions[current[-1]]))):
+        if current and (closed or alone or _starts_stretch(plan, p)
+                        or touched.shared_with_originals(p)):
             result.append(tuple(current))
             current, touched = [], _StateTouched(view)
         current.append(p.index)
         touched.add(p.ops)
+        closed = alone or _ends_stretch(plan, p)
     if current:
         result.append(tuple(current))
     return tuple(result)

@@ -134,8 +134,8 @@ class TFMemSession(SessionInterfaceMethods):
         "off" none (budget mode then learns nothing).  See sampling.
     partial_runs: run each step of a plan as one DirectSession partial run
         instead of one callable per stretch of partitions (see
-        plan/stretches.py): TensorFlow then builds one executor per request.  Steps with options, run_metadata
-        or measured peaks still run callables.  Off by default, because a
+        plan/stretches.py): TensorFlow then builds one executor per request.
+        Steps with options, run_metadata or measured peaks still run callables.  Off by default, because a
         step that fails inside TensorFlow (out of memory, a bad value)
         cancels the whole session for good (see run/partial_run.py).
     """
