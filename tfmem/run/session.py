@@ -135,9 +135,10 @@ class TFMemSession(SessionInterfaceMethods):
     partial_runs: run each step of a plan as one DirectSession partial run
         instead of one callable per stretch of partitions (see
         plan/stretches.py): TensorFlow then builds one executor per request.
-        Steps with options, run_metadata or measured peaks still run callables.  Off by default, because a
-        step that fails inside TensorFlow (out of memory, a bad value)
-        cancels the whole session for good (see run/partial_run.py).
+        Steps with options, run_metadata or measured peaks still run
+        callables.  Off by default, because a step that fails inside
+        TensorFlow (out of memory, a bad value) cancels the whole session for
+        good (see run/partial_run.py).
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
