@@ -1,7 +1,10 @@
-"""Execute: run a rewritten plan, one Session call per partition.
+"""Execute: run a rewritten plan, one Session call per stretch of partitions.
 
 The Session front end of the step loop (`step_loop`, shared with tfmem.function).
-Each partition is a raw session callable (the C++ path of
+The loop runs the plan's stretches (`plan/stretches.py`: partitions with
+nothing swapped between them, one after another in one call); the plan itself
+stays what is measured and reported, partition by partition.
+Each stretch is a raw session callable (the C++ path of
 `Session.make_callable`, without its Python fetch handling, which would wrap
 fetched handles in objects that free themselves later).  Its feeds are the
 request's fed values and the handles of the transfers it reads; its fetches
