@@ -70,16 +70,21 @@ def measured_peak(metadata):
     return max((value for _, value in _node_peaks(metadata)), default=None)
 
 
-def stage_peaks(metadata, index, stages):
+def _op_of(node_name, index):
+    """The plan's op a node of call `index` runs: a copy `<scope>/p<index>/<op name>`, or
+    the user's op itself (an original)."""
+    return node_name.split(f"/p{index}/", 1)[-1]
+
+
+def stage_peaks(metadata, index, stage_of, stages):
     """Per stage of call `index` (see stretches), the peak of its ops' statistics, or None
-    where none of them allocated; a call of one stage counts every op of the call."""
-    if len(stages) == 1:
+    where none of them allocated; `stage_of`: {op: its stage}, or None for a call of one
+    stage, which counts every op of the call."""
+    if stage_of is None:
         return [measured_peak(metadata)]
-    marker = f"/p{index}/"
-    stage_of = {op: s for s, (_, ops) in enumerate(stages) for op in ops}
-    peaks = [None] * len(stages)
+    peaks = [None] * stages
     for name, value in _node_peaks(metadata):
-        s = stage_of.get(name.split(marker, 1)[-1])  # a copy, or an original as it is
+        s = stage_of.get(_op_of(name, index))
         if s is not None and (peaks[s] is None or value > peaks[s]):
             peaks[s] = value
     return peaks
@@ -89,10 +94,9 @@ def measured_scratch(metadata, ops, index):
     """{op name: bytes its kernel allocated beyond what it returned} in partition `index`
     whose `ops` ran as copies named `<scope>/p<index>/<op name>`."""
     scratch = {}
-    marker = f"/p{index}/"
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
-            name = node.node_name.split(marker, 1)[-1]
+            name = _op_of(node.node_name, index)
             if name in ops and node.memory:
                 extra = max(m.peak_bytes - m.live_bytes for m in node.memory)
                 if extra > 0:
@@ -183,6 +187,11 @@ class Executor:
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
+        # per callable: ((partition of the plan, its ops), ...) it runs, and {op: stage}
+        # where it runs more than one (see stretches)
+        self._stages = [p.stages or ((p.index, p.ops),) for p in self.run_plan.partitions]
+        self._stage_of = [{op: s for s, (_, ops) in enumerate(stages) for op in ops}
+                          if len(stages) > 1 else None for stages in self._stages]
         schedule = Schedule(plan)
         self._schedule = Schedule(self.run_plan) if self.run_plan is not plan else schedule
         self._partial_schedule = partial_run.schedule_for(schedule)
@@ -250,17 +259,19 @@ class Executor:
 
     def stages(self, index):
         """((partition of the plan, its ops), ...) that callable `index` runs."""
-        return self.run_plan.partitions[index].stages or ((index, self.plan.partitions[index].ops),)
+        return self._stages[index]
 
     def failed_partition(self, index, error):
         """The partition of the plan whose op failed in callable `index` (its first when
         the error names no op of it): a callable's error names the node in its message."""
         stages = self.stages(index)
         node = getattr(error, "node_def", None)
-        named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
-        name = node.name if node is not None else named.group(1) if named else ""
-        name = name.split(f"/p{index}/", 1)[-1]
-        return next((i for i, ops in stages if name in ops), stages[0][0])
+        if node is not None:
+            name = node.name
+        else:
+            named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
+            name = named.group(1) if named else ""
+        return next((i for i, ops in stages if _op_of(name, index) in ops), stages[0][0])
 
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""
@@ -280,7 +291,7 @@ class Executor:
         statistics' figure can be (an op's own peak added to the bytes in use when it
         finished, which ops running beside it may have raised since: 66-70 MiB read
         on a 51 MiB device)."""
-        peaks = stage_peaks(metadata, index, self.stages(index))
+        peaks = stage_peaks(metadata, index, self._stage_of[index], len(self._stages[index]))
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:
             return peaks
