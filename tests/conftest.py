@@ -115,12 +115,30 @@ def sessions():
         opened.append(s)
         return s
 
+    make.opened = opened
     yield make
     for s in opened:
         try:
             s.close()
         except Exception:  # pragma: no cover - closing twice etc.
             pass
+
+
+def _pair_factory(sessions, own_session):
+    def make(graph, partition_size, init=None):
+        plain = sessions(graph)
+        if own_session:  # tfmem.Session: a session of its own, on a copy of what runs
+            tfs = tfmem.Session(graph=graph, config=session_config(),
+                                partition_size=partition_size)
+            sessions.opened.append(tfs)
+        else:
+            tfs = tfmem.TFMemSession(sessions(graph), partition_size=partition_size)
+        if init is not None:
+            plain.run(init)
+            tfs.run(init)
+        return plain, tfs
+
+    return make
 
 
 @pytest.fixture
@@ -131,16 +149,14 @@ def pair(sessions):
     ``tfs`` a ``TFMemSession`` around a second one.  ``init`` (op or list) is
     run in both sessions, the wrapped one through the wrapper.
     """
+    return _pair_factory(sessions, own_session=False)
 
-    def make(graph, partition_size, init=None):
-        plain = sessions(graph)
-        tfs = tfmem.TFMemSession(sessions(graph), partition_size=partition_size)
-        if init is not None:
-            plain.run(init)
-            tfs.run(init)
-        return plain, tfs
 
-    return make
+@pytest.fixture(params=["wrapped", "own"])
+def both_pairs(request, sessions):
+    """As `pair`, and again with ``tfs`` a `tfmem.Session` (its session graph a copy of
+    what requests reach, see run/graph_copy.py; Grappler off)."""
+    return _pair_factory(sessions, own_session=request.param == "own")
 
 
 # --------------------------------------------------------------------------

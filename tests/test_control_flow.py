@@ -2,7 +2,9 @@
 
 The ``control_flow`` fixture (conftest) builds each graph once with v2 and
 once with ``tf.compat.v1.disable_control_flow_v2()`` active, and restores the
-global toggle afterwards.
+global toggle afterwards.  ``both_pairs`` runs each through a wrapped session and
+through `tfmem.Session`, whose session graph copies what requests reach (v2 loops:
+the function library; v1 loops: the frames' cycles).
 """
 
 import numpy as np
@@ -55,10 +57,10 @@ def _build_loop_model(seed=0):
 
 
 @pytest.mark.parametrize("partition_size", [1, 3, 7])
-def test_while_loop_forward(control_flow, partition_size, pair):
+def test_while_loop_forward(control_flow, partition_size, both_pairs):
     g, x, w, out, loss, grads, train, init, feed = _build_loop_model()
     _assert_version(g, control_flow, V1_LOOP, {"While", "StatelessWhile"})
-    plain, tfs = pair(g, partition_size, init)
+    plain, tfs = both_pairs(g, partition_size, init)
     plan = tfs.plan([out, loss], feed_dict=feed)
     assert len(plan.partitions) > 1
     check_plan(plan, g, partition_size, strict_size=False)
@@ -66,12 +68,12 @@ def test_while_loop_forward(control_flow, partition_size, pair):
 
 
 @pytest.mark.parametrize("partition_size", [1, 4])
-def test_while_loop_gradients_and_training(control_flow, partition_size, pair):
+def test_while_loop_gradients_and_training(control_flow, partition_size, both_pairs):
     g, x, w, out, loss, grads, train, init, feed = _build_loop_model()
     if control_flow == "v1":
         # gradients of a v1 while_loop use per-step stacks
         assert {"StackV2", "StackPushV2", "StackPopV2"} <= op_types(g)
-    plain, tfs = pair(g, partition_size, init)
+    plain, tfs = both_pairs(g, partition_size, init)
     plan = tfs.plan(grads, feed_dict=feed)
     assert len(plan.partitions) > 1
     check_plan(plan, g, partition_size, strict_size=False)
@@ -100,10 +102,10 @@ def _build_cond_model(seed=0):
 
 
 @pytest.mark.parametrize("partition_size", [1, 3, 7])
-def test_cond_forward_and_gradients(control_flow, partition_size, pair):
+def test_cond_forward_and_gradients(control_flow, partition_size, both_pairs):
     g, x, pred, w, out, loss, grads, init, xv = _build_cond_model()
     _assert_version(g, control_flow, V1_COND, {"If", "StatelessIf"})
-    plain, tfs = pair(g, partition_size, init)
+    plain, tfs = both_pairs(g, partition_size, init)
     for p in (True, False):
         feed = {x: xv, pred: p}
         plan = tfs.plan([out, loss] + grads, feed_dict=feed)
@@ -114,7 +116,7 @@ def test_cond_forward_and_gradients(control_flow, partition_size, pair):
         assert_same_result(exp, got)
 
 
-def test_cond_only_taken_branch_updates_state(control_flow, pair):
+def test_cond_only_taken_branch_updates_state(control_flow, both_pairs):
     g = tf.Graph()
     with g.as_default():
         pred = tf1.placeholder(tf.bool, [], name="pred")
@@ -131,7 +133,7 @@ def test_cond_only_taken_branch_updates_state(control_flow, pair):
 
         out = _chain(tf.cond(pred, yes, no), 3, "post")
         init = tf1.global_variables_initializer()
-    plain, tfs = pair(g, 2, init)
+    plain, tfs = both_pairs(g, 2, init)
     assert len(tfs.plan(out, feed_dict={pred: True}).partitions) > 1
     for p in (True, True, False, True, False):
         assert_same_result(plain.run(out, feed_dict={pred: p}), tfs.run(out, feed_dict={pred: p}))
@@ -141,7 +143,7 @@ def test_cond_only_taken_branch_updates_state(control_flow, pair):
 
 
 @pytest.mark.parametrize("partition_size", [1, 5])
-def test_tensor_array_in_while_loop(control_flow, partition_size, pair):
+def test_tensor_array_in_while_loop(control_flow, partition_size, both_pairs):
     """v1: TensorArrayV3 is a per-step resource; everything touching it runs together."""
     g = tf.Graph()
     with g.as_default():
@@ -159,7 +161,7 @@ def test_tensor_array_in_while_loop(control_flow, partition_size, pair):
         grad = tf.gradients(loss, x)[0]
     if control_flow == "v1":
         assert "TensorArrayV3" in op_types(g)
-    plain, tfs = pair(g, partition_size)
+    plain, tfs = both_pairs(g, partition_size)
     feed = {x: np.array([0.5, -1.0, 2.0, 0.25], np.float32)}
     plan = tfs.plan([out, grad], feed_dict=feed)
     assert len(plan.partitions) > 1
@@ -167,7 +169,7 @@ def test_tensor_array_in_while_loop(control_flow, partition_size, pair):
     assert_same_result(plain.run([out, grad], feed_dict=feed), tfs.run([out, grad], feed_dict=feed))
 
 
-def test_cond_inside_while_loop(control_flow, pair):
+def test_cond_inside_while_loop(control_flow, both_pairs):
     g = tf.Graph()
     with g.as_default():
         x = tf1.placeholder(tf.float32, [2], name="x")
@@ -180,7 +182,7 @@ def test_cond_inside_while_loop(control_flow, pair):
         _, acc = tf.while_loop(lambda i, acc: i < 6, body, [0, pre])
         out = _chain(acc, 3, "post")
         grad = tf.gradients(tf.reduce_sum(out), x)[0]
-    plain, tfs = pair(g, 2)
+    plain, tfs = both_pairs(g, 2)
     feed = {x: np.array([0.3, -0.7], np.float32)}
     assert len(tfs.plan([out, grad], feed_dict=feed).partitions) > 1
     assert_same_result(plain.run([out, grad], feed_dict=feed), tfs.run([out, grad], feed_dict=feed))

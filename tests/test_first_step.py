@@ -4,7 +4,8 @@ Budget mode plans per feed shape; a plan already copied into the graph serves
 every shape whose predicted peak fits, so the graph grows only when a shape
 needs more partitions than any compiled plan has, and never once shapes repeat.
 `tfmem.Session` / `tfmem.session_config` turn Grappler off: partitioned results
-must then equal plain `Session.run` on the same config bit for bit.
+must then equal plain `Session.run` on the same config bit for bit (its own
+session graph: test_graph_copy.py).
 """
 
 import numpy as np
@@ -95,8 +96,6 @@ def test_tfmem_session_matches_plain_runs_bit_for_bit():
     expected = [plain.run(fetches, feed)[1] for _ in range(3)]
     assert tfs.last_step.partitions > 1
     np.testing.assert_array_equal(got, expected)
-    # The wrapped session's own plain runs agree with the partitioned ones too.
-    np.testing.assert_array_equal(tfs.session.run(model.loss, feed), plain.run(model.loss, feed))
     tfs.close()
     plain.close()
 

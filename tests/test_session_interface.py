@@ -1,7 +1,8 @@
 """TFMemSession is accepted wherever TensorFlow's helpers accept a session.
 
-Each helper is used on a plain session and on a TFMemSession around a second
-session of the same graph, and both must give the same results: queue
+Each helper is used on a plain session and on a TFMemSession (around a second
+session of the same graph, and `tfmem.Session`, whose session graph is its own),
+and both must give the same results: queue
 runners with a coordinator, Saver.save/restore, FileWriter with summary ops,
 partial_run, make_callable, as_default (Tensor.eval / Operation.run),
 list_devices, InteractiveSession-style use.
@@ -40,9 +41,9 @@ def _model():
 
 
 @pytest.fixture
-def model(pair):
+def model(both_pairs):
     g, m = _model()
-    m["plain"], m["tfs"] = pair(g, PARTITION_SIZE, m["init"])
+    m["plain"], m["tfs"] = both_pairs(g, PARTITION_SIZE, m["init"])
     return m
 
 
@@ -54,9 +55,10 @@ def test_is_a_session_interface(model):
             == [d.name for d in model["plain"].list_devices()])
 
 
-def test_queue_runners_and_coordinator():
+@pytest.mark.parametrize("own_session", [False, True], ids=["wrapped", "own"])
+def test_queue_runners_and_coordinator(own_session):
     """A queue-runner input pipeline read until its one epoch runs out."""
-    def program(wrap):
+    def program(make):
         rs = np.random.RandomState(2)
         features = rs.standard_normal((24, 3)).astype(np.float32)
         labels = (features.sum(axis=1) > 0).astype(np.float32)
@@ -72,7 +74,7 @@ def test_queue_runners_and_coordinator():
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=yb, logits=logits))
             train = tf1.train.GradientDescentOptimizer(0.5).minimize(loss)
             init = [tf1.global_variables_initializer(), tf1.local_variables_initializer()]
-        sess = wrap(new_session(g))
+        sess = make(g)
         sess.run(init)
         coord = tf1.train.Coordinator()
         with g.as_default():
@@ -92,8 +94,10 @@ def test_queue_runners_and_coordinator():
         sess.close()
         return losses, partitions
 
-    expected, _ = program(lambda s: s)
-    got, partitions = program(lambda s: tfmem.TFMemSession(s, partition_size=PARTITION_SIZE))
+    expected, _ = program(new_session)
+    got, partitions = program(
+        lambda g: tfmem.Session(graph=g, config=session_config(), partition_size=PARTITION_SIZE)
+        if own_session else tfmem.TFMemSession(new_session(g), partition_size=PARTITION_SIZE))
     assert len(expected) == 6
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     assert partitions > 1
@@ -271,9 +275,10 @@ with g.as_default():
 config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
 plain = tf1.Session(server.target, graph=g, config=config)
 tfs = tfmem.TFMemSession(tf1.Session(server.target, graph=g, config=config), partition_size=100)
+own = tfmem.Session(server.target, graph=g, config=config, partition_size=100)
 graphs = tf1.RunOptions(output_partition_graphs=True)
 counts = {}
-for name, sess in (("plain", plain), ("tfmem", tfs)):
+for name, sess in (("plain", plain), ("tfmem", tfs), ("own", own)):
     md = tf1.RunMetadata()
     value = sess.run(y, {x: [1.0, 2.0, 3.0]}, options=graphs, run_metadata=md)
     with_option = len(md.partition_graphs)
@@ -284,7 +289,8 @@ print("TFMEM-RESULTS " + json.dumps(counts))
 
 
 def test_run_metadata_over_a_distributed_session():
-    """TensorFlow's gRPC session drops a callable's run metadata; tfmem still returns it."""
+    """TensorFlow's gRPC session drops a callable's run metadata; tfmem still returns it
+    (a wrapped session's and a tfmem.Session's)."""
     import subprocess  # pylint: disable=import-outside-toplevel
     import sys  # pylint: disable=import-outside-toplevel
     from conftest import worker_results  # pylint: disable=import-outside-toplevel
@@ -298,6 +304,9 @@ def test_run_metadata_over_a_distributed_session():
         worker.wait()
     assert counts["plain"][0] > 0 and counts["plain"][1] == 0
     assert counts["tfmem"][0] == counts["plain"][0] and counts["tfmem"][1] == 0
+    # tfmem.Session on the same server: its own session graph, the same answers
+    assert counts["own"][:2] == counts["tfmem"][:2]
+    np.testing.assert_allclose(counts["own"][2], counts["plain"][2], rtol=1e-6)
     np.testing.assert_allclose(counts["tfmem"][2], counts["plain"][2], rtol=1e-6)
 
 

@@ -121,6 +121,53 @@ def is_function_graph(graph):
     return isinstance(graph, func_graph.FuncGraph)
 
 
+def import_beside(graph, graph_def, tensors, controls):
+    """Import `graph_def` into `graph` under its own names, reading ops already there:
+    `tensors` {input name: Tensor}, `controls` {control input name: Operation}.
+
+    Unlike `import_graph_def`, names are never made unique (an op named like an existing
+    one is an error; an op named like an existing name scope, "a" beside "a/b", is not),
+    and colocation may name ops already in `graph`."""
+    from tensorflow.python.client import pywrap_tf_session as c_api  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.framework import c_api_util, function, importer  # pylint: disable=import-outside-toplevel
+    scoped = c_api_util.ScopedTFImportGraphDefOptions()
+    options = scoped.options
+    c_api.TF_ImportGraphDefOptionsSetPrefix(options, "")
+    c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options, False)
+    c_api.TF_ImportGraphDefOptionsSetValidateColocationConstraints(options, False)
+    for name, tensor in tensors.items():
+        op_name, _, index = name.partition(":")
+        c_api.TF_ImportGraphDefOptionsAddInputMapping(options, op_name, int(index or 0),
+                                                      tensor._as_tf_output())  # pylint: disable=protected-access
+    for name, op in controls.items():
+        c_api.TF_ImportGraphDefOptionsRemapControlDependency(options, name, op._c_op)  # pylint: disable=protected-access
+    with graph._mutation_lock():  # pylint: disable=protected-access
+        buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+        try:
+            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options)
+            c_api_util.ScopedTFImportGraphDefResults(results)  # frees them
+        finally:
+            c_api.TF_DeleteBuffer(buffer)
+        importer._ProcessNewOps(graph)  # pylint: disable=protected-access
+    for defined in function.from_library(graph_def.library) if graph_def.library.function else ():
+        defined.add_to_graph(graph)  # the Python side of functions the import added
+
+def function_library(graph, skip):
+    """A FunctionDefLibrary of the functions defined in `graph` whose names are not in
+    `skip`, with the gradients registered for them (TF1 `Defun`)."""
+    from tensorflow.core.framework import function_pb2  # pylint: disable=import-outside-toplevel
+    library = function_pb2.FunctionDefLibrary()
+    for name, function in graph._functions.items():  # pylint: disable=protected-access
+        if name in skip:
+            continue
+        library.function.add().CopyFrom(function.definition)
+        gradient = getattr(function, "grad_func_name", None)
+        if gradient:
+            library.gradient.add(function_name=name, gradient_func=gradient)
+    return library
+
+
 # tf.function and Keras ----------------------------------------------------------
 
 def canonical_inputs(tf_function, args, kwargs):
@@ -208,3 +255,4 @@ def grappler_optimize(config_proto, meta_graph):
     """The GraphDef Grappler's meta optimizer makes of `meta_graph` under `config_proto`."""
     from tensorflow.python.grappler import tf_optimizer  # pylint: disable=import-outside-toplevel
     return tf_optimizer.OptimizeGraph(config_proto, meta_graph)
+

@@ -9,6 +9,8 @@ The fetch handler is private TensorFlow API; it has been stable since
 TensorFlow 1.0 and the tests pin its behaviour against a plain session.
 """
 
+import copy as copy_module
+
 import numpy as np
 from tensorflow.python.framework import tensor as tf_tensor
 
@@ -87,6 +89,20 @@ class Request:
         return (tuple(t.name for t in self.fetch_tensors),
                 tuple(op.name for op in self.targets),
                 frozenset(t.name for t in self.feeds))
+
+    def moved_to(self, copy):
+        """This request on the session graph of a `graph_copy.GraphCopy` that has reached it
+        (the same names; results are built with this request's fetch structure)."""
+        moved = copy_module.copy(self)
+        moved.feeds = {copy.tensor(t): v for t, v in self.feeds.items()}
+        moved.fetch_tensors = tuple(copy.tensor(t) for t in self.fetch_tensors)
+        moved.targets = tuple(copy.op(op) for op in self.targets)
+        return moved
+
+    def ops(self):
+        """The ops the request fetches from, runs or feeds."""
+        return [t.op for t in self.fetch_tensors] + list(self.targets) + \
+            [t.op for t in self.feeds]
 
     def feed_shapes(self):
         return {t.name: v.shape for t, v in self.feeds.items()}

@@ -139,12 +139,14 @@ class TFMemSession(SessionInterfaceMethods):
         callables.  Off by default, because a step that fails inside
         TensorFlow (out of memory, a bad value) cancels the whole session for
         good (see run/partial_run.py).
+    graph_copy: set by `tfmem.Session`: the session runs a `graph_copy.GraphCopy`
+        of the user's graph, holding only what requests reach.
     """
 
     def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
                  swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
                  device_memory_budget=None, accelerator_device=None, atomic_updates=None,
-                 measure="sample", partial_runs=False):
+                 measure="sample", partial_runs=False, graph_copy=None):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
         self._partition_size = check_partition_size(partition_size)
@@ -160,6 +162,9 @@ class TFMemSession(SessionInterfaceMethods):
         else:
             self._budget = None
         self._session = sess
+        if graph_copy is not None and graph_copy.graph is not sess.graph:
+            raise ValueError("graph_copy must be the GraphCopy whose graph the session runs")
+        self._copy = graph_copy
         # Fixed with the session's config: part of every view, so of every plan cached.
         self._regrouped_arithmetic = regrouping.session_regroups_arithmetic(sess)
         self._plans = PlanCache()  # each request planned once, compiled once
@@ -200,13 +205,15 @@ class TFMemSession(SessionInterfaceMethods):
 
     def _place_state(self):
         """Run the placement pass over ops it has not seen, before the session places them."""
-        if self._accelerator is not None and self.graph.version and \
+        if self._accelerator is not None and self._graph.version and \
                 not tf_private.is_closed(self._session):
             place_state_on_host(self._session, self._policy.min_bytes, self._placed)
 
     @property
     def session(self):
-        """The wrapped session."""
+        """The wrapped session (of a tfmem.Session: the session it created, whose graph is
+        a copy of what requests reach, see graph_copy; run the user's tensors through
+        this TFMemSession)."""
         return self._session
 
     @contextlib.contextmanager
@@ -227,7 +234,21 @@ class TFMemSession(SessionInterfaceMethods):
 
     @property
     def graph(self):
+        """The user's graph (for a tfmem.Session, the graph its session copies from)."""
+        return self._session.graph if self._copy is None else self._copy.source
+
+    @property
+    def _graph(self):
+        """The session's graph, where plans are copied: the user's, or a GraphCopy's."""
         return self._session.graph
+
+    def _request(self, fetches, feed_dict):
+        """The call as a Request on the session's graph (copying what it reaches there)."""
+        request = Request(self.graph, fetches, feed_dict)
+        if self._copy is None:
+            return request
+        self._copy.reach(request.ops())
+        return request.moved_to(self._copy)
 
     @property
     def partition_size(self):
@@ -255,7 +276,7 @@ class TFMemSession(SessionInterfaceMethods):
         """The request's Sizing at these fed shapes (kernel scratch under this session's
         threads; on a CPU device, as many kernels at once as it has inter-op threads)."""
         concurrent = session_kernels_at_once(self._runtime.device, self._session)
-        return Sizing.of(self.graph, view, feed_shapes, self._session, concurrent)
+        return Sizing.of(self._graph, view, feed_shapes, self._session, concurrent)
 
     def _make_plan(self, request, correction=None, view=None):
         """(plan, predicted trace or None) for the request, with the placement pass's outcome.
@@ -283,7 +304,7 @@ class TFMemSession(SessionInterfaceMethods):
             memory = (accelerator.device_memory(self._runtime.device)
                       if self._runtime.measure_device else None)
             resident = (memory["current"] if memory else 0) + first_updates.pending_bytes(
-                self.graph, view, self._owned)
+                self._graph, view, self._owned)
             return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
                               self._accelerator, resident_bytes=resident,
                               correction=correction,
@@ -299,7 +320,7 @@ class TFMemSession(SessionInterfaceMethods):
         if self._budget is not None:  # the fitting plan depends on the shapes fed
             key += (tuple(sorted(request.feed_shapes().items())),)
         entry = self._plans.get(key)
-        version = self.graph.version
+        version = self._graph.version
         if entry is not None and entry.graph_version != version:
             # Planned again (below) only when this differs, after the placement pass
             # has seen the new ops: then it is analysed once more, by _make_plan.
@@ -344,26 +365,49 @@ class TFMemSession(SessionInterfaceMethods):
         return entry.resident.outgrown(entry.trace, self._budget,
                                        memory["current"] if memory else None, entry.correction)
 
+    def partial_run_setup(self, fetches, feeds=None):
+        """Passed straight to the session (see session_interface), on its graph's names."""
+        if self._copy is None:
+            return self._session.partial_run_setup(fetches, feeds)
+        request = self._request(fetches, {})
+        fed = [self.graph.as_graph_element(f, allow_tensor=True, allow_operation=False)
+               for f in (feeds or [])]
+        self._copy.reach([t.op for t in fed])
+        return self._session.partial_run_setup(
+            [t.name for t in request.fetch_tensors] + [op.name for op in request.targets],
+            [t.name for t in fed])
+
+    def partial_run(self, handle, fetches, feed_dict=None):
+        """Passed straight to the session (see session_interface), on its graph's names."""
+        if self._copy is None:
+            return self._session.partial_run(handle, fetches, feed_dict)
+        request = self._request(fetches, feed_dict)
+        values = self._session.partial_run(
+            handle, [t.name for t in request.fetch_tensors] + [op.name for op in request.targets],
+            request.feed_values_by_name())
+        return request.build_results(
+            self._session, dict(zip((t.name for t in request.fetch_tensors), values)))
+
     def simulate(self, fetches, feed_dict=None):
         """The predicted MemoryTrace of one step of the request, without running it.
 
         Unknown dimensions are resolved from the shapes of the fed values.
         """
         self._check_open()
-        request = Request(self.graph, fetches, feed_dict)
+        request = self._request(fetches, feed_dict)
         return self._predict(self._entry(request).plan, request)
 
     def plan(self, fetches, feed_dict=None):
         """The plan `run(fetches, feed_dict)` would execute, without running anything."""
         self._check_open()
-        return self._entry(Request(self.graph, fetches, feed_dict)).plan
+        return self._entry(self._request(fetches, feed_dict)).plan
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
         """Run like `Session.run`, one partition at a time."""
         self._check_open()
         if self._runtime.cancelled_by is not None:
             raise partial_run.cancelled_error(self._runtime.cancelled_by)
-        request = Request(self.graph, fetches, feed_dict)
+        request = self._request(fetches, feed_dict)
         entry = self._entry(request)
         self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
         self._last_entry = entry
@@ -498,9 +542,9 @@ class TFMemSession(SessionInterfaceMethods):
             check_host_memory(entry.trace, self._runtime.pool)
         if entry.written is None:
             entry.written = first_updates.written_variables(entry.plan.view)
-            entry.assigned = first_updates.assigned(self.graph, entry.plan.view)
+            entry.assigned = first_updates.assigned(self._graph, entry.plan.view)
         entry.executor = self._executor_for(entry, simulated)
-        entry.graph_version = self.graph.version
+        entry.graph_version = self._graph.version
         entry.feed_shapes = request.feed_shapes()
 
     def _executor_for(self, entry, simulate_time):
@@ -509,7 +553,7 @@ class TFMemSession(SessionInterfaceMethods):
         if shared is not None:
             self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
             return shared
-        before = self.graph.version
+        before = self._graph.version
         # an initializing request runs callables, which release; a partial run's executor
         # stays in the session for good
         executor, rewrite_time, extend_time, callables_time = self._compile(
@@ -520,13 +564,13 @@ class TFMemSession(SessionInterfaceMethods):
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
             graph_ops_before=before,
             partial_run=executor.partial_run,
-            graph_ops_after=self.graph.version)
+            graph_ops_after=self._graph.version)
         log.info("compiled: %s", self.last_compile)
         return executor
 
     def _compile(self, plan, trace, partial_runs):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
-        graph = self.graph  # finalized or not: see graph_growth
+        graph = self._graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         self._streams.claim(graph, plan, scope)  # refuses a second stream of a copied op

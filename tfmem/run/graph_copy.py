@@ -1,0 +1,129 @@
+"""The session graph of a session tfmem creates: a copy of only what requests reach.
+
+DirectSession builds every callable from the whole session graph: it copies
+the graph and prunes it to the callable's ops.  A partition of 50 ops in a
+session graph of 50,000 therefore costs what the 50,000 cost, and a user's
+graph often holds many ops a training step never runs (evaluation towers,
+summaries, other models).  A wrapped session's graph is the user's, so this
+cannot be helped there.  A session that tfmem creates (`tfmem.Session`) is
+bound to a graph of its own instead, which holds:
+
+* the ops requests have reached, under the user's names: what the fetches and
+  targets read, by data or control edges, with the ops they are colocated
+  with and the ops named as their name scopes, copied on a request's first
+  run; and
+* tfmem's copies of plans, as in a wrapped session's graph.
+
+The user's graph is never changed: plan copies go into this graph.  Copied
+ops are not updated when the user later changes an op (a device set after the
+first run), which is what a plain session does with an op it has run.
+"""
+
+import threading
+
+import tensorflow as tf
+
+from tfmem import tf_private
+
+
+class GraphCopy:
+    """`graph`: the session graph; `source`: the user's graph it copies from."""
+
+    def __init__(self, source):
+        self.source = source
+        self.graph = tf.Graph()
+        self._copied = set()  # names of the source's ops in `graph`
+        self._functions = set()  # names of the source's functions in `graph`
+        self._lock = threading.Lock()
+
+    def reach(self, ops):
+        """Copy `ops` (the source's) and what they depend on, where not copied yet."""
+        if all(op.name in self._copied for op in ops):
+            return
+        with self._lock:
+            new = self._closure(ops)
+            if new:
+                self._import(new)
+
+    def _closure(self, ops):
+        """The source ops `ops` depend on (inputs, control inputs, colocation), not copied."""
+        found, stack = {}, [op for op in ops if op.name not in self._copied]
+        while stack:
+            op = stack.pop()
+            if op.name in found:
+                continue
+            found[op.name] = op
+            before = [t.op for t in op.inputs] + list(op.control_inputs)
+            before += self._colocated(op) + self._named_as_scope_of(op)
+            stack.extend(o for o in before if o.name not in self._copied and o.name not in found)
+        return list(found.values())
+
+    def _colocated(self, op):
+        """The ops `op` is to be placed with (its `_class` "loc:@name" constraints)."""
+        found = []
+        for group in op.colocation_groups():
+            name = group.decode()[len("loc:@"):]
+            try:
+                found.append(self.source.get_operation_by_name(name))
+            except KeyError:  # a constraint naming no op binds nothing (as in the placer)
+                pass
+        return [o for o in found if o is not op]
+
+    def _named_as_scope_of(self, op):
+        """The ops named as a name scope around `op` ("a" and "a/b" for "a/b/c").
+
+        TensorFlow's importer refuses an op named like a name scope already in the graph
+        ("a/b" once "a/b/c" is there), so such ops are copied no later than `op`."""
+        found, parts = [], op.name.split("/")
+        for end in range(1, len(parts)):
+            try:
+                found.append(self.source.get_operation_by_name("/".join(parts[:end])))
+            except KeyError:
+                pass
+        return found
+
+    def _import(self, ops):
+        graph_def = tf.compat.v1.GraphDef()
+        graph_def.versions.CopyFrom(self.source.graph_def_versions)
+        new_functions = tf_private.function_library(self.source, self._functions)
+        graph_def.library.CopyFrom(new_functions)
+        names = {op.name for op in ops}
+        tensors, controls = {}, {}  # what the new ops read of ops copied before
+        for op in ops:
+            graph_def.node.add().CopyFrom(op.node_def)
+            for name in graph_def.node[-1].input:
+                source = name.lstrip("^").partition(":")[0]
+                if source in names:
+                    continue
+                if name.startswith("^"):
+                    controls[source] = self.graph.get_operation_by_name(source)
+                else:
+                    tensors[name] = self.graph.get_tensor_by_name(_tensor_name(name))
+        try:
+            tf_private.import_beside(self.graph, graph_def, tensors, controls)
+        except tf.errors.InvalidArgumentError as err:
+            if "already exists" not in err.message:
+                raise
+            raise ValueError(
+                f"{err.message}: an op of the graph tfmem.Session runs has the name of one of "
+                f"tfmem's own ops in the session graph (named 'tfmem/...'); rename the "
+                f"op") from None
+        imported = [self.graph.get_operation_by_name(op.name) for op in ops]
+        for op, copy in zip(ops, imported):
+            for tensor, copied in zip(op.outputs, copy.outputs):
+                if tensor.shape != copied.shape:  # a set_shape the NodeDef does not carry
+                    copied.set_shape(tensor.shape)
+        self._copied.update(names)
+        self._functions.update(f.signature.name for f in new_functions.function)
+
+    def tensor(self, tensor):
+        """The copy of a source tensor."""
+        return self.graph.get_tensor_by_name(tensor.name)
+
+    def op(self, op):
+        """The copy of a source op."""
+        return self.graph.get_operation_by_name(op.name)
+
+
+def _tensor_name(name):
+    return name if ":" in name else name + ":0"
