@@ -403,12 +403,14 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
     """tfmem's first step of one fixed request, in session graphs of growing size.
 
     The request is an MLP training step (`models.mlp(layers, width=64)`); the
-    session graph is filled up to `graph_ops` with a chain graph the request
-    does not touch.  Per config ("tfmem": `tfmem.session_config()`, "default":
-    TensorFlow's) and size: plain's first step of the request on a fresh
-    session, then one TFMemSession per partition size on one wrapped session
-    (each plan's copies add to that graph: the row says its size at compile
-    time), split by `TFMemSession.last_compile`.  `default_sizes`: the
+    user's graph is filled up to `graph_ops` with a chain graph the request
+    does not touch.  Per config and size: plain's first step of the request on
+    a fresh session with that config, then tfmem's, split by
+    `TFMemSession.last_compile`.  "tfmem": one `tfmem.Session` per partition
+    size (its config, and a session graph holding only what requests reach);
+    "default": one TFMemSession per partition size wrapping one session of
+    TensorFlow's default config on the user's graph (each plan's copies add to
+    that graph: the row says its size at compile time).  `default_sizes`: the
     partition sizes run with the default config (None: all).
     """
     log = log or (lambda text: None)
@@ -435,14 +437,21 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
             wrapped = _session(tf, model.graph, config)
             wrapped.run(model.init)
             for size in sizes:
-                tfs = tfmem.TFMemSession(wrapped, partition_size=size, partial_runs=partial_runs)
+                if config == "tfmem":  # a session of its own, on a copy of what it reaches
+                    tfs = tfmem.Session(graph=model.graph, partition_size=size,
+                                        partial_runs=partial_runs)
+                    tfs.run(model.init)
+                else:  # the user's session, wrapped: its graph is the whole user graph
+                    tfs = tfmem.TFMemSession(wrapped, partition_size=size,
+                                             partial_runs=partial_runs)
                 started = time.perf_counter()
                 tfs.run(fetches, feed)
                 first_s = time.perf_counter() - started
                 c = tfs.last_compile
                 plan = tfs.plan(fetches, feed)
                 parts = len(plan.partitions)
-                row = dict(config=config, graph_ops=target, session_graph_ops=c.graph_ops_before,
+                row = dict(config=config, graph_ops=target, user_graph_ops=model.graph.version,
+                           session_graph_ops=c.graph_ops_before,
                            added_ops=c.graph_ops_after - c.graph_ops_before,
                            request_ops=plan.num_ops, partition_size=size,
                            partitions=parts, callables=c.callables, plan_s=c.plan_time,
@@ -458,6 +467,8 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                            first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
                            plain_first_step_s=plain_first_s)
                 rows.append(row)
+                if config == "tfmem":
+                    tfs.close()
                 log(f"(c) {config} config, {c.graph_ops_before} ops in the session graph, "
                     f"partition_size={size}: {parts} partitions, {c.callables} callables "
                     f"{row['ms_per_callable']:.0f} ms each, setup {row['setup_s']:.2f} s, "
@@ -873,18 +884,22 @@ def report_first_step(first, out=print):
     """The table of (c): where tfmem's first step goes, per session-graph size."""
     out(f"\n(c) first step vs session graph: MLP training step ({first['layers']} layers, "
         f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
-    out(f"{'config':>7} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'plan':>5} {'pred.':>5} "
+    out(f"{'config':>7} {'user':>6} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'plan':>5} {'pred.':>5} "
         f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
         f"{'+ops':>5}")
     for r in first["rows"]:
-        out(f"{r['config']:>7} {r['session_graph_ops']:>6} {r['partition_size']:>4} "
+        out(f"{r['config']:>7} {r.get('user_graph_ops', r['session_graph_ops']):>6} "
+            f"{r['session_graph_ops']:>6} {r['partition_size']:>4} "
             f"{r['partitions']:>5} {r.get('callables', r['partitions']):>5} "
             f"{r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
             f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} "
             f"{r.get('setup_s', 0.0):>6.2f} {r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
             f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
             f"{r['added_ops']:>5}")
-    out("  graph: ops in the session graph when the plan was compiled; ps: partition_size; "
+    out("  config tfmem: tfmem.Session (a session graph of what requests reach); default: "
+        "a TFMemSession wrapping a default-config session on the user's graph")
+    out("  user: ops in the user's graph; graph: ops in the session graph when the plan "
+        "was compiled; ps: partition_size; "
         "calls: Session callables (one per stretch of partitions, see plan/stretches.py)")
     out("  plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying "
         "into the graph, TensorFlow taking in the grown graph, making the Session callables;")
