@@ -81,19 +81,24 @@ def tfmem_config():
 
 
 @pytest.fixture
-def two_sessions():
-    """Factory: ``make(graph)`` -> (plain session, session to wrap), both with
-    tfmem_config() and closed at teardown."""
+def closed_at_teardown():
+    """``keep(*sessions)`` -> the sessions, each closed when the test ends."""
     opened = []
 
-    def make(graph):
-        pair = (tf1.Session(graph=graph, config=tfmem_config()),
-                tf1.Session(graph=graph, config=tfmem_config()))
-        opened.extend(pair)
-        return pair
-    yield make
+    def keep(*sessions):
+        opened.extend(sessions)
+        return sessions
+    yield keep
     for session in opened:
         session.close()
+
+
+@pytest.fixture
+def two_sessions(closed_at_teardown):
+    """Factory: ``make(graph)`` -> (plain session, session to wrap), both with
+    tfmem_config() and closed at teardown."""
+    return lambda graph: closed_at_teardown(tf1.Session(graph=graph, config=tfmem_config()),
+                                            tf1.Session(graph=graph, config=tfmem_config()))
 
 
 @pytest.fixture

@@ -31,28 +31,27 @@ def _filled_mlp(filler_ops):
 
 
 @pytest.fixture
-def own_and_plain():
+def own_and_plain(closed_at_teardown):
     """Factory: ``make(graph)`` -> (tfmem.Session at partition_size 6, plain session),
     both with tfmem_config() and closed at teardown."""
-    opened = []
+    return lambda graph: closed_at_teardown(
+        tfmem.Session(graph=graph, config=tfmem_config(), partition_size=6),
+        tf1.Session(graph=graph, config=tfmem_config()))
 
-    def make(graph):
-        pair = (tfmem.Session(graph=graph, config=tfmem_config(), partition_size=6),
-                tf1.Session(graph=graph, config=tfmem_config()))
-        opened.extend(pair)
-        return pair
-    yield make
-    for session in opened:
-        session.close()
+
+def _initialised(own_and_plain, model):
+    """(model, tfmem.Session, plain session), the model's variables initialised in both."""
+    tfs, plain = own_and_plain(model.graph)
+    tfs.run(model.init)
+    plain.run(model.init)
+    return model, tfs, plain
 
 
 def test_unrelated_ops_stay_out_and_the_users_graph_is_unchanged(own_and_plain):
     model = _filled_mlp(400)
     fetches = [model.train, model.loss]
-    tfs, plain = own_and_plain(model.graph)
     before = model.graph.version
-    tfs.run(model.init)
-    plain.run(model.init)
+    model, tfs, plain = _initialised(own_and_plain, model)
     for batch in (8, 8, 5):
         feed = model.feed(batch, data_seed=batch)
         np.testing.assert_array_equal(tfs.run(fetches, feed)[1], plain.run(fetches, feed)[1])
@@ -66,10 +65,7 @@ def test_unrelated_ops_stay_out_and_the_users_graph_is_unchanged(own_and_plain):
 
 
 def test_ops_added_after_the_first_run_see_the_same_state(own_and_plain):
-    model = _filled_mlp(10)
-    tfs, plain = own_and_plain(model.graph)
-    tfs.run(model.init)
-    plain.run(model.init)
+    model, tfs, plain = _initialised(own_and_plain, _filled_mlp(10))
     feed = model.feed(8)
     for _ in range(2):
         tfs.run(model.train, feed)
@@ -136,10 +132,7 @@ def test_functions_and_their_gradients_are_copied(own_and_plain):
 
 
 def test_a_user_op_with_the_name_of_tfmems_own_is_refused_clearly(own_and_plain):
-    model = _filled_mlp(10)
-    tfs, plain = own_and_plain(model.graph)
-    tfs.run(model.init)
-    plain.run(model.init)
+    model, tfs, plain = _initialised(own_and_plain, _filled_mlp(10))
     feed = model.feed(8)
     tfs.run(model.loss, feed)
     taken = next(op.name for op in tfs.session.graph.get_operations()

@@ -299,3 +299,30 @@ def test_a_saver_does_not_tie_variables_together():
     tfs.run(b.initializer)
     plan = tfs.plan(y, {x: np.ones((2, 2), np.float32)})
     assert set(plan.placement.moved) == {"b"} and set(plan.placement.stays) == {"a"}
+
+
+def test_tfmem_session_moves_state_in_its_copy_and_leaves_the_users_graph_alone():
+    """tfmem.Session (its session graph a copy of what runs, see graph_copy): the pass
+    moves the copies of the state ops, before the session places them."""
+    g_plain, x_plain, loss_plain, train_plain, init_plain = build()
+    g, x, loss, train, init = build()
+    plain = two_cpu_session(g_plain)
+    config = tf1.ConfigProto(device_count={"CPU": 2}, intra_op_parallelism_threads=1,
+                             inter_op_parallelism_threads=2)
+    tfs = tfmem.Session(graph=g, config=config, partition_size=4, swap_min_bytes=MIN_BYTES,
+                        accelerator_device="CPU:1")
+    try:
+        plain.run(init_plain)
+        tfs.run(init)
+        for step, batch in enumerate(batches(3)):
+            expected = plain.run([train_plain, loss_plain], {x_plain: batch})[1]
+            (_, got), devices = placed(tfs.run, [train, loss], {x: batch})
+            np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=f"step {step}")
+            assert_state_on_host(devices)
+        state = [op for op in g.get_operations() if op.type in STATE]
+        assert state and all(op.device == ACCELERATOR for op in state)
+        for name in ("w1", "w2", "table"):
+            assert tfs.session.graph.get_operation_by_name(name).device == HOST_DEVICE
+    finally:
+        tfs.close()
+        plain.close()

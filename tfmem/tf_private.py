@@ -141,7 +141,9 @@ def import_beside(graph, graph_def, tensors, controls):
                                                       tensor._as_tf_output())  # pylint: disable=protected-access
     for name, op in controls.items():
         c_api.TF_ImportGraphDefOptionsRemapControlDependency(options, name, op._c_op)  # pylint: disable=protected-access
-    with graph._mutation_lock():  # pylint: disable=protected-access
+    # as_default: _ProcessNewOps gives each op its NodeDef's device through the default
+    # graph's device scope
+    with graph.as_default(), graph._mutation_lock():  # pylint: disable=protected-access
         buffer = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
         try:
             with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access

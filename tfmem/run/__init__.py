@@ -3,6 +3,7 @@
     session.py            TFMemSession, the drop-in Session wrapper
     session_interface.py  what makes it a session in every sense TensorFlow checks
     session_factory.py    sessions tfmem creates itself (tfmem.Session)
+    graph_copy.py         ... whose session graph copies only what requests reach
     regrouping.py         whether the session reorders sums (Grappler's arithmetic optimizer)
     monitored.py          monitored sessions whose every run goes through tfmem
     request.py            a Session.run request, normalised
@@ -13,7 +14,7 @@
     plan_import.py        ... or a whole plan in one import
     graph_growth.py       adding those copies to a finalized graph
     step_loop.py          one step: a call per partition, shared with tfmem.function
-    execute.py            the Session front end of that loop: one Session callable per partition
+    execute.py            the Session front end of that loop: one Session callable per stretch
     interrupts.py         Ctrl-C held until a partition's outputs are handed over
     host_memory.py        a plan refused when the host cannot hold its swapped tensors
     sampling.py           which steps are measured

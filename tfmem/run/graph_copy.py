@@ -37,16 +37,19 @@ class GraphCopy:
         self._lock = threading.Lock()
 
     def reach(self, ops):
-        """Copy `ops` (the source's) and what they depend on, where not copied yet."""
+        """Copy `ops` (the source's) and what they depend on, where not copied yet.
+        True when something was copied."""
         if all(op.name in self._copied for op in ops):
-            return
+            return False
         with self._lock:
             new = self._closure(ops)
             if new:
                 self._import(new)
+            return bool(new)
 
     def _closure(self, ops):
-        """The source ops `ops` depend on (inputs, control inputs, colocation), not copied."""
+        """The source ops `ops` need that are not copied yet: themselves, what they read
+        (data and control inputs), and the colocated and scope-named ops of each."""
         found, stack = {}, [op for op in ops if op.name not in self._copied]
         while stack:
             op = stack.pop()

@@ -247,8 +247,13 @@ class TFMemSession(SessionInterfaceMethods):
         request = Request(self.graph, fetches, feed_dict)
         if self._copy is None:
             return request
-        self._copy.reach(request.ops())
+        self._reach(request.ops())
         return request.moved_to(self._copy)
+
+    def _reach(self, ops):
+        """Copy what `ops` need into the GraphCopy, the placement pass over what is new."""
+        if self._copy.reach(ops):
+            self._place_state()
 
     @property
     def partition_size(self):
@@ -372,7 +377,7 @@ class TFMemSession(SessionInterfaceMethods):
         request = self._request(fetches, {})
         fed = [self.graph.as_graph_element(f, allow_tensor=True, allow_operation=False)
                for f in (feeds or [])]
-        self._copy.reach([t.op for t in fed])
+        self._reach([t.op for t in fed])
         return self._session.partial_run_setup(
             [t.name for t in request.fetch_tensors] + [op.name for op in request.targets],
             [t.name for t in fed])
