@@ -103,6 +103,9 @@ def test_first_step_table_on_two_graph_sizes():
         assert row["user_graph_ops"] >= 0.95 * row["graph_ops"]  # the filler is ~sized
         if row["config"] == "default":
             assert row["session_graph_ops"] >= 0.95 * row["graph_ops"]
+            assert row["copy_s"] == 0
+        else:  # tfmem.Session copied the request into its own session graph
+            assert row["copy_s"] > 0
         assert row["partitions"] >= 2 and row["added_ops"] > 0
         assert row["first_step_s"] >= row["callables_s"] > 0
     own = [r["session_graph_ops"] for r in rows if r["config"] == "tfmem"]

@@ -52,9 +52,13 @@ def test_unrelated_ops_stay_out_and_the_users_graph_is_unchanged(own_and_plain):
     fetches = [model.train, model.loss]
     before = model.graph.version
     model, tfs, plain = _initialised(own_and_plain, model)
+    compiles = []
     for batch in (8, 8, 5):
         feed = model.feed(batch, data_seed=batch)
         np.testing.assert_array_equal(tfs.run(fetches, feed)[1], plain.run(fetches, feed)[1])
+        compiles.append(tfs.last_compile)
+    # the first step copied the training request into the session graph, and says so
+    assert compiles[0].copy_time > 0 and "copying into the session graph" in str(compiles[0])
     assert tfs.last_step.partitions > 1
     assert tfs.graph is model.graph and model.graph.version == before
     copied = {op.name for op in tfs.session.graph.get_operations()}

@@ -454,7 +454,8 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                            session_graph_ops=c.graph_ops_before,
                            added_ops=c.graph_ops_after - c.graph_ops_before,
                            request_ops=plan.num_ops, partition_size=size,
-                           partitions=parts, callables=c.callables, plan_s=c.plan_time,
+                           partitions=parts, callables=c.callables, copy_s=c.copy_time,
+                           plan_s=c.plan_time,
                            simulate_s=c.simulate_time, rewrite_s=c.rewrite_time,
                            extend_s=c.extend_time,
                            callables_s=c.callables_time,
@@ -884,14 +885,15 @@ def report_first_step(first, out=print):
     """The table of (c): where tfmem's first step goes, per session-graph size."""
     out(f"\n(c) first step vs session graph: MLP training step ({first['layers']} layers, "
         f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
-    out(f"{'config':>7} {'user':>6} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'plan':>5} {'pred.':>5} "
+    out(f"{'config':>7} {'user':>6} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'copy':>5} "
+        f"{'plan':>5} {'pred.':>5} "
         f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
         f"{'+ops':>5}")
     for r in first["rows"]:
         out(f"{r['config']:>7} {r.get('user_graph_ops', r['session_graph_ops']):>6} "
             f"{r['session_graph_ops']:>6} {r['partition_size']:>4} "
             f"{r['partitions']:>5} {r.get('callables', r['partitions']):>5} "
-            f"{r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
+            f"{r.get('copy_s', 0.0):>5.2f} {r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
             f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} "
             f"{r.get('setup_s', 0.0):>6.2f} {r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
             f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
@@ -901,8 +903,10 @@ def report_first_step(first, out=print):
     out("  user: ops in the user's graph; graph: ops in the session graph when the plan "
         "was compiled; ps: partition_size; "
         "calls: Session callables (one per stretch of partitions, see plan/stretches.py)")
-    out("  plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying "
-        "into the graph, TensorFlow taking in the grown graph, making the Session callables;")
+    out("  copy: tfmem.Session copying the ops the request reaches into its session graph; "
+        "plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying the "
+        "plan into the graph, TensorFlow taking in the grown graph, making the Session "
+        "callables;")
     out("  setup: the first partial run's setup (one executor for every partition; 0 with "
         "callables); ms/part: (callab. + setup) / parts")
     out("  run: the first run of the partitions; first: tfs.run's first call in all; plain: "

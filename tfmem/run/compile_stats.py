@@ -23,12 +23,17 @@ class CompileStats:
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
     partial_run: bool = False  # True: steps run as partial runs, callables made when needed
+    # tfmem.Session: copying the ops the request reached first into its session graph
+    # (run/graph_copy.py); 0 for a wrapped session
+    copy_time: float = 0.0
 
     def __str__(self):
+        copied = f"copying into the session graph {self.copy_time:.2f} s, " \
+            if self.copy_time else ""
         if self.reused:
-            return (f"reused the copies of an earlier plan (planning {self.plan_time:.2f} s, "
-                    f"prediction {self.simulate_time:.2f} s)")
-        return (f"planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
+            return (f"reused the copies of an earlier plan ({copied}planning "
+                    f"{self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s)")
+        return (f"{copied}planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
                 f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
                 + ("partial runs (callables when needed), upload callables "
                    if self.partial_run else f"{self.callables} callables ")

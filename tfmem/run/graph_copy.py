@@ -35,6 +35,7 @@ class GraphCopy:
         self._copied = set()  # names of the source's ops in `graph`
         self._functions = set()  # names of the source's functions in `graph`
         self._lock = threading.Lock()
+        self._source_ops = {}  # the source's {name: op}, as of the last closure
 
     def reach(self, ops):
         """Copy `ops` (the source's) and what they depend on, where not copied yet.
@@ -48,55 +49,50 @@ class GraphCopy:
             return bool(new)
 
     def _closure(self, ops):
-        """The source ops `ops` need that are not copied yet: themselves, what they read
-        (data and control inputs), and the colocated and scope-named ops of each."""
+        """{name: (op, NodeDef)} of the source ops `ops` need that are not copied yet:
+        themselves, what they read (data and control inputs), and the colocated and
+        scope-named ops of each."""
         found, stack = {}, [op for op in ops if op.name not in self._copied]
+        self._source_ops = tf_private.ops_by_name(self.source)
         while stack:
             op = stack.pop()
             if op.name in found:
                 continue
-            found[op.name] = op
+            node = op.node_def
+            found[op.name] = (op, node)
             before = [t.op for t in op.inputs] + list(op.control_inputs)
-            before += self._colocated(op) + self._named_as_scope_of(op)
+            before += self._colocated(op, node) + self._named_as_scope_of(op)
             stack.extend(o for o in before if o.name not in self._copied and o.name not in found)
-        return list(found.values())
+        return found
 
-    def _colocated(self, op):
-        """The ops `op` is to be placed with (its `_class` "loc:@name" constraints)."""
-        found = []
-        for group in op.colocation_groups():
-            name = group.decode()[len("loc:@"):]
-            try:
-                found.append(self.source.get_operation_by_name(name))
-            except KeyError:  # a constraint naming no op binds nothing (as in the placer)
-                pass
-        return [o for o in found if o is not op]
+    def _colocated(self, op, node):
+        """The ops `op` is to be placed with (its `_class` "loc:@name" constraints; one
+        naming no op binds nothing, as in TensorFlow's placer)."""
+        if "_class" not in node.attr:
+            return []
+        names = (group.decode()[len("loc:@"):] for group in node.attr["_class"].list.s)
+        return [self._source_ops[n] for n in names if n in self._source_ops and n != op.name]
 
     def _named_as_scope_of(self, op):
         """The ops named as a name scope around `op` ("a" and "a/b" for "a/b/c").
 
         TensorFlow's importer refuses an op named like a name scope already in the graph
         ("a/b" once "a/b/c" is there), so such ops are copied no later than `op`."""
-        found, parts = [], op.name.split("/")
-        for end in range(1, len(parts)):
-            try:
-                found.append(self.source.get_operation_by_name("/".join(parts[:end])))
-            except KeyError:
-                pass
-        return found
+        parts = op.name.split("/")
+        names = ("/".join(parts[:end]) for end in range(1, len(parts)))
+        return [self._source_ops[n] for n in names if n in self._source_ops]
 
-    def _import(self, ops):
+    def _import(self, found):
         graph_def = tf.compat.v1.GraphDef()
         graph_def.versions.CopyFrom(self.source.graph_def_versions)
         new_functions = tf_private.function_library(self.source, self._functions)
         graph_def.library.CopyFrom(new_functions)
-        names = {op.name for op in ops}
         tensors, controls = {}, {}  # what the new ops read of ops copied before
-        for op in ops:
-            graph_def.node.add().CopyFrom(op.node_def)
-            for name in graph_def.node[-1].input:
+        for _, node in found.values():
+            graph_def.node.append(node)
+            for name in node.input:
                 source = name.lstrip("^").partition(":")[0]
-                if source in names:
+                if source in found:
                     continue
                 if name.startswith("^"):
                     controls[source] = self.graph.get_operation_by_name(source)
@@ -111,12 +107,13 @@ class GraphCopy:
                 f"{err.message}: an op of the graph tfmem.Session runs has the name of one of "
                 f"tfmem's own ops in the session graph (named 'tfmem/...'); rename the "
                 f"op") from None
-        imported = [self.graph.get_operation_by_name(op.name) for op in ops]
-        for op, copy in zip(ops, imported):
+        for name, (op, _) in found.items():
+            copy = self.graph.get_operation_by_name(name)
             for tensor, copied in zip(op.outputs, copy.outputs):
-                if tensor.shape != copied.shape:  # a set_shape the NodeDef does not carry
+                # a set_shape the NodeDef does not carry (compared as cached: cheap)
+                if tf_private.static_shape(tensor) != tf_private.static_shape(copied):
                     copied.set_shape(tensor.shape)
-        self._copied.update(names)
+        self._copied.update(found)
         self._functions.update(f.signature.name for f in new_functions.function)
 
     def tensor(self, tensor):

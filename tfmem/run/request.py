@@ -82,6 +82,7 @@ class Request:
         self._handler = tf_private.fetch_handler(graph, fetches, feeds_by_ref)
         self.fetch_tensors = tuple(self._handler.fetches())
         self.targets = tuple(self._handler.targets())
+        self.copy_time = 0.0  # seconds copying what it reaches (see TFMemSession._request)
 
     @property
     def signature(self):

@@ -247,8 +247,11 @@ class TFMemSession(SessionInterfaceMethods):
         request = Request(self.graph, fetches, feed_dict)
         if self._copy is None:
             return request
+        started = time.perf_counter()
         self._reach(request.ops())
-        return request.moved_to(self._copy)
+        request = request.moved_to(self._copy)
+        request.copy_time = time.perf_counter() - started
+        return request
 
     def _reach(self, ops):
         """Copy what `ops` need into the GraphCopy, the placement pass over what is new."""
@@ -548,15 +551,16 @@ class TFMemSession(SessionInterfaceMethods):
         if entry.written is None:
             entry.written = first_updates.written_variables(entry.plan.view)
             entry.assigned = first_updates.assigned(self._graph, entry.plan.view)
-        entry.executor = self._executor_for(entry, simulated)
+        entry.executor = self._executor_for(entry, simulated, request.copy_time)
         entry.graph_version = self._graph.version
         entry.feed_shapes = request.feed_shapes()
 
-    def _executor_for(self, entry, simulate_time):
+    def _executor_for(self, entry, simulate_time, copy_time):
         """The executor of the entry's plan: shared with an entry of the same plan, or new."""
         shared = self._plans.executor_of(entry.plan)
         if shared is not None:
-            self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True)
+            self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True,
+                                             copy_time=copy_time)
             return shared
         before = self._graph.version
         # an initializing request runs callables, which release; a partial run's executor
@@ -569,7 +573,7 @@ class TFMemSession(SessionInterfaceMethods):
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
             graph_ops_before=before,
             partial_run=executor.partial_run,
-            graph_ops_after=self._graph.version)
+            graph_ops_after=self._graph.version, copy_time=copy_time)
         log.info("compiled: %s", self.last_compile)
         return executor
 
