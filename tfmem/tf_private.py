@@ -125,9 +125,10 @@ def import_beside(graph, graph_def, tensors, controls):
     """Import `graph_def` into `graph` under its own names, reading ops already there:
     `tensors` {input name: Tensor}, `controls` {control input name: Operation}.
 
-    Unlike `import_graph_def`, names are never made unique (an op named like an existing
-    one is an error; an op named like an existing name scope, "a" beside "a/b", is not),
-    and colocation may name ops already in `graph`."""
+    Unlike `import_graph_def`, names are never made unique: an op named like an existing
+    op, or like an existing name scope ("a/b" once "a/b/c" is there), is an error
+    (InvalidArgumentError "... already exists"), and nothing is imported.  Colocation
+    may name ops already in `graph`."""
     from tensorflow.python.client import pywrap_tf_session as c_api  # pylint: disable=import-outside-toplevel
     from tensorflow.python.framework import c_api_util, function  # pylint: disable=import-outside-toplevel
     scoped = c_api_util.ScopedTFImportGraphDefOptions()
@@ -154,6 +155,7 @@ def import_beside(graph, graph_def, tensors, controls):
         graph._add_new_tf_operations(compute_devices=False)  # pylint: disable=protected-access
     for defined in function.from_library(graph_def.library) if graph_def.library.function else ():
         defined.add_to_graph(graph)  # the Python side of functions the import added
+
 
 def ops_by_name(graph):
     """{name: op} of `graph`'s ops now, for many lookups: `in` and `[]` on it take about a

@@ -35,7 +35,6 @@ class GraphCopy:
         self._copied = set()  # names of the source's ops in `graph`
         self._functions = set()  # names of the source's functions in `graph`
         self._lock = threading.Lock()
-        self._source_ops = {}  # the source's {name: op}, as of the last closure
 
     def reach(self, ops):
         """Copy `ops` (the source's) and what they depend on, where not copied yet.
@@ -53,7 +52,7 @@ class GraphCopy:
         themselves, what they read (data and control inputs), and the colocated and
         scope-named ops of each."""
         found, stack = {}, [op for op in ops if op.name not in self._copied]
-        self._source_ops = tf_private.ops_by_name(self.source)
+        by_name = tf_private.ops_by_name(self.source)
         while stack:
             op = stack.pop()
             if op.name in found:
@@ -61,28 +60,12 @@ class GraphCopy:
             node = op.node_def
             found[op.name] = (op, node)
             before = [t.op for t in op.inputs] + list(op.control_inputs)
-            before += self._colocated(op, node) + self._named_as_scope_of(op)
+            before += _colocated(op, node, by_name) + _named_as_scope_of(op, by_name)
             stack.extend(o for o in before if o.name not in self._copied and o.name not in found)
         return found
 
-    def _colocated(self, op, node):
-        """The ops `op` is to be placed with (its `_class` "loc:@name" constraints; one
-        naming no op binds nothing, as in TensorFlow's placer)."""
-        if "_class" not in node.attr:
-            return []
-        names = (group.decode()[len("loc:@"):] for group in node.attr["_class"].list.s)
-        return [self._source_ops[n] for n in names if n in self._source_ops and n != op.name]
-
-    def _named_as_scope_of(self, op):
-        """The ops named as a name scope around `op` ("a" and "a/b" for "a/b/c").
-
-        TensorFlow's importer refuses an op named like a name scope already in the graph
-        ("a/b" once "a/b/c" is there), so such ops are copied no later than `op`."""
-        parts = op.name.split("/")
-        names = ("/".join(parts[:end]) for end in range(1, len(parts)))
-        return [self._source_ops[n] for n in names if n in self._source_ops]
-
     def _import(self, found):
+        """Import `found` (see _closure) into the copy, reading what was copied before."""
         graph_def = tf.compat.v1.GraphDef()
         graph_def.versions.CopyFrom(self.source.graph_def_versions)
         new_functions = tf_private.function_library(self.source, self._functions)
@@ -104,9 +87,9 @@ class GraphCopy:
             if "already exists" not in err.message:
                 raise
             raise ValueError(
-                f"{err.message}: an op of the graph tfmem.Session runs has the name of one of "
-                f"tfmem's own ops in the session graph (named 'tfmem/...'); rename the "
-                f"op") from None
+                f"{err.message}: an op of the graph tfmem.Session runs is named like one of "
+                f"tfmem's own ops in the session graph, or their name scopes ('tfmem/...'); "
+                f"rename the op") from None
         for name, (op, _) in found.items():
             copy = self.graph.get_operation_by_name(name)
             for tensor, copied in zip(op.outputs, copy.outputs):
@@ -123,6 +106,25 @@ class GraphCopy:
     def op(self, op):
         """The copy of a source op."""
         return self.graph.get_operation_by_name(op.name)
+
+
+def _colocated(op, node, by_name):
+    """The ops `op` is to be placed with (its `_class` "loc:@name" constraints; one
+    naming no op binds nothing, as in TensorFlow's placer)."""
+    if "_class" not in node.attr:
+        return []
+    names = (group.decode()[len("loc:@"):] for group in node.attr["_class"].list.s)
+    return [by_name[n] for n in names if n in by_name and n != op.name]
+
+
+def _named_as_scope_of(op, by_name):
+    """The ops named as a name scope around `op` ("a" and "a/b" for "a/b/c").
+
+    TensorFlow's importer refuses an op named like a name scope already in the graph
+    ("a/b" once "a/b/c" is there), so such ops are copied no later than `op`."""
+    parts = op.name.split("/")
+    names = ("/".join(parts[:end]) for end in range(1, len(parts)))
+    return [by_name[n] for n in names if n in by_name]
 
 
 def _tensor_name(name):
