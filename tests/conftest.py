@@ -120,7 +120,6 @@ def sessions():
         opened.append(s)
         return s
 
-    make.opened = opened
     yield make
     for s in opened:
         try:
@@ -129,13 +128,12 @@ def sessions():
             pass
 
 
-def _pair_factory(sessions, own_session):
+def _pair_factory(sessions, closed_at_teardown, own_session):
     def make(graph, partition_size, init=None):
         plain = sessions(graph)
         if own_session:  # tfmem.Session: a session of its own, on a copy of what runs
-            tfs = tfmem.Session(graph=graph, config=session_config(),
-                                partition_size=partition_size)
-            sessions.opened.append(tfs)
+            tfs, = closed_at_teardown(tfmem.Session(graph=graph, config=session_config(),
+                                                    partition_size=partition_size))
         else:
             tfs = tfmem.TFMemSession(sessions(graph), partition_size=partition_size)
         if init is not None:
@@ -147,21 +145,21 @@ def _pair_factory(sessions, own_session):
 
 
 @pytest.fixture
-def pair(sessions):
+def pair(sessions, closed_at_teardown):
     """Factory: ``make(graph, partition_size, init=None)`` -> (plain, tfs).
 
     Two sessions on the same graph; ``plain`` is a ``tf.compat.v1.Session``,
     ``tfs`` a ``TFMemSession`` around a second one.  ``init`` (op or list) is
     run in both sessions, the wrapped one through the wrapper.
     """
-    return _pair_factory(sessions, own_session=False)
+    return _pair_factory(sessions, closed_at_teardown, own_session=False)
 
 
 @pytest.fixture(params=["wrapped", "own"])
-def both_pairs(request, sessions):
+def both_pairs(request, sessions, closed_at_teardown):
     """As `pair`, and again with ``tfs`` a `tfmem.Session` (its session graph a copy of
     what requests reach, see run/graph_copy.py; Grappler off)."""
-    return _pair_factory(sessions, own_session=request.param == "own")
+    return _pair_factory(sessions, closed_at_teardown, own_session=request.param == "own")
 
 
 # --------------------------------------------------------------------------

@@ -434,10 +434,12 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
             plain.run(fetches, feed)
             plain_first_s = time.perf_counter() - started
             plain.close()
-            wrapped = _session(tf, model.graph, config)
-            wrapped.run(model.init)
+            own = config == "tfmem"  # tfmem.Session per size, else one session wrapped by all
+            if not own:
+                wrapped = _session(tf, model.graph, config)
+                wrapped.run(model.init)
             for size in sizes:
-                if config == "tfmem":  # a session of its own, on a copy of what it reaches
+                if own:  # a session of its own, on a copy of what it reaches
                     tfs = tfmem.Session(graph=model.graph, partition_size=size,
                                         partial_runs=partial_runs)
                     tfs.run(model.init)
@@ -468,14 +470,15 @@ def bench_first_step(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 
                            first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
                            plain_first_step_s=plain_first_s)
                 rows.append(row)
-                if config == "tfmem":
+                if own:
                     tfs.close()
                 log(f"(c) {config} config, {c.graph_ops_before} ops in the session graph, "
                     f"partition_size={size}: {parts} partitions, {c.callables} callables "
                     f"{row['ms_per_callable']:.0f} ms each, setup {row['setup_s']:.2f} s, "
                     f"first step {first_s:.1f} s "
                     f"(plain {plain_first_s:.2f} s)")
-            wrapped.close()
+            if not own:
+                wrapped.close()
     return dict(layers=layers, batch=batch, rows=rows)
 
 

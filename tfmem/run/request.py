@@ -100,6 +100,10 @@ class Request:
         moved.targets = tuple(copy.op(op) for op in self.targets)
         return moved
 
+    def run_names(self):
+        """The names a Session call fetches: the fetched tensors', then the targets'."""
+        return [t.name for t in self.fetch_tensors] + [op.name for op in self.targets]
+
     def ops(self):
         """The ops the request fetches from, runs or feeds."""
         return [t.op for t in self.fetch_tensors] + list(self.targets) + \

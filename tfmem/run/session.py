@@ -381,18 +381,15 @@ class TFMemSession(SessionInterfaceMethods):
         fed = [self.graph.as_graph_element(f, allow_tensor=True, allow_operation=False)
                for f in (feeds or [])]
         self._reach([t.op for t in fed])
-        return self._session.partial_run_setup(
-            [t.name for t in request.fetch_tensors] + [op.name for op in request.targets],
-            [t.name for t in fed])
+        return self._session.partial_run_setup(request.run_names(), [t.name for t in fed])
 
     def partial_run(self, handle, fetches, feed_dict=None):
         """Passed straight to the session (see session_interface), on its graph's names."""
         if self._copy is None:
             return self._session.partial_run(handle, fetches, feed_dict)
         request = self._request(fetches, feed_dict)
-        values = self._session.partial_run(
-            handle, [t.name for t in request.fetch_tensors] + [op.name for op in request.targets],
-            request.feed_values_by_name())
+        values = self._session.partial_run(handle, request.run_names(),
+                                           request.feed_values_by_name())
         return request.build_results(
             self._session, dict(zip((t.name for t in request.fetch_tensors), values)))
 
