@@ -83,6 +83,16 @@ KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in SIZES})
 # 13.76, 14.51, 14.75, 14.76 and 16.76 MiB in runs on 2026-11-22/23 (+21.8 % at most,
 # over-predicted: the executor's order kept fewer tensors alive; unchanged by session 7).
 KNOWN_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
+# The oneDNN ResNet at 200 (4 partitions; predicted 21.75 MiB, partition 0 at 19.27):
+# 20.15-22.09 MiB in runs on 2026-11-22/24, then 27.70 (steps to 28.90) in a CI run of
+# 2026-11-24 (-21.5 %, worst step -24.7 %; band -20.5 / -23.9 %).  Six fresh processes of
+# the same plan beside three busy loops read partition 0 at 20.6-25.4 MiB
+# (experiments/accuracy.py's process, 2026-11-24): the step statistics show partition 0's
+# ops in a different order in every process, from its first ops on (constants, variable
+# reads), with Grappler on or off, so which activations are alive at once is decided by
+# TensorFlow's executor at run time, not by the plan.  Budget mode's bound for this plan
+# (early frees off, chunk slack) is 33.0 MiB.
+KNOWN_GAPS[("onednn", "resnet", 200)] = 0.30
 # The Eigen convolution nets' gradients allocate im2col buffers of 20-27 MiB, and a
 # step holds each in a BFC chunk of up to 32 MiB.  Since session 14 kernel scratch is
 # what the kernel requested (tfmem/memory/kernel_runner.py); before, it was the chunk
@@ -122,6 +132,8 @@ BAND_BELOW_TOLERANCE = 0.20
 BAND_GAPS = {("onednn", "pool", size): 0.30 for size in SIZES}
 # The oneDNN ResNet at 50 and 20 below its band (over-predicted) by up to 21.8 % (above).
 BAND_GAPS.update({("onednn", "resnet", size): 0.25 for size in (50, 20)})
+# ... and above its band at 200 by up to 23.9 % (the executor's order, above).
+BAND_GAPS[("onednn", "resnet", 200)] = 0.28
 # The MoE layer's peak moves from process to process for one plan, in plain TensorFlow
 # too (experiments/peak_spread.py: 8-19 %, the executor's op order); on the Eigen path
 # it read 20.57 MiB once (session 5, size 200), 12.4 % above its 18.01 MiB chunk figure.
