@@ -124,7 +124,7 @@ def test_on_the_whole_device_a_plan_fits_by_its_requests_and_the_allocator_servi
 def test_learning_measures_kernels_once_and_on_the_whole_device_sets_no_factor():
     """A step over its prediction has the request's kernels measured again, once per
     request (a configuration's figure does not change within a session).  Below the
-    device it scales predictions; on the whole device a step that ran teaches only
+    device it scales working sets; on the whole device a step that ran teaches only
     scratch the model did not have, so a second such step learns nothing."""
     from tfmem.memory import learning
     calls = []
@@ -666,3 +666,41 @@ def test_host_guard_refuses_a_plan_the_host_cannot_hold(capped):
     high = max(guard["available_before"], guard["available_after"]) * 1.1
     assert low <= int(figures.group(2)) * MIB <= high
 
+
+
+def test_a_learned_factor_scales_working_sets_so_smaller_partitions_still_fit():
+    """What a step was under-predicted by lies in what its partitions allocate while they
+    run, not in what is resident when they start (state, kept tensors, uploads: counted
+    exactly).  A factor learned on one plan therefore scales working sets: a plan of
+    smaller partitions, mostly resident bytes, still fits where the same factor on whole
+    peaks would leave nothing that fits (session 18's DeepSpeech search)."""
+    model = models.mlp(layers=6, width=512, features=512)
+    feed = model.feed(256)
+    view = analyse([model.loss], [model.train], list(feed))
+    sizing = Sizing(resolve_shapes(model.graph, view, {t.name: v.shape for t, v in feed.items()}),
+                    {})
+    one_op = build_plan(view, partition(view, units(view), 1), 1,
+                        SwapPolicy(swap_distance=0), place(view, None))
+    floor = budget.predict(one_op, sizing).peak_device
+    correction = budget.Correction()
+    correction.factor = 1.5
+    budget_bytes = int(floor * 1.2 / (1 - budget.DEFAULT_MARGIN))
+    assert floor * correction.factor > budget_bytes * (1 - budget.DEFAULT_MARGIN)
+    plan, trace = budget.fit(view, sizing, budget_bytes, correction=correction)
+    corrected = budget.scaled(trace, correction.factor)
+    assert corrected.peak_device <= budget_bytes * (1 - budget.DEFAULT_MARGIN)
+    assert len(plan.partitions) > 1
+    for predicted, scaled in zip(trace.partitions, corrected.partitions):
+        assert scaled.device_before == predicted.device_before  # resident bytes as counted
+        assert scaled.device_peak - scaled.device_before >= \
+            correction.factor * (predicted.device_peak - predicted.device_before)
+    # the whole step learns the factor that brings its prediction to what it measured
+    whole = budget.predict(plan, sizing)
+    learned = budget.Correction()
+    from tfmem.memory import learning  # pylint: disable=import-outside-toplevel
+    measured = [None] * len(whole.partitions)
+    measured[-1] = int(whole.peak_device * 1.25)
+    assert learning.learn_from_step(learned, whole, measured, None, {},
+                                    lambda extra: budget.predict(plan, sizing, extra))
+    assert abs(budget.scaled(whole, learned.factor).peak_device - measured[-1]) \
+        <= len(whole.partitions)

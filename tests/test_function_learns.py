@@ -260,7 +260,8 @@ def test_learning_uses_the_peaks_it_knows_and_only_what_went_over():
     asked = []
     assert learning.learn_from_step(correction, trace, over, None,
                                     lambda: asked.append(1) or {}, predict)
-    assert asked == [1] and correction.factor == pytest.approx(1.5, rel=1e-6)
+    assert asked == [1] and correction.factor >= 1.5  # on working sets, not state
+    assert abs(budget.scaled(trace, correction.factor).peak_device - over[1]) <= count
     # Bytes the device held for others (resident beyond the plan's state) are taken off.
     fresh = budget.Correction()
     resident = trace.state_bytes + over[1] - trace.peak_device

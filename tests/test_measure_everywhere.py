@@ -324,18 +324,24 @@ def test_a_step_within_the_allocators_jitter_teaches_nothing():
     def peaks(ratio):
         return [None] * (len(trace.partitions) - 1) + [int(trace.peak_device * ratio)]
 
+    def reaches(ratio):
+        """The corrected prediction is the measured peak (to a byte per partition)."""
+        corrected = budget.scaled(trace, correction.factor).peak_device
+        return abs(corrected - peaks(ratio)[-1]) <= len(trace.partitions)
+
     correction = budget.Correction()
     assert learning.learn_from_step(correction, trace, peaks(1.2), None, {}, predict)
-    assert correction.factor == pytest.approx(1.2, rel=1e-6)
+    assert correction.factor > 1.2 and reaches(1.2)  # only the working sets grow
+    learned = correction.factor
     # the next steps: a KiB more, then just within the jitter, teach nothing
     assert not learning.learn_from_step(correction, trace, peaks(1.2 + 1024 / trace.peak_device),
                                         None, {}, predict)
     assert not learning.learn_from_step(correction, trace, peaks(1.2 * (1 + learning.JITTER * 0.9)),
                                         None, {}, predict)
-    assert correction.factor == pytest.approx(1.2, rel=1e-6)
+    assert correction.factor == learned
     assert learning.learn_from_step(correction, trace, peaks(1.2 * (1 + learning.JITTER * 2)),
                                     None, {}, predict)
-    assert correction.factor == pytest.approx(1.2 * (1 + learning.JITTER * 2), rel=1e-6)
+    assert correction.factor > learned and reaches(1.2 * (1 + learning.JITTER * 2))
 
 
 def test_concurrent_function_calls_each_learn_from_their_own_figures():

@@ -32,13 +32,15 @@ margin)` (10 % by default) in one of two ways:
 
 Budget mode learns: after each measured step, `TFMemSession` and `tfmem.function`
 compare every partition's measured peak with its prediction (`Correction`, through
-`learning.learn_from_step`).  When a partition went over,
-predictions of that request are scaled by the largest measured/predicted
-ratio seen, and the next step runs a plan fitted with the corrected model.
-The step that went over is never run again: it may have updated variables.
+`learning.learn_from_step`).  When the step went over, every partition's working
+set (its peak above what is resident when it starts) is scaled by the factor that
+brings the step's prediction to its measured peak, and the next step runs a plan
+fitted with the corrected model.  The step that went over is never run again: it
+may have updated variables.
 """
 
 import dataclasses
+import math
 import re
 
 from tfmem.plan.analyse import split_tensor_name
@@ -99,8 +101,8 @@ class Correction:
 
     `scratch`: kernel scratch bytes per op seen in the request's own steps (from
     their step statistics) where it exceeded the calibration; `factor`: what the
-    measured step peak still exceeds the predicted one by once those are in
-    (the allocator's fragmentation, the executor's order), 1.0 until then.
+    measured working sets still exceed the predicted ones by once those are in (the
+    executor's order, the allocator's chunks), 1.0 until then (see `scaled`).
     """
 
     def __init__(self):
@@ -114,7 +116,7 @@ class Correction:
         if not measured_peaks or len(measured_peaks) != len(trace.partitions):
             return False
         known = [m for m in measured_peaks if m is not None]
-        return bool(known) and max(known) > trace.peak_device * self.factor
+        return bool(known) and max(known) > scaled(trace, self.factor).peak_device
 
     def learn(self, trace, measured_peaks, scratch_seen, predict, whole_device=False):
         """Compare a step's measured peak with `trace`'s (the plan was fitted to that);
@@ -133,8 +135,7 @@ class Correction:
         new = self._take_in(scratch_seen)
         if whole_device:
             return bool(new)
-        corrected = predict(self.scratch)
-        self.factor = max(self.factor, max(known) / max(corrected.peak_device, 1))
+        self.factor = max(self.factor, _reaching(predict(self.scratch), max(known)))
         return True
 
     def learn_out_of_memory(self, index, available, scratch_seen, predict):
@@ -144,8 +145,10 @@ class Correction:
         `available`.  Returns the prediction `predict(scratch)` made with that scratch."""
         self._take_in(scratch_seen)
         corrected = predict(self.scratch)
-        needed = corrected.partitions[index].device_peak_requested
-        self.factor = max(self.factor, available / max(needed, 1))
+        failed = corrected.partitions[index]
+        working_set = failed.device_peak_requested - failed.device_before
+        if working_set > 0:
+            self.factor = max(self.factor, (available - failed.device_before) / working_set)
         return corrected
 
     def _take_in(self, scratch_seen):
@@ -154,6 +157,35 @@ class Correction:
                if nbytes > self.scratch.get(name, 0)}
         self.scratch.update(new)
         return new
+
+
+def scaled(trace, factor):
+    """`trace` with every partition's working set, its peak above what is resident when it
+    starts (state, kept tensors, uploads), scaled by `factor`: the learned correction.
+
+    What is resident is counted exactly; what the model misses (the executor running
+    ops in another order, chunks) lies in what a partition allocates while it runs.  A
+    factor on the whole peak would also scale the kept tensors that a plan of smaller
+    partitions swaps out, until no plan fits (session 18's DeepSpeech run: 1.16 after a
+    step out of memory in one partition, and then not even one op per partition did)."""
+    if factor == 1.0:
+        return trace
+
+    def grow(peak, before):
+        return before + math.ceil((peak - before) * factor) if peak > before else peak
+
+    return dataclasses.replace(trace, partitions=tuple(
+        dataclasses.replace(p, device_peak=grow(p.device_peak, p.device_before),
+                            device_peak_requested=grow(p.device_peak_requested, p.device_before),
+                            device_peak_chunks=grow(p.device_peak_chunks, p.device_before))
+        for p in trace.partitions))
+
+
+def _reaching(trace, peak):
+    """The smallest factor whose `scaled(trace, factor)` predicts at least `peak` bytes in
+    some partition (1.0 when no partition has a working set to scale)."""
+    return min(((peak - p.device_before) / (p.device_peak - p.device_before)
+                for p in trace.partitions if p.device_peak > p.device_before), default=1.0)
 
 
 def merged_scratch(calibrated, correction):
@@ -198,13 +230,12 @@ def on_whole_device(budget_bytes, regions):
     return regions.limit is not None and budget_bytes >= regions.limit
 
 
-def _limit(budget_bytes, margin, others, factor, regions):
-    """Bytes a prediction may reach: the budget (at most the device) less its margin and
-    what the device holds beyond the request's own state, in the uncorrected model's
-    units."""
+def _limit(budget_bytes, margin, others, regions):
+    """Bytes a corrected prediction may reach: the budget (at most the device) less its
+    margin and what the device holds beyond the request's own state."""
     if on_whole_device(budget_bytes, regions):
         budget_bytes = regions.limit
-    return (budget_bytes * (1 - margin) - others) / factor
+    return budget_bytes * (1 - margin) - others
 
 
 def _held_back(budget_bytes, margin, regions):
@@ -232,8 +263,8 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     requests and sessions allocate too."""
     others = max(resident_bytes - trace.state_bytes, 0)
     factor = correction.factor if correction is not None else 1.0
-    return _fits(trace, budget_bytes,
-                 _limit(budget_bytes, margin, others, factor, trace.regions), others, margin)
+    return _fits(scaled(trace, factor), budget_bytes,
+                 _limit(budget_bytes, margin, others, trace.regions), others, margin)
 
 
 def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
@@ -280,10 +311,10 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     held = _held_back(budget_bytes, margin, sizing.regions)
     options["regions"] = dataclasses.replace(sizing.regions,
                                              occupied=-(-others // MIB) * MIB + held)
-    limit = _limit(budget_bytes, margin, others, factor, sizing.regions)
+    limit = _limit(budget_bytes, margin, others, sizing.regions)
 
     def within_budget(trace):
-        return _fits(trace, budget_bytes, limit, others, margin)
+        return _fits(scaled(trace, factor), budget_bytes, limit, others, margin)
 
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
@@ -315,19 +346,20 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         size = max(size // 2, 1)
         fits = attempt(size)
     if fits is None:
-        trace = simulate(build_plan(view, partition(view, groups, 1), 1,
-                                    dataclasses.replace(policy, swap_distance=0), placement),
-                         shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
-                         **options)
+        trace = scaled(simulate(build_plan(view, partition(view, groups, 1), 1,
+                                           dataclasses.replace(policy, swap_distance=0),
+                                           placement),
+                                shapes, early_frees=False, scratch=scratch, slack=slack,
+                                chunks=True, **options), factor)
         name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
         on_device = on_whole_device(budget_bytes, sizing.regions)
         needs = trace.peak_device_requested if on_device else trace.peak_device
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
-            f"stay under {mib(limit * factor)}"
+            f"stay under {mib(limit)}"
             + (f", after {mib(others)} the device holds for other requests"
                if others >= MIB // 20 else "")  # what would read 0.0 MiB is left out
-            + f"): even one op per partition needs {mib(needs * factor)}"
+            + f"): even one op per partition needs {mib(needs)}"
             + (" and the device's allocator cannot serve its requests within its "
                f"{mib(sizing.regions.limit)} with the margin held back"
                if on_device and not trace.served else "")

@@ -3,12 +3,16 @@
     measured step --> partition peaks - bytes the device held for others
                   --> over the plan's prediction?  no: nothing to do
                   --> yes: Correction takes in the step's kernel scratch and the
-                      factor still missing; log it; plan again for the NEXT step
+                      factor on working sets still missing; log it; plan again for
+                      the NEXT step
 
     step out of device memory in partition i (`learn_from_out_of_memory`)
                   --> the kernels measured again; the factor raised until partition
                       i's prediction reaches what the device had for it; the error
                       says so; plan again for the NEXT step
+
+The factor scales what each partition allocates while it runs, not what is
+resident when it starts (`budget.scaled`).
 
 `TFMemSession` and `tfmem.function` call `learn_from_step` after every step of
 budget mode and re-plan when it returns True.  The step that went over is never
@@ -19,6 +23,7 @@ out; the known ones still teach.
 
 import logging
 
+from tfmem.memory.budget import scaled
 from tfmem.memory.sizes import mib
 
 log = logging.getLogger(__name__)
@@ -61,7 +66,8 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
     worst = max((i for i, m in enumerate(measured) if m is not None), key=measured.__getitem__)
     log.info("the step measured %.1f MiB (partition %d) against a predicted %.1f MiB: the "
              "model now takes the kernel scratch this step measured (%d ops) and scales "
-             "predictions by %.2f; planning %s again for the next step",
+             "what each partition allocates while it runs by %.2f; planning %s again for "
+             "the next step",
              measured[worst] / (1 << 20), worst, trace.peak_device / (1 << 20),
              len(correction.scratch), correction.factor, what)
     return True
@@ -81,10 +87,11 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
     corrected = correction.learn_out_of_memory(index, available, scratch_seen, predict)
     message = (f"Budget mode took this in: partition {index} was predicted at "
                f"{mib(trace.partitions[index].device_peak)} and needed more than the "
-               f"{mib(available)} the device had for it; with its kernels measured again the "
-               f"model predicts {mib(corrected.partitions[index].device_peak)} there and "
-               f"scales predictions by {correction.factor:.2f}, and {what} is "
-               "planned again before its next step (this step is not run again: it may have "
+               f"{mib(available)} the device had for it; with its kernels measured again and "
+               f"what each partition allocates while it runs scaled by "
+               f"{correction.factor:.2f}, the model predicts "
+               f"{mib(scaled(corrected, correction.factor).partitions[index].device_peak)} "
+               f"there, and {what} is planned again before its next step (this step is not run again: it may have "
                "updated variables).")
     log.warning("%s", message)
     return message
