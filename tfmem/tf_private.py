@@ -266,4 +266,3 @@ def grappler_optimize(config_proto, meta_graph):
     """The GraphDef Grappler's meta optimizer makes of `meta_graph` under `config_proto`."""
     from tensorflow.python.grappler import tf_optimizer  # pylint: disable=import-outside-toplevel
     return tf_optimizer.OptimizeGraph(config_proto, meta_graph)
-

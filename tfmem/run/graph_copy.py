@@ -24,6 +24,7 @@ import threading
 import tensorflow as tf
 
 from tfmem import tf_private
+from tfmem.plan.analyse import canonical_input
 
 
 class GraphCopy:
@@ -80,7 +81,7 @@ class GraphCopy:
                 if name.startswith("^"):
                     controls[source] = self.graph.get_operation_by_name(source)
                 else:
-                    tensors[name] = self.graph.get_tensor_by_name(_tensor_name(name))
+                    tensors[name] = self.graph.get_tensor_by_name(canonical_input(name))
         try:
             tf_private.import_beside(self.graph, graph_def, tensors, controls)
         except tf.errors.InvalidArgumentError as err:
@@ -125,7 +126,3 @@ def _named_as_scope_of(op, by_name):
     parts = op.name.split("/")
     names = ("/".join(parts[:end]) for end in range(1, len(parts)))
     return [by_name[n] for n in names if n in by_name]
-
-
-def _tensor_name(name):
-    return name if ":" in name else name + ":0"
