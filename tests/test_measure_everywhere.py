@@ -300,7 +300,7 @@ def test_concurrent_steps_each_learn_from_their_own_figures(measured):
         assert learned_scratch is False, (name, race)
 
 
-def test_a_step_within_the_allocators_jitter_teaches_nothing():
+def test_a_step_within_the_allocators_jitter_teaches_nothing(caplog):
     """Figures of one plan's steps move by a few KiB (BFC without a cap: 8,660,224 then
     8,661,248 bytes): a step within `learning.JITTER` of its corrected prediction does
     not plan again (else such a plan re-plans on every step); one further over does."""
@@ -339,9 +339,13 @@ def test_a_step_within_the_allocators_jitter_teaches_nothing():
     assert not learning.learn_from_step(correction, trace, peaks(1.2 * (1 + learning.JITTER * 0.9)),
                                         None, {}, predict)
     assert correction.factor == learned
-    assert learning.learn_from_step(correction, trace, peaks(1.2 * (1 + learning.JITTER * 2)),
-                                    None, {}, predict)
+    fitted = budget.scaled(trace, learned).peak_device
+    with caplog.at_level("INFO", logger="tfmem"):
+        assert learning.learn_from_step(correction, trace,
+                                        peaks(1.2 * (1 + learning.JITTER * 2)), None, {}, predict)
     assert correction.factor > learned and reaches(1.2 * (1 + learning.JITTER * 2))
+    # the log quotes the prediction this plan was fitted to, the corrected one
+    assert f"against a predicted {fitted / (1 << 20):.1f} MiB" in caplog.text, caplog.text
 
 
 def test_concurrent_function_calls_each_learn_from_their_own_figures():

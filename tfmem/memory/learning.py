@@ -61,6 +61,7 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
                                              for m in measured)):
         return False
     scratch_seen = _scratch_seen(correction, scratch_seen)
+    fitted = scaled(trace, correction.factor).peak_device  # what the plan was fitted to
     if not correction.learn(trace, measured, scratch_seen, predict, whole_device):
         return False
     worst = max((i for i, m in enumerate(measured) if m is not None), key=measured.__getitem__)
@@ -68,7 +69,7 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
              "model now takes the kernel scratch this step measured (%d ops) and scales "
              "what each partition allocates while it runs by %.2f; planning %s again for "
              "the next step",
-             measured[worst] / (1 << 20), worst, trace.peak_device / (1 << 20),
+             measured[worst] / (1 << 20), worst, fitted / (1 << 20),
              len(correction.scratch), correction.factor, what)
     return True
 
