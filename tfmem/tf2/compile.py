@@ -25,6 +25,7 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
+from tfmem.plan.analyse import canonical_input
 from tfmem.run.rewrite import keep_colocation_within
 from tfmem.tf2 import dedup, sorted_names
 
@@ -82,10 +83,6 @@ def seen_names(concrete):
     return lambda name: names.get(name, name)
 
 
-def _with_index(reference):
-    return reference if ":" in reference else reference + ":0"
-
-
 def _flat_call(concrete):
     """The cheapest call of a ConcreteFunction on flat eager tensors (no tape, no structure)."""
     atomic = getattr(concrete, "_inference_function", None)
@@ -115,7 +112,7 @@ def compile_partition(graph, plan, partition, library, seen, kept=None):
     encoded_inputs = [_reference(name, seen) for name in inputs]
     encoded_outputs = [_reference(name, seen) for name in outputs]
 
-    read = {_with_index(inp) for node in graph_def.node for inp in node.input
+    read = {canonical_input(inp) for node in graph_def.node for inp in node.input
             if not inp.startswith("^")}
 
     def body(*args):
@@ -124,11 +121,11 @@ def compile_partition(graph, plan, partition, library, seen, kept=None):
                 handle_data_util.copy_handle_data(original, arg)
         if not graph_def.node:
             return []
-        mapped = {name: arg for name, arg in zip(map(_with_index, encoded_inputs), args)
+        mapped = {name: arg for name, arg in zip(map(canonical_input, encoded_inputs), args)
                   if name in read}  # an input whose readers read an equal one is left out
         imported = tf.graph_util.import_graph_def(  # no prefix: the names as encoded
             graph_def, input_map=mapped,
-            return_elements=[_with_index(name) for name in encoded_outputs], name="")
+            return_elements=[canonical_input(name) for name in encoded_outputs], name="")
         return list(imported)
 
     body.__name__ = f"tfmem_partition_{partition.index}"
