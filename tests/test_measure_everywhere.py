@@ -88,6 +88,12 @@ tfs.run(fetches, feed)
 out["learn"] = dict(went_over, settle=settle, factor=entry.correction.factor,
                     predicted_after=tfs.memory_report().predicted_device_peak,
                     measured_after=tfs.last_step.device_peak_bytes, log_after=list(records))
+# memory_report() shows the prediction the plan was fitted to: with what was learned
+entry = tfs._last_entry
+reported = tfs.memory_report().predicted_device_peak
+entry.correction.factor *= 2
+out["learn"]["reported_with_factor"] = [reported, tfs.memory_report().predicted_device_peak]
+entry.correction.factor /= 2
 sess.close()
 
 # race: two steps of one plan at once, each must learn from its own figures.
@@ -278,6 +284,9 @@ def test_budget_mode_learns_from_a_forced_under_prediction(measured):
     # executor's order), but never again against the forced prediction.
     assert learn["predicted_after"] > 1 << 20 and learn["factor"] >= 1, learn
     assert not any("predicted 0.0 MiB" in line for line in learn["log_after"]), learn
+    # the report scales working sets by the learned factor, as budget mode fits plans
+    plain, doubled = learn["reported_with_factor"]
+    assert doubled > plain, learn
 
 
 def test_concurrent_steps_each_learn_from_their_own_figures(measured):

@@ -518,7 +518,7 @@ class TFMemSession(SessionInterfaceMethods):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
-        trace = self._last_entry.trace
+        trace = budget.fitted(self._last_entry.trace, self._last_entry.correction)
         measured = self._last_entry.last_measured
         return MemoryReport(
             device_peak=measured.device_peak_bytes if measured else None,
