@@ -4,6 +4,7 @@
     python experiments/peak_spread.py --quick    # 3
     python experiments/peak_spread.py --json experiments/results/peak_spread.json
     python experiments/peak_spread.py --shared-process --json experiments/results/peak_spread-shared.json
+    python experiments/peak_spread.py --models resnet moe pool --ordered --json experiments/results/peak_spread-ordered.json
 
 Each process pays TensorFlow's start (10-20 s on a loaded 2-core machine): the
 default's 60 processes took 22 min at a load average of 6, --shared-process
@@ -41,6 +42,11 @@ before the next), as the accuracy test's measuring process does: the
 allocator then starts each model with the free chunks the models before it
 left.  Comparing both modes separates what the process's history does from
 what the executor does in a fresh process.
+
+With `--ordered`, each process runs a copy of the graph in which every op of the
+step waits for the one before it in the simulator's depth-first order (control
+edges), and the prediction is of that order alone: does the executor's order
+explain the spread?
 
 A single predicted figure can be within 10 % of every process's measurement
 only if max <= (1.1 / 0.9) x min of the measurements: the `one figure` column
