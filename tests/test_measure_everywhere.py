@@ -91,9 +91,11 @@ out["learn"] = dict(went_over, settle=settle, factor=entry.correction.factor,
 # memory_report() shows the prediction the plan was fitted to: with what was learned
 entry = tfs._last_entry
 reported = tfs.memory_report().predicted_device_peak
-entry.correction.factor *= 2
-out["learn"]["reported_with_factor"] = [reported, tfs.memory_report().predicted_device_peak]
-entry.correction.factor /= 2
+entry.correction.factor *= 2  # learned after the last step: not the last step's figure
+learned_after = tfs.memory_report().predicted_device_peak
+tfs.run(fetches, feed)  # planned again with it, or the same plan fitted with it
+out["learn"]["reported_with_factor"] = [reported, learned_after,
+                                        tfs.memory_report().predicted_device_peak]
 sess.close()
 
 # race: two steps of one plan at once, each must learn from its own figures.
@@ -285,8 +287,8 @@ def test_budget_mode_learns_from_a_forced_under_prediction(measured):
     assert learn["predicted_after"] > 1 << 20 and learn["factor"] >= 1, learn
     assert not any("predicted 0.0 MiB" in line for line in learn["log_after"]), learn
     # the report scales working sets by the learned factor, as budget mode fits plans
-    plain, doubled = learn["reported_with_factor"]
-    assert doubled > plain, learn
+    before, learned_after, next_step = learn["reported_with_factor"]
+    assert learned_after == before and next_step > before, learn
 
 
 def test_concurrent_steps_each_learn_from_their_own_figures(measured):

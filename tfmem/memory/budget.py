@@ -181,12 +181,6 @@ def scaled(trace, factor):
         for p in trace.partitions))
 
 
-def fitted(trace, correction):
-    """`trace` as budget mode fits plans to it: scaled by what `correction` (None: nothing
-    yet) learned.  What `memory_report()` shows as the prediction of a budget-mode step."""
-    return scaled(trace, correction.factor) if correction is not None else trace
-
-
 def _reaching(trace, peak):
     """The smallest factor whose `scaled(trace, factor)` predicts at least `peak` bytes in
     some partition (1.0 when no partition has a working set to scale)."""
