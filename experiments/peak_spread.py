@@ -4,6 +4,7 @@
     python experiments/peak_spread.py --quick    # 3
     python experiments/peak_spread.py --json experiments/results/peak_spread.json
     python experiments/peak_spread.py --shared-process --json experiments/results/peak_spread-shared.json
+    python experiments/peak_spread.py --models resnet moe pool --ordered --json experiments/results/peak_spread-ordered.json
 
 Each process pays TensorFlow's start (10-20 s on a loaded 2-core machine): the
 default's 60 processes took 22 min at a load average of 6, --shared-process
@@ -41,6 +42,11 @@ before the next), as the accuracy test's measuring process does: the
 allocator then starts each model with the free chunks the models before it
 left.  Comparing both modes separates what the process's history does from
 what the executor does in a fresh process.
+
+With `--ordered`, each process runs a copy of the graph in which every op of the
+step waits for the one before it in the simulator's depth-first order (control
+edges), and the prediction is of that order alone: does the executor's order
+explain the spread?
 
 A single predicted figure can be within 10 % of every process's measurement
 only if max <= (1.1 / 0.9) x min of the measurements: the `one figure` column
@@ -93,31 +99,71 @@ def suite_models(path=SUITE):
 # one process: one model on one kernel path
 
 
-def worker(name, builder, kwargs, batch, steps):
-    """Train `name` with a plain Session for `steps` steps; the figures as a dict."""
+def chained(graph, order):
+    """A copy of `graph` in which each op of `order` waits for the one before it (a
+    control edge): TensorFlow's executor can then run them in that order only."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    graph_def = graph.as_graph_def()
+    nodes = {node.name: node for node in graph_def.node}
+    for before, after in zip(order, order[1:]):
+        nodes[after].input.append("^" + before)
+    copy = tf.Graph()
+    with copy.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return copy
+
+
+def depth_first_only(view, ops, originals=frozenset()):  # pylint: disable=unused-argument
+    """The simulator's orders for a chained partition: the one it was chained in."""
+    from tfmem.memory import op_order  # pylint: disable=import-outside-toplevel
+    return [op_order.dependency_order(view, ops)]
+
+
+def worker(name, builder, kwargs, batch, steps, ordered=False):
+    """Train `name` with a plain Session for `steps` steps; the figures as a dict.  With
+    `ordered`, the Session runs a copy of the graph whose step ops are chained in the
+    simulator's depth-first order (`chained`), and the prediction is of that order."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import tfmem  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import op_order, simulate  # pylint: disable=import-outside-toplevel
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     from accuracy import model_session  # pylint: disable=import-outside-toplevel
 
     model, sess = model_session(builder, kwargs)
-    sess.run(model.init)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
-    peaks, resident = [], []
+    run_sess, run_feed, run_fetches, init = sess, feed, fetches, model.init
+    if ordered:
+        simulate.partition_orders = depth_first_only
+        plan = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION).plan(fetches, feed)
+        ops = plan.partitions[0].ops
+        graph = chained(model.graph, op_order.dependency_order(plan.view, ops))
+        run_sess = tf.compat.v1.Session(graph=graph, config=sess._config)  # pylint: disable=protected-access
+        run_feed = {graph.get_tensor_by_name(t.name): v for t, v in feed.items()}
+        run_fetches = [graph.get_operation_by_name(model.train.name),
+                       graph.get_tensor_by_name(model.loss.name)]
+        init = graph.get_operation_by_name(model.init.name)
+    run_sess.run(init)
+    peaks, resident, seconds = [], [], []
     for _ in range(steps):
         resident.append(accelerator.device_memory("CPU:0")["current"])
         accelerator.reset_peak("CPU:0")  # this measuring process's own figure
-        sess.run(fetches, feed)
+        started = time.perf_counter()
+        run_sess.run(run_fetches, run_feed)
+        seconds.append(time.perf_counter() - started)
         peaks.append(accelerator.device_memory("CPU:0")["peak"])
     # The prediction after the plain steps: its kernel calibration allocates too.
     tfs = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION)
     trace = tfs.simulate(fetches, feed)
     tfs.close()  # and the session: a next model in this process starts without them
+    if ordered:
+        run_sess.close()
     state = trace.state_bytes
     own = [p - max(r - state, 0) for p, r in zip(peaks, resident)]
     judged = own[1:]
     part = trace.partitions[0]
     return dict(model=name, peaks=peaks, resident=resident, state_bytes=state,
+                step_seconds=statistics.median(seconds[1:]),
                 own=own, median=statistics.median(judged), low=min(judged), high=max(judged),
                 predicted=trace.peak_device, predicted_chunks=trace.peak_device_chunks,
                 scratch=part.scratch, partitions=len(trace.partitions))
@@ -127,10 +173,10 @@ def worker(name, builder, kwargs, batch, steps):
 # the parent: N processes per model and path, then the spread
 
 
-def _run_worker(path, names, steps, timeout):
+def _run_worker(path, names, steps, timeout, ordered=False):
     """The results of one process running the models `names` in turn, one dict each."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", ",".join(names),
-           "--steps", str(steps)]
+           "--steps", str(steps)] + (["--ordered"] if ordered else [])
     env = child_env.child_env(onednn=PATHS[path])
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     try:
@@ -162,6 +208,7 @@ def spread(runs):
     row.update(medians=medians, min=low, max=high, median=middle,
                spread=(high - low) / middle,
                within_process=max((r["high"] - r["low"]) / r["median"] for r in good),
+               step_seconds=statistics.median(r["step_seconds"] for r in good),
                predicted=predicted[-1], predicted_chunks=chunks[-1],
                predictions_agree=len(predicted) == 1 and len(chunks) == 1,
                predicted_values=predicted, predicted_chunks_values=chunks,
@@ -173,14 +220,15 @@ def spread(runs):
     return row
 
 
-def measure(models, paths, processes, steps, jobs, timeout, shared=False, log=print):
+def measure(models, paths, processes, steps, jobs, timeout, shared=False, log=print,
+            ordered=False):
     """Rows (one per path and model) of `processes` fresh processes each (with `shared`,
-    each process runs every model in turn)."""
+    each process runs every model in turn; with `ordered`, chained: see `worker`)."""
     groups = [list(models)] if shared else [[name] for name in models]
     tasks = [(path, names) for path in paths for names in groups for _ in range(processes)]
     results = {}
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(_run_worker, path, names, steps, timeout)
+        futures = [pool.submit(_run_worker, path, names, steps, timeout, ordered)
                    for path, names in tasks]
         for result in (r for future in futures for r in future.result()):
             path, name = result["path"], result["model"]
@@ -189,7 +237,8 @@ def measure(models, paths, processes, steps, jobs, timeout, shared=False, log=pr
                      f"median {result['median'] / MIB:.2f} MiB (steps "
                      f"{', '.join(f'{p / MIB:.2f}' for p in result['own'])}); predicted "
                      f"{result['predicted'] / MIB:.2f} requested, "
-                     f"{result['predicted_chunks'] / MIB:.2f} in chunks")
+                     f"{result['predicted_chunks'] / MIB:.2f} in chunks; step "
+                     f"{result['step_seconds'] * 1000:.0f} ms")
             log(f"  {path:>6} {name:>6}: {shown}", flush=True)
     return [spread(results[path, name]) for path in paths for name in models]
 
@@ -249,11 +298,14 @@ def main(argv=None):
     parser.add_argument("--json", help="write every figure and the provenance to this file")
     parser.add_argument("--shared-process", action="store_true",
                         help="each process runs every model in turn (as the accuracy test's)")
+    parser.add_argument("--ordered", action="store_true",
+                        help="chain each step's ops in the simulator's depth-first order "
+                             "(control edges in a copy of the graph) and predict that order")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     models = suite_models()
     if args.worker:
-        print(json.dumps({"models": [worker(name, *models[name], args.steps)
+        print(json.dumps({"models": [worker(name, *models[name], args.steps, args.ordered)
                                      for name in args.worker.split(",")]}))
         return 0
     if args.steps < 3:
@@ -272,7 +324,7 @@ def main(argv=None):
           + f", steps 2..{args.steps} judged; load average "
           f"{'/'.join(f'{v:.1f}' for v in load_start)}", flush=True)
     rows = measure(models, args.paths, processes, args.steps, args.jobs, args.timeout,
-                   args.shared_process)
+                   args.shared_process, ordered=args.ordered)
     seconds = time.time() - started
     print()
     print(markdown(rows))
@@ -282,7 +334,7 @@ def main(argv=None):
     if args.json:
         data = dict(kind="peak-spread", processes=processes, steps=args.steps,
                     quick=args.quick, jobs=args.jobs, target=TARGET, seconds=seconds,
-                    shared_process=args.shared_process,
+                    shared_process=args.shared_process, ordered=args.ordered,
                     load_average_start=load_start, result=line, rows=rows,
                     models={name: list(spec) for name, spec in models.items()},
                     provenance=provenance.provenance(

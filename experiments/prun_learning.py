@@ -5,7 +5,7 @@ prediction (by TensorFlow's process peak around each call, run/call_peaks.py)
 the per-op kernel scratch the callables' statistics would give is missing.
 Two ways, compared here on the same start: a ResNet (14 layers, batch 32)
 under an emulated cap a little above its plain step's peak, in budget mode
-(`partition_size="auto"`), with a stale kernel scratch cache (every kernel
+(a budget a MiB below the device), with a stale kernel scratch cache (every kernel
 recorded with no scratch, as a file from another machine might say):
 
     recalibrate   what tfmem does: the request's kernels calibrated again past the
@@ -69,7 +69,11 @@ def timed(*args):
     seconds.append(time.perf_counter() - started)
     return seen
 remeasure.request_scratch = timed
-tfs = tfmem.TFMemSession(sess, partition_size="auto", partial_runs=True)
+# A budget a MiB below the device: on the whole device a step that ran teaches only
+# kernel scratch, never a factor (budget.Correction.learn), and the factor arm would
+# learn nothing at all.
+tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{int(sys.argv[1]) - 1}MiB",
+                         partial_runs=True)
 out = {"steps": []}
 for number in range(steps):
     if number:

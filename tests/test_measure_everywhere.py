@@ -88,6 +88,14 @@ tfs.run(fetches, feed)
 out["learn"] = dict(went_over, settle=settle, factor=entry.correction.factor,
                     predicted_after=tfs.memory_report().predicted_device_peak,
                     measured_after=tfs.last_step.device_peak_bytes, log_after=list(records))
+# memory_report() shows the prediction the plan was fitted to: with what was learned
+entry = tfs._last_entry
+reported = tfs.memory_report().predicted_device_peak
+entry.correction.factor *= 2  # learned after the last step: not the last step's figure
+learned_after = tfs.memory_report().predicted_device_peak
+tfs.run(fetches, feed)  # planned again with it, or the same plan fitted with it
+out["learn"]["reported_with_factor"] = [reported, learned_after,
+                                        tfs.memory_report().predicted_device_peak]
 sess.close()
 
 # race: two steps of one plan at once, each must learn from its own figures.
@@ -278,6 +286,9 @@ def test_budget_mode_learns_from_a_forced_under_prediction(measured):
     # executor's order), but never again against the forced prediction.
     assert learn["predicted_after"] > 1 << 20 and learn["factor"] >= 1, learn
     assert not any("predicted 0.0 MiB" in line for line in learn["log_after"]), learn
+    # the report scales working sets by the learned factor, as budget mode fits plans
+    before, learned_after, next_step = learn["reported_with_factor"]
+    assert learned_after == before and next_step > before, learn
 
 
 def test_concurrent_steps_each_learn_from_their_own_figures(measured):

@@ -194,13 +194,19 @@ def peak_spread_block(data, name):
         flags += f" --processes {data['processes']}"
     if data["steps"] != 6:
         flags += f" --steps {data['steps']}"
+    if list(data["models"]) != list(peak_spread.suite_models()):
+        flags += " --models " + " ".join(data["models"])
+    if data.get("ordered"):
+        flags += " --ordered"
     load = "/".join(f"{v:.1f}" for v in data["load_average_start"])
     return "\n".join([
         f"`python experiments/peak_spread.py{flags} --json experiments/results/{name}.json` "
         f"({data['processes']} fresh processes per "
         + ("kernel path, each running every model in turn" if data.get("shared_process") else
            "model and kernel path") + ", plain "
-        f"`tf.compat.v1.Session`, median of steps 2..{data['steps']} each; load average {load} "
+        f"`tf.compat.v1.Session`" + (", each step's ops chained in the simulator's depth-first "
+                                     "order" if data.get("ordered") else "")
+        + f", median of steps 2..{data['steps']} each; load average {load} "
         f"at the start; whole run {data['seconds']:.0f} s; "
         f"{_provenance(data.get('provenance'))}):", "",
         peak_spread.markdown(data["rows"]), "", f"    {data['result']}", ""])

@@ -193,6 +193,7 @@ class TFMemSession(SessionInterfaceMethods):
         self.last_step = None  # StepStats of the last run
         self.last_compile = None  # CompileStats of the last request planned and compiled
         self._last_entry = None
+        self._last_factor = 1.0
         self._step_listeners = []  # called as f(tfs, entry, stats) after every step
         self._interactive = None
         if (isinstance(sess, tf_session.InteractiveSession)
@@ -416,6 +417,8 @@ class TFMemSession(SessionInterfaceMethods):
         entry = self._entry(request)
         self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
         self._last_entry = entry
+        # the learned factor this step's plan was fitted with (learning may raise it after)
+        self._last_factor = entry.correction.factor if entry.correction is not None else 1.0
         timeline = Timeline() if self._trace_path else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
@@ -518,7 +521,7 @@ class TFMemSession(SessionInterfaceMethods):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
         if self.last_step is None:
             raise RuntimeError("memory_report() describes the last step; run a step first")
-        trace = self._last_entry.trace
+        trace = budget.scaled(self._last_entry.trace, self._last_factor)
         measured = self._last_entry.last_measured
         return MemoryReport(
             device_peak=measured.device_peak_bytes if measured else None,

@@ -189,7 +189,9 @@ class PartitionedFunction:
         self._runtime = None
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
-        self._last = None  # (StepStats, the MemoryTrace predicted for the plan that ran it)
+        # (StepStats, the MemoryTrace predicted for the plan that ran it, the learned factor
+        # it was fitted with)
+        self._last = None
         self._remeasured = ScratchCache()  # kernel scratch measured again when learning
         self._streams = {}  # budget mode: id of ConcreteFunction -> its TraceStreams
         self._kept = {}  # id of ConcreteFunction -> dedup.kept_copies of its graph
@@ -443,8 +445,8 @@ class PartitionedFunction:
         last = self._last  # one read: the step and its plan's prediction, published together
         if last is None:
             raise RuntimeError("memory_report() describes the last step; call the function first")
-        stats, trace = last
-        return function_memory_report(stats, prediction.resolved(trace),
+        stats, trace, factor = last
+        return function_memory_report(stats, budget.scaled(prediction.resolved(trace), factor),
                                       self._runtime.budget_bytes)
 
     def __call__(self, *args, **kwargs):
@@ -458,7 +460,10 @@ class PartitionedFunction:
             if traced.executor is None:
                 self._compile(traced)
         timeline = Timeline() if self._settings.trace else None
-        trace = traced.trace  # the prediction of this plan as it runs (learning may replace it)
+        # the prediction of this plan as it runs, and the factor it was fitted with (learning
+        # may replace both)
+        trace = traced.trace
+        factor = traced.correction.factor if traced.correction is not None else 1.0
         try:
             results, stats = traced.executor.run(feeds, timeline)
         except errors.DeviceMemoryError as err:
@@ -466,7 +471,7 @@ class PartitionedFunction:
                 with self._planning:
                     err.add_note(self._learn_out_of_memory(traced, err.partition))
             raise
-        self._last = (stats, trace)  # one store: a concurrent call publishes a whole pair too
+        self._last = (stats, trace, factor)  # one store: a concurrent call publishes a whole triple too
         if self._runtime.budget_bytes is not None:
             with self._planning:
                 traced.resident.record(stats)
