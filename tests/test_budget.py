@@ -667,7 +667,6 @@ def test_host_guard_refuses_a_plan_the_host_cannot_hold(capped):
     assert low <= int(figures.group(2)) * MIB <= high
 
 
-
 def test_a_learned_factor_scales_working_sets_so_smaller_partitions_still_fit():
     """What a step was under-predicted by lies in what its partitions allocate while they
     run, not in what is resident when they start (state, kept tensors, uploads: counted

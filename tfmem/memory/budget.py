@@ -159,6 +159,11 @@ class Correction:
         return new
 
 
+def learned_factor(correction):
+    """The factor `correction` has learned (1.0 before any, or without a correction)."""
+    return correction.factor if correction is not None else 1.0
+
+
 def scaled(trace, factor):
     """`trace` with every partition's working set, its peak above what is resident when it
     starts (state, kept tensors, uploads), scaled by `factor`: the learned correction.
@@ -262,7 +267,7 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     step's first update leaves up to a copy of the updated variables behind; other
     requests and sessions allocate too."""
     others = max(resident_bytes - trace.state_bytes, 0)
-    factor = correction.factor if correction is not None else 1.0
+    factor = learned_factor(correction)
     return _fits(scaled(trace, factor), budget_bytes,
                  _limit(budget_bytes, margin, others, trace.regions), others, margin)
 
@@ -297,7 +302,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     groups = units(view)
     shapes = sizing.shapes
     scratch = merged_scratch(sizing.scratch, correction)
-    factor = correction.factor if correction is not None else 1.0
+    factor = learned_factor(correction)
     slack = chunk_slack(view, TensorSizes(view, shapes))
     placement = place(view, accelerator)
     others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)

@@ -92,8 +92,8 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
                f"what each partition allocates while it runs scaled by "
                f"{correction.factor:.2f}, the model predicts "
                f"{mib(scaled(corrected, correction.factor).partitions[index].device_peak)} "
-               f"there, and {what} is planned again before its next step (this step is not run again: it may have "
-               "updated variables).")
+               f"there, and {what} is planned again before its next step (this step is not "
+               "run again: it may have updated variables).")
     log.warning("%s", message)
     return message
 

@@ -418,7 +418,7 @@ class TFMemSession(SessionInterfaceMethods):
         self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
         self._last_entry = entry
         # the learned factor this step's plan was fitted with (learning may raise it after)
-        self._last_factor = entry.correction.factor if entry.correction is not None else 1.0
+        self._last_factor = budget.learned_factor(entry.correction)
         timeline = Timeline() if self._trace_path else None
         # Session.run replaces run_metadata with the step's, and only when the step ran.
         step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None

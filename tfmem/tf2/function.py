@@ -463,7 +463,7 @@ class PartitionedFunction:
         # the prediction of this plan as it runs, and the factor it was fitted with (learning
         # may replace both)
         trace = traced.trace
-        factor = traced.correction.factor if traced.correction is not None else 1.0
+        factor = budget.learned_factor(traced.correction)
         try:
             results, stats = traced.executor.run(feeds, timeline)
         except errors.DeviceMemoryError as err:
@@ -471,7 +471,8 @@ class PartitionedFunction:
                 with self._planning:
                     err.add_note(self._learn_out_of_memory(traced, err.partition))
             raise
-        self._last = (stats, trace, factor)  # one store: a concurrent call publishes a whole triple too
+        # one store: a concurrent call publishes a whole triple too
+        self._last = (stats, trace, factor)
         if self._runtime.budget_bytes is not None:
             with self._planning:
                 traced.resident.record(stats)
