@@ -163,7 +163,7 @@ for name, enabled in (("partitions", False), ("stretches", True), ("partitions2"
         base = tf.config.experimental.get_memory_info("CPU:0")["current"]
         tfs.run([model.train, model.loss], feed)
         steps.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - base)
-        parts.append(tfs.last_step.partition_peak_bytes)
+        parts.append([peak - base for peak in tfs.last_step.partition_peak_bytes])
     out[name] = dict(step=min(steps), callables=tfs.last_compile.callables,
                      partitions=[max(p[i] for p in parts) for i in range(len(parts[0]))])
 print(json.dumps(out))
@@ -175,8 +175,12 @@ def test_a_stretch_holds_what_one_call_per_partition_holds(onednn):
     """Emulated accelerator, both kernel paths: the step peak of a plan run as stretches
     is within 2 % of the same plan run one call per partition (the child resets
     TensorFlow's peak, its own), and every partition's peak is read from the stretch's
-    statistics: nine in ten within 10 % or 1 MiB of its own call's (a partition's figure
-    moves by a few MiB between two steps of one plan, with BFC's chunks)."""
+    statistics: nine in ten within 10 % or 2 MiB of its own call's.  A partition's figure
+    moves between runs of one plan by BFC's chunks (a chunk not split counts whole: 0.5,
+    1 and 1.5 MiB seen); a stage mapping off by one partition fails 12-28 of the 40.  Both
+    figures are taken above what the device held before the step: the session keeps about
+    a MiB more after its first wrapper's steps, which `gc.collect` does not free (CI read
+    every stretch figure 1.6 MiB above the calls' when only the first wrapper ran before)."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD], env=env, capture_output=True,
                           text=True, timeout=600, check=False)
@@ -188,7 +192,7 @@ def test_a_stretch_holds_what_one_call_per_partition_holds(onednn):
     together = out["stretches"]["partitions"]
     separate = list(zip(out["partitions"]["partitions"], out["partitions2"]["partitions"]))
     assert len(together) == len(separate)
-    close = [any(abs(a - b) <= max(0.1 * b, 1 << 20) for b in pair)
+    close = [any(abs(a - b) <= max(0.1 * b, 2 << 20) for b in pair)
              for a, pair in zip(together, separate)]
     assert sum(close) >= 0.9 * len(close), (together, separate)
 
