@@ -38,12 +38,18 @@ included) measures 19.7-20.0 MiB in five processes, and 19.9-20.2 simulated in
 the order each process's trace recorded; the emulated executor predicts 21.8,
 depth first 16.3: the backward pass runs as a wave across all frames, not
 frame by frame (experiments/executor_order.py --model deepspeech).
+
+Where the order is tfmem's to fix, it is fixed: TFMemSession chains each
+partition's copies in the depth-first order by control edges
+(`chained_order`), and the simulator counts that order alone
+(`partition_orders`).
 """
 
 
 import collections
 import heapq
 
+from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
 
 # Kernels whose IsExpensive() is false: TensorFlow runs them inline, at once.
@@ -98,6 +104,45 @@ def folded_constants(view, ops, depth_first=None):
                              for p in producers):
             folded.add(name)
     return folded
+
+
+# Whether TFMemSession chains its partitions' copies (False: TensorFlow's executor
+# orders them, to compare: tools/bench.py, experiments/accuracy.py).
+CHAIN_COPIES = True
+
+
+# Originals (the user's ops, which are not copied and so not chained) whose place in
+# the order does not move a peak: a variable's read allocates nothing.
+_ORDER_FREE_ORIGINALS = frozenset({"ReadVariableOp"})
+
+
+def chained_order(view, ops):
+    """The order a runner that chains copies (`view.chained`) runs a partition's ops in,
+    each copy waiting for the one before by a control edge; None where TensorFlow's
+    executor picks the order: a partition with v1 control flow (a control edge cannot
+    enter a loop frame) or with an original that allocates (a random draw, a dequeue).
+    In one fixed order a step's peak is one figure in every process
+    (experiments/peak_spread.py --ordered)."""
+    return dependency_order(view, ops) if is_chained(view, ops) else None
+
+
+def is_chained(view, ops):
+    """Whether the runner chains a partition of `ops` (see `chained_order`)."""
+    if not view.chained:
+        return False
+    for op in ops:
+        kind = view.nodes[op].type
+        if kind in optypes.CONTROL_FLOW or (op in view.originals
+                                            and kind not in _ORDER_FREE_ORIGINALS):
+            return False
+    return True
+
+
+def partition_orders(view, ops, originals=frozenset()):
+    """The orders the simulator tries for a partition, the worst counting: the chained
+    order alone where the runner chains the partition, else `candidate_orders`."""
+    order = chained_order(view, ops)
+    return [order] if order is not None else candidate_orders(view, ops, originals)
 
 
 def candidate_orders(view, ops, originals=frozenset()):

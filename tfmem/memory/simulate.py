@@ -171,7 +171,7 @@ class TensorSizes:
 
 # The orders the simulator tries for a partition's ops (experiments/executor_order.py
 # swaps in others).
-partition_orders = op_order.candidate_orders
+partition_orders = op_order.partition_orders
 
 
 # Aliasing ops whose outputs are views of a data input's buffer (output i of
@@ -223,8 +223,13 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
                  **options):
     """Peak bytes the partition allocates beyond what is resident when it starts, in the
     worst of the orders TensorFlow's executor may take (`partition_orders`); `events`
-    record that order.  See `_in_order` for the arguments."""
+    record that order.  See `_in_order` for the arguments.
+
+    Chained copies (op_order.chained_order) run one kernel at a time, and are not
+    merged: equal ops waiting for different ops before them are not equal to Grappler."""
     orders = partition_orders(view, partition.ops, view.originals)
+    if op_order.is_chained(view, partition.ops):
+        options = dict(options, signatures=None, concurrent_ops=1)
     if len(orders) > 1:
         peaks = [_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
                            None, **options) for order in orders]

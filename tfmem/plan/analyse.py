@@ -131,6 +131,9 @@ class GraphView:
     # Whether the session that runs the request runs Grappler's arithmetic optimizer,
     # which reorders sums (units.py, rule 5); run/regrouping.py reads it off the config.
     regrouped_arithmetic: bool = True
+    # Whether the runner chains each partition's copies in one order (TFMemSession does,
+    # tfmem.function does not); the simulator then counts that order (op_order).
+    chained: bool = False
 
     def tensor(self, name):
         """TensorInfo of a tensor produced by a node or a source."""
@@ -346,11 +349,13 @@ def _originals(nodes, sources, fed, control_on_sources, together):
     return frozenset(given) | frozenset(name for name in together if name in nodes)
 
 
-def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True):
+def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, chained=False):
     """The GraphView of the ops `Session.run(fetches + targets)` would run.
 
     `regrouped_arithmetic`: False when the session runs no Grappler arithmetic
     optimizer; its sums then add in input order and need not stay whole (units.py).
+    `chained`: True for a runner that chains each partition's copies in one order
+    (op_order.chained_order).
     """
     fed = frozenset(t.name for t in fed_tensors)
     nodes, sources, stateful_types = {}, {}, {}
@@ -395,4 +400,5 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True):
         fetches=tuple(t.name for t in fetch_tensors),
         targets=tuple(op.name for op in target_ops),
         regrouped_arithmetic=bool(regrouped_arithmetic),
+        chained=bool(chained),
     )
