@@ -74,7 +74,9 @@ per usable core of this machine). On a CPU its executor may run that many
 ready ops at once, so each kernel's scratch is predicted together with that
 of the largest N-1 others of its partition that could run beside it; where
 TensorFlow finds a GPU, which runs one kernel at a time, N does not matter.
-Pass the session's own setting (1 for one kernel at a time).
+Pass the session's own setting (1 for one kernel at a time). Partitions whose
+copies TFMemSession chains (most: see op_order.chained_order) run one kernel
+at a time whatever N.
 
 --trace writes the PLANNED step as a Chrome trace (chrome://tracing,
 ui.perfetto.dev) on the tracks partitions, swap-out, prefetch and wait. Its
@@ -347,11 +349,12 @@ def resolve_feeds(graph, specs):
 def _check_feeds(fetch_tensors, target_ops, fed_tensors):
     """The request's GraphView; UsageError naming every placeholder it needs but is not fed."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import op_order  # pylint: disable=import-outside-toplevel
     from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
     fed, missing, first = list(fed_tensors), [], None
     while True:
-        try:
-            view = analyse(fetch_tensors, target_ops, fed)
+        try:  # chained as TFMemSession chains
+            view = analyse(fetch_tensors, target_ops, fed, chained=op_order.CHAIN_COPIES)
             break
         except tf.errors.InvalidArgumentError as exc:
             op = exc.op

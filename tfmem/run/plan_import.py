@@ -107,8 +107,11 @@ class _PartitionDef:
                 return self.reads[tensor]
             return external.map(tensor, graph.get_tensor_by_name(tensor))
 
+        stages = self.partition.stages or ((self.partition.index, self.partition.ops),)
+        chains = partition_rewrite.copy_chains(plan.view, [ops for _, ops in stages])
         nodes, self.done, _ = partition_rewrite.prefixed_copies(
-            graph, plan.view, self.copied, set(self.originals), self.prefix, control, data)
+            graph, plan.view, self.copied, set(self.originals), self.prefix, control, data,
+            chains)
         graph_def.node.extend(nodes)
         if len(self.partition.stages) > 1:
             _stages_in_order(graph_def, graph_def.node[-len(nodes):], self.prefix,

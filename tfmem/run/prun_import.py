@@ -230,7 +230,8 @@ class _Writer:
             return self.external(tensor)
 
         nodes, done, loose = partition_rewrite.prefixed_copies(
-            self.graph, plan.view, ops, set(originals), prefix, control, data)
+            self.graph, plan.view, ops, set(originals), prefix, control, data,
+            partition_rewrite.copy_chains(plan.view, [partition.ops]))
         for node in nodes:  # a copy that reads no other copy waits for the gate
             if node.name in loose and node.name != done:
                 node.input.append("^" + opened)

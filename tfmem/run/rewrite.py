@@ -36,6 +36,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfmem.memory import op_order
 from tfmem.run import graph_growth
 from tfmem.plan.analyse import canonical_input, split_tensor_name
 from tfmem.plan.build import connected_inputs
@@ -88,14 +89,26 @@ def add_node(graph_def, name, op, inputs=(), **types):
     return node
 
 
-def _partition_graph_def(graph, view, ops, originals):
+def copy_chains(view, partitions_ops):
+    """The chains the copies of these partitions (each a sequence of the view's ops) run
+    in: one per partition the runner chains (op_order.chained_order), its originals left
+    out (they are not copied)."""
+    chains = (op_order.chained_order(view, ops) for ops in partitions_ops)
+    return [[op for op in chain if op not in view.originals]
+            for chain in chains if chain is not None]
+
+
+def _partition_graph_def(graph, view, ops, originals, chains=()):
     """NodeDefs of the partition's copied ops, with the view's control edges.
 
     Control edges come from the view (analysis may have moved some); those
     from outside the partition are dropped, except from `originals` (run as
     the user's op in this partition), which the caller maps with a gate.
+    In each of `chains` (sequences of `ops`) an op also waits for the one
+    before it (see op_order.chained_order).
     """
     members = set(ops)
+    after = {op: before for chain in chains for before, op in zip(chain, chain[1:])}
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
     consumed = set()
@@ -105,7 +118,11 @@ def _partition_graph_def(graph, view, ops, originals):
         data = [inp for inp in node.input if not inp.startswith("^")]
         control = [src for src in view.nodes[name].control_inputs
                    if src in members or src in originals]
-        consumed.update(split_tensor_name(canonical_input(inp))[0] for inp in data)
+        producers = {split_tensor_name(canonical_input(inp))[0] for inp in data}
+        before = after.get(name)
+        if before is not None and before not in producers and before not in control:
+            control.append(before)
+        consumed.update(producers)
         consumed.update(control)
         del node.input[:]
         node.input.extend(data + ["^" + src for src in control])
@@ -115,14 +132,16 @@ def _partition_graph_def(graph, view, ops, originals):
     return graph_def, done.name
 
 
-def prefixed_copies(graph, view, ops, originals, prefix, outside_control, outside_data):
+def prefixed_copies(graph, view, ops, originals, prefix, outside_control, outside_data,
+                    chains=()):
     """The partition's copies for an import of the whole plan (plan_import, prun_import),
     named `<prefix>/<op>`: an input from another copy of the partition reads that copy,
-    and `outside_control(src)` / `outside_data(tensor)` name every other input.
+    and `outside_control(src)` / `outside_data(tensor)` name every other input; `chains`
+    as `copy_chains`.
 
     Returns (NodeDefs, the NoOp after all of them, the copies that read no other copy).
     """
-    part, done = _partition_graph_def(graph, view, ops, originals)
+    part, done = _partition_graph_def(graph, view, ops, originals, chains)
     members = set(ops)
     loose = set()
     for node in part.node:
@@ -233,7 +252,8 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
         connected = connected_inputs(view, partition)
         tensors = {}
         if copied:
-            graph_def, done = _partition_graph_def(graph, view, copied, set(originals))
+            graph_def, done = _partition_graph_def(graph, view, copied, set(originals),
+                                                   copy_chains(view, [partition.ops]))
             wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches + connected)
                       if split_tensor_name(t)[0] in copied]
             read = {t for op in copied for t in view.nodes[op].inputs}  # not originals' reads

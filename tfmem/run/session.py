@@ -21,7 +21,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.client import session as tf_session
 
 from tfmem.run import accelerator, regrouping, report_text, sampling
-from tfmem.memory import budget, first_updates, learning
+from tfmem.memory import budget, first_updates, learning, op_order
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
@@ -177,6 +177,9 @@ class TFMemSession(SessionInterfaceMethods):
             (remote_info is None or remote_info.allocator_local)
         self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
                                 else bool(atomic_updates))
+        # Copies are chained on a local session only: on TensorFlow's distributed runtime
+        # a chain through ops of several tasks would run the tasks one after the other.
+        self._chains_copies = not remote.is_distributed(sess)
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.
             self._policy = dataclasses.replace(self._policy, mode="none")
@@ -203,6 +206,10 @@ class TFMemSession(SessionInterfaceMethods):
             self._interactive.enforce_nesting = False
             self._interactive.__enter__()
         self._place_state()
+
+    def _chained(self):
+        """Whether this session's plans chain their copies (op_order.chained_order)."""
+        return op_order.CHAIN_COPIES and self._chains_copies
 
     def _place_state(self):
         """Run the placement pass over ops it has not seen, before the session places them."""
@@ -306,7 +313,7 @@ class TFMemSession(SessionInterfaceMethods):
         with gc_paused():
             if view is None:
                 view = analyse(request.fetch_tensors, request.targets, request.feeds,
-                               self._regrouped_arithmetic)
+                               self._regrouped_arithmetic, self._chained())
             if self._budget is None:
                 return make_plan(view, self._partition_size, self._policy,
                                  self._accelerator), None
@@ -334,7 +341,7 @@ class TFMemSession(SessionInterfaceMethods):
             # Planned again (below) only when this differs, after the placement pass
             # has seen the new ops: then it is analysed once more, by _make_plan.
             fresh = analyse(request.fetch_tensors, request.targets, request.feeds,
-                            self._regrouped_arithmetic)
+                            self._regrouped_arithmetic, self._chained())
             if fresh != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
