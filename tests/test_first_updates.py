@@ -173,6 +173,7 @@ print(json.dumps({"state": state, "plain": plain[0], "tfmem": tfmem_run[0],
 
 
 TWINS = PRELUDE + r"""
+from tfmem.memory import op_order
 graph = tf.Graph()
 with graph.as_default():
     twins = [tf1.get_variable(f"twin{i}", [1024, 1024], initializer=tf1.zeros_initializer(),
@@ -187,7 +188,11 @@ state = 3 * (4 << 20)
 config = tf1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
 tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=200)
 start = current()
+# unchained, the initializer's equal zeros are merged into one buffer; chained copies
+# are not (op_order.chained_order), and then every variable has its own from the start
+op_order.CHAIN_COPIES = False
 tfs.run(init)
+op_order.CHAIN_COPIES = True
 after_init = current() - start
 peaks = []
 for _ in range(2):
