@@ -85,6 +85,9 @@ def worker(name, size, steps):
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
+    # TensorFlow's executor orders the copies here: chained (op_order.chained_order),
+    # they would run in the depth-first order
+    op_order.CHAIN_COPIES = False
     if name == "deepspeech":
         model, sess, tfs, feed, fetches = deepspeech_session(size)
     else:

@@ -129,6 +129,9 @@ def worker(name, builder, kwargs, batch, steps, ordered=False):
     from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
     from accuracy import model_session  # pylint: disable=import-outside-toplevel
 
+    # The prediction is of the plain step: chained as TFMemSession chains its copies (no
+    # equal ops merged, one kernel at a time) only when the step's ops are chained too.
+    op_order.CHAIN_COPIES = ordered
     model, sess = model_session(builder, kwargs)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
