@@ -49,8 +49,9 @@ WORST_TOLERANCE = {"eigen": 0.18, "onednn": 0.26}
 # each partition's copies in the order the simulator counts (op_order.chained_order):
 # the gaps TensorFlow's executor order made (the MoE layer, the oneDNN ResNet and pool
 # net, 16-35 % in earlier runs; README, Results, "The executor's order, fixed") are
-# gone, and the run of 2026-11-25 (experiments/results/accuracy.json) read every
-# configuration's chunk figure within 5.2 % under the median and the worst step.
+# gone, and two runs of 2026-11-25 (the second is experiments/results/accuracy.json)
+# read every configuration's chunk figure within 5.2 % under the median and the worst
+# step.
 # What stays is the requested-bytes figure of the convolution nets, which cannot see
 # the BFC chunks their large buffers take: the Eigen gradients' im2col buffers of
 # 20-27 MiB held in chunks of up to 32 MiB (conv -26 %, pool -19 %, ResNet -14 to
