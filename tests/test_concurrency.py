@@ -162,6 +162,14 @@ def test_tfmem_plan_predicts_as_many_kernels_as_its_inter_op_threads(
     assert f"up to {threads} kernel" in summary
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
     assert planned("--inter-op-threads", str(threads))[0] == single  # one kernel at a time
+    monkeypatch.setattr(op_order, "CHAIN_COPIES", True)  # as TFMemSession runs it
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    peak, summary = planned("--inter-op-threads", str(threads))
+    chained = tfmem.TFMemSession(tf1.Session(graph=graph), partition_size=1000).plan(
+        out, {name: np.zeros(shape, np.float32) for name, shape in SHAPES.items()})
+    assert peak == one_at_a_time(graph, chained).peak_device
+    if threads > 1:
+        assert "one kernel at a time: every partition's copies are chained" in summary
 
 
 MEASURED = r"""

@@ -35,6 +35,7 @@ import sys
 from tfmem.run import report_text
 from tfmem.run.trace import TRACKS
 from tfmem.cli.arguments import positive_int
+from tfmem.memory import op_order
 from tfmem.memory.sizes import mib
 from tfmem.plan import optypes, stretches
 
@@ -349,7 +350,6 @@ def resolve_feeds(graph, specs):
 def _check_feeds(fetch_tensors, target_ops, fed_tensors):
     """The request's GraphView; UsageError naming every placeholder it needs but is not fed."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.memory import op_order  # pylint: disable=import-outside-toplevel
     from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
     fed, missing, first = list(fed_tensors), [], None
     while True:
@@ -508,6 +508,19 @@ def _calls_text(plan):
             f"them, on a local session: {ranges}{more})")
 
 
+def _kernels_text(plan, kernels):
+    """How many kernels the prediction holds at once: `kernels` where TensorFlow's
+    executor orders a partition, one where TFMemSession chains its copies."""
+    chained = sum(op_order.is_chained(plan.view, p.ops) for p in plan.partitions)
+    free = len(plan.partitions) - chained
+    if kernels == 1 or free == len(plan.partitions):
+        return f"up to {kernels} kernel{'s' if kernels > 1 else ''} at once"
+    if not free:
+        return "one kernel at a time: every partition's copies are chained"
+    return (f"up to {kernels} kernels at once in the {free} partition(s) TensorFlow orders, "
+            f"one in the {chained} chained")
+
+
 def format_summary(plan, trace, model=None, budget=None, kernels=1):
     """The summary table of a plan and its MemoryTrace, as text (`kernels`: how many
     may run at once, as predicted)."""
@@ -545,7 +558,7 @@ def format_summary(plan, trace, model=None, budget=None, kernels=1):
         f"predicted band:        {_band_text(trace, budget)}",
         *_served_lines(trace),
         f"largest kernel scratch: {mib(max((m.scratch for m in trace.partitions), default=0), 2, unit=False)} MiB "
-        f"(counted in the peaks; up to {kernels} kernel{'s' if kernels > 1 else ''} at once)",
+        f"(counted in the peaks; {_kernels_text(plan, kernels)})",
         f"predicted host peak:   {mib(trace.peak_host, 2, unit=False)} MiB",
         f"to host:               {mib(trace.bytes_to_host, 2, unit=False)} MiB ({trace.bytes_to_host} bytes) "
         f"in {len(swapped)} swap-outs",
