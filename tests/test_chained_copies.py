@@ -124,3 +124,19 @@ def test_originals_and_v1_loops_keep_the_executor_order(control_flow):
     assert op_order.chained_order(view, with_read) is not None
     assert copy_chains(view, [with_read]) == [
         [op for op in op_order.dependency_order(view, with_read) if op != read[0]]]
+
+
+def test_budget_mode_leaves_the_order_to_the_executor(two_sessions):
+    """Budget mode plans with the worst of the executor's orders and kernels at once, the
+    bound its experiments validated, and does not chain: fitted to the chained order
+    alone, ResNet's quick search ran out of memory at a cap (README, Chained copies)."""
+    m = build_mlp()
+    plain, wrapped = two_sessions(m.graph)
+    plain.run(m.init)
+    wrapped.run(m.init)
+    fixed = tfmem.TFMemSession(wrapped, partition_size=10)
+    budgeted = tfmem.TFMemSession(wrapped, device_memory_budget="1GiB")
+    feed = m.data[0]
+    assert fixed.plan([m.train, m.loss], feed).view.chained
+    assert not budgeted.plan([m.train, m.loss], feed).view.chained
+    assert_same_result(plain.run([m.train, m.loss], feed), budgeted.run([m.train, m.loss], feed))

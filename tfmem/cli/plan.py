@@ -347,14 +347,16 @@ def resolve_feeds(graph, specs):
     return feeds
 
 
-def _check_feeds(fetch_tensors, target_ops, fed_tensors):
-    """The request's GraphView; UsageError naming every placeholder it needs but is not fed."""
+def _check_feeds(fetch_tensors, target_ops, fed_tensors, chained):
+    """The request's GraphView, `chained` as TFMemSession would chain it; UsageError naming
+    every placeholder it needs but is not fed."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
     fed, missing, first = list(fed_tensors), [], None
     while True:
-        try:  # chained as TFMemSession chains
-            view = analyse(fetch_tensors, target_ops, fed, chained=op_order.CHAIN_COPIES)
+        try:
+            view = analyse(fetch_tensors, target_ops, fed,
+                           chained=chained and op_order.CHAIN_COPIES)
             break
         except tf.errors.InvalidArgumentError as exc:
             op = exc.op
@@ -591,7 +593,7 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     fed_tensors = [graph.get_tensor_by_name(name) for name in feed_shapes]
     # A fetched tensor that is fed is answered from the feed (as Session.run does).
     fetch_tensors = [t for t in fetch_tensors if t.name not in feed_shapes]
-    view = _check_feeds(fetch_tensors, target_ops, fed_tensors)
+    view = _check_feeds(fetch_tensors, target_ops, fed_tensors, chained=budget is None)
     try:
         sizing = Sizing.of(graph, view, feed_shapes, concurrent_ops=kernels)
     except ValueError as exc:
