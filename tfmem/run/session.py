@@ -182,7 +182,7 @@ class TFMemSession(SessionInterfaceMethods):
         # Nor in budget mode yet: its bound (the worst of the executor's orders, kernels
         # at once) is what its experiments validated; fitted to the chained order alone,
         # ResNet's quick search ran out of memory (README, Chained copies).
-        self._chains_copies = not remote.is_distributed(sess) and self._budget is None
+        self._chains_copies = remote_info is None and self._budget is None
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.
             self._policy = dataclasses.replace(self._policy, mode="none")
