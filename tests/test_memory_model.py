@@ -12,13 +12,17 @@ sets tfmem's prediction beside them:
   (`tfmem/memory/workspace.py`);
 * TensorFlow's executor does not run a step depth first: in an unrolled RNN the
   loss's gradient reaches every frame at once and the backward pass runs as a
-  wave across frames (`tfmem/memory/op_order.py`).
+  wave across frames (`tfmem/memory/op_order.py`);
+* two views of one buffer kept for later partitions (an Identity and a Reshape
+  of one tensor, as an Add's gradient makes) hold it once, not twice.
 """
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tfmem.cli.child_env import child_env
 
@@ -227,6 +231,44 @@ print(json.dumps(dict(
 """
 
 
+KEPT_VIEWS = r"""
+import json
+import numpy as np
+import tfmem
+tfmem.emulate_accelerator(1024)
+import tensorflow as tf
+tf1 = tf.compat.v1
+graph = tf.Graph()
+with graph.as_default():
+    x = tf1.placeholder(tf.float32, [None, 1024], name="x")
+    t = tf.tanh(x)  # 4 MiB, viewed by a and b
+    a = tf.identity(t, name="a")
+    b = tf.reshape(t, [-1, 1024], name="b")
+    r = tf.reduce_sum(a, axis=1, name="r")
+    for i in range(6):
+        r = tf.cos(r, name=f"c{i}")
+    out = tf.reduce_sum(tf.reshape(r, [-1, 1]) * tf.cos(b, name="late"))
+config = tfmem.session_config(tf1.ConfigProto(intra_op_parallelism_threads=1,
+                                              inter_op_parallelism_threads=1))
+tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=2,
+                         swap="none", measure="off")
+feed = {x: np.ones((1024, 1024), np.float32)}
+peaks = []
+for _ in range(3):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+    tfs.run(out, feed)
+    peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - base)
+plan, trace = tfs.plan(out, feed), tfs.simulate(out, feed)
+first = plan.partitions[0]
+print(json.dumps(dict(
+    outputs=sorted(first.ops), kept=sorted(t for t in first.outputs if plan.transfer(t).kept),
+    readers=sorted({k for n in ("Tanh:0", "b:0") for k in plan.transfer(n).consumers}),
+    measured=min(peaks), predicted=trace.peak_device_requested,
+    predicted_chunks=trace.peak_device_chunks)))
+"""
+
+
 def _child(script, onednn):
     env = child_env(onednn=onednn)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
@@ -260,6 +302,20 @@ def test_equal_ops_are_merged_as_grappler_merges_them():
         assert case["predicted"] == case["requested"], figures
         assert abs(case["predicted_chunks"] - case["measured"]) <= 0.02 * case["measured"], \
             figures
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_two_kept_views_of_one_buffer_hold_it_once(onednn):
+    """Partition 0 computes tanh (4 MiB) and a Reshape of it, both kept for partition
+    1, where an Identity and a cosine read them: one buffer, so partition 1 holds 4 MiB
+    and its cosine's 4 MiB, the step's peak.  Counted once per view, the prediction read
+    12 MiB against TensorFlow's 8."""
+    figures = _child(KEPT_VIEWS, onednn=onednn)
+    assert figures["outputs"] == ["Tanh", "b"] and figures["kept"] == ["Tanh:0", "b:0"], figures
+    assert figures["readers"] == [1], figures
+    assert abs(figures["predicted"] - figures["measured"]) <= 0.02 * figures["measured"], figures
+    assert abs(figures["predicted_chunks"] - figures["measured"]) <= 0.02 * figures["measured"], \
+        figures
 
 
 def test_onednn_max_pooling_workspace_and_paired_gradient_scratch():

@@ -350,6 +350,24 @@ def _workspace_ends(view, order, workspaces, merged):
     return ends
 
 
+def _buffer_holders(view, plan, partition, size):
+    """{kept output: the kept output of the same buffer read last}, for kept outputs of
+    `partition` that are views of one buffer (an Add's gradient: the Identity and the
+    Reshape of its unreduced sums view the incoming gradient): the buffer is held once,
+    until the last of them is read, not once per tensor."""
+    root = _buffers(view, partition.ops, size)
+    kept = {}
+    for tensor in partition.outputs:
+        if plan.transfer(tensor).kept:
+            kept.setdefault(root.get(tensor, tensor), []).append(tensor)
+    holders = {}
+    for tensors in kept.values():
+        if len(tensors) > 1:
+            last = max(tensors, key=lambda t: plan.transfer(t).spans[-1].readers[-1])
+            holders.update((t, last) for t in tensors)
+    return holders
+
+
 def state_bytes(view, size):
     """Bytes of the variables and constants the request reads: resident for the whole step."""
     return sum(node.state_bytes for node in view.sources.values()) + sum(
@@ -413,12 +431,17 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if uploads_left[tensor] == 0:
                 host.pop(tensor, None)
         to_host = 0
+        holders = _buffer_holders(view, plan, partition, size)
+        for tensor, holder in holders.items():  # one buffer: the log holds it for `holder`
+            if tensor != holder:
+                log.rename(tensor, holder)
         for tensor in partition.outputs:
             transfer = plan.transfer(tensor)
             if transfer.kept:  # a variable read is a view of state counted already
                 producer = view.nodes[split_tensor_name(tensor)[0]]
                 live[schedule.kept[tensor]] = (
-                    0 if reads_state(producer, view.sources) else size(tensor))
+                    0 if reads_state(producer, view.sources)
+                    or holders.get(tensor, tensor) != tensor else size(tensor))
                 if not log.holds(tensor):  # an aliasing op's: the buffer it views
                     log.allocate(tensor, live[schedule.kept[tensor]])
                 log.rename(tensor, schedule.kept[tensor])
