@@ -226,10 +226,14 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     record that order.  See `_in_order` for the arguments.
 
     Chained copies (op_order.chained_order) run one kernel at a time, and are not
-    merged: equal ops waiting for different ops before them are not equal to Grappler."""
+    merged: equal ops waiting for different ops before them are not equal to Grappler.
+    Their last reader of a `forwardable` input runs after its deleter
+    (rewrite.freed_last_readers), so it may write its output into that input."""
     orders = partition_orders(view, partition.ops, view.originals)
     if op_order.is_chained(view, partition.ops):
         options = dict(options, signatures=None, concurrent_ops=1)
+    else:
+        options = dict(options, forwardable=frozenset())
     if len(orders) > 1:
         peaks = [_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
                            None, **options) for order in orders]
@@ -239,11 +243,15 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
-              workspaces=Workspaces(), signatures=None, concurrent_ops=1):
+              workspaces=Workspaces(), signatures=None, concurrent_ops=1,
+              forwardable=frozenset()):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
-    to their bytes: they are released after their last reader, not at the end.
+    to their bytes: they are released after their last reader, not at the end.  Those
+    in `forwardable` have their deleter run before their last reader, which forwards
+    them like a dying buffer of its own partition when it is the buffer's last reader
+    of any kind (a later Shape still holds it).
     `scratch` maps op names to the bytes their kernel allocates besides its outputs,
     held while it runs, with its inputs and outputs alive.  `events` (an
     `AllocationLog`), when given, records every allocation and free in order, for
@@ -265,10 +273,11 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     beside = overlapping_buffers(view, order, scratch, concurrent_ops)
     overlap = {name: sum(sizes) for name, sizes in beside.items()}
     workspace_end = _workspace_ends(view, order, workspaces, merged)
-    last_read = {}
+    last_read, last_held = {}, {}
     for step, name in enumerate(order):
-        if view.nodes[name].type not in SHAPE_ONLY:
-            for tensor in view.nodes[name].inputs:
+        for tensor in view.nodes[name].inputs:
+            last_held[root.get(tensor, tensor)] = step
+            if view.nodes[name].type not in SHAPE_ONLY:
                 last_read[root.get(tensor, tensor)] = step
     # A kept view keeps its buffer; the simulate loop finds it under the view's name.
     kept = {root.get(t, t) for t in keep_until_end}
@@ -289,6 +298,12 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
                 if reuse is not None:
                     dying.remove(reuse)
                     current -= live.pop(reuse)
+                else:
+                    reuse = next((b for b in dict.fromkeys(root.get(t, t) for t in node.inputs)
+                                  if b in forwardable and freed_inside.get(b) == nbytes
+                                  and last_held.get(b) == step), None)
+                    if reuse is not None:
+                        current -= freed_inside.pop(reuse)
             live[tensor] = nbytes
             current += nbytes
             if events is not None:
@@ -403,6 +418,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
         log.allocate_state(name, node.state_bytes + (size(f"{name}:0") if node.type == "Const"
                                                      else 0))
     live, host, uploads_left = {}, {}, dict(schedule.upload_count)
+    shared = set()  # kept tensors whose buffer another kept tensor views (_buffer_holders)
     trace = []
     for index, partition in enumerate(plan.partitions):
         log.partition(index)
@@ -415,11 +431,13 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
         keep_until_end = set(partition.outputs) | set(partition.fetches)
         freed_inside = {key[0]: live[key] for key in schedule.frees[index]
                         if key in live and early_frees}
+        # a buffer another kept view holds too is not the reader's alone
+        forwardable = frozenset(t for t in freed_inside if t not in shared)
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
         peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
-                                     scratch or {}, log,
+                                     scratch or {}, log, forwardable=forwardable,
                                      workspaces=workspaces or Workspaces(),
                                      signatures=signatures, concurrent_ops=concurrent_ops)
         for key in schedule.frees[index]:
@@ -432,6 +450,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                 host.pop(tensor, None)
         to_host = 0
         holders = _buffer_holders(view, plan, partition, size)
+        shared.update(holders)
         for tensor, holder in holders.items():  # one buffer: the log holds it for `holder`
             if tensor != holder:
                 log.rename(tensor, holder)

@@ -69,6 +69,7 @@ class _PartitionDef:
         self.reads = {}  # transfer tensor -> its GetSessionTensor output
         self.holders = []  # ticket placeholders, in partition.inputs order
         self.frees = []  # DeleteSessionTensor ops
+        self.free_of = {}  # transfer tensor -> its DeleteSessionTensor op
         self.keeps = {}  # kept output made by a copy -> its GetSessionHandle
         self.done = None
         self.gates = []  # originals whose control edges the copies keep
@@ -88,6 +89,7 @@ class _PartitionDef:
                 free = names(f"{self.prefix}_in/{stem}_free")
                 add_node(graph_def, free, "DeleteSessionTensor", [holder, "^" + read])
                 self.frees.append(free)
+                self.free_of[name] = free
             self.holders.append(holder)
             self.reads[name] = read + ":0"
 
@@ -109,9 +111,12 @@ class _PartitionDef:
 
         stages = self.partition.stages or ((self.partition.index, self.partition.ops),)
         chains = partition_rewrite.copy_chains(plan.view, [ops for _, ops in stages])
+        waits = {op: [self.free_of[t] for t in tensors]
+                 for op, tensors in partition_rewrite.freed_last_readers(
+                     plan.view, chains, self.free_of).items()}
         nodes, self.done, _ = partition_rewrite.prefixed_copies(
             graph, plan.view, self.copied, set(self.originals), self.prefix, control, data,
-            chains)
+            chains, waits)
         graph_def.node.extend(nodes)
         if len(self.partition.stages) > 1:
             _stages_in_order(graph_def, graph_def.node[-len(nodes):], self.prefix,

@@ -182,7 +182,7 @@ class _Writer:
                           T=tf.bool).name
         opened = add_node(graph_def, f"{prefix}_gate/open", "Identity", [switch + ":1"],
                           T=tf.bool).name
-        feeds, sources, frees, reads = [], [], [], {}
+        feeds, sources, frees, reads, free_of = [], [], [], {}, {}
         for name in partition.inputs:  # uploaded spans: read by ticket, as plan_import
             transfer = plan.transfer(name)
             span = transfer.span_of(k)
@@ -211,6 +211,7 @@ class _Writer:
             if transfer.frees_at(k):
                 frees.append(add_node(graph_def, f"{prefix}_in/{stem}_free", "DeleteSessionTensor",
                                       [holder, "^" + read]).name)
+                free_of[name] = frees[-1]
             feeds.append(holder + ":0")
             sources.append(name)
             reads[name] = read + ":0"
@@ -229,9 +230,12 @@ class _Writer:
                 return reads[tensor]
             return self.external(tensor)
 
+        chains = partition_rewrite.copy_chains(plan.view, [partition.ops])
+        waits = {op: [free_of[t] for t in tensors]  # see freed_last_readers
+                 for op, tensors in partition_rewrite.freed_last_readers(
+                     plan.view, chains, free_of).items()}
         nodes, done, loose = partition_rewrite.prefixed_copies(
-            self.graph, plan.view, ops, set(originals), prefix, control, data,
-            partition_rewrite.copy_chains(plan.view, [partition.ops]))
+            self.graph, plan.view, ops, set(originals), prefix, control, data, chains, waits)
         for node in nodes:  # a copy that reads no other copy waits for the gate
             if node.name in loose and node.name != done:
                 node.input.append("^" + opened)

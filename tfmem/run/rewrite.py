@@ -98,14 +98,33 @@ def copy_chains(view, partitions_ops):
             for chain in chains if chain is not None]
 
 
-def _partition_graph_def(graph, view, ops, originals, chains=()):
+def freed_last_readers(view, chains, freed):
+    """{op: the tensors of `freed` it reads last}, in the order of `chains` (copy_chains).
+
+    `freed`: transfer tensors the partition frees in-graph.  Their deleter runs before
+    that last reader, so the reader holds the only reference to the tensor's buffer and
+    TensorFlow lets an elementwise kernel write its output there (forwarding), as the
+    simulator counts for chained partitions.  Unchained partitions get none."""
+    last = {}
+    for op in (op for chain in chains for op in chain):
+        for tensor in view.nodes[op].inputs:
+            if tensor in freed:
+                last[tensor] = op
+    readers = {}
+    for tensor, op in last.items():
+        readers.setdefault(op, []).append(tensor)
+    return readers
+
+
+def _partition_graph_def(graph, view, ops, originals, chains=(), waits=None):
     """NodeDefs of the partition's copied ops, with the view's control edges.
 
     Control edges come from the view (analysis may have moved some); those
     from outside the partition are dropped, except from `originals` (run as
     the user's op in this partition), which the caller maps with a gate.
     In each of `chains` (sequences of `ops`) an op also waits for the one
-    before it (see op_order.chained_order).
+    before it (see op_order.chained_order), and for the names `waits` gives it
+    ({op: [names]}, mapped by the caller).
     """
     members = set(ops)
     after = {op: before for chain in chains for before, op in zip(chain, chain[1:])}
@@ -125,7 +144,8 @@ def _partition_graph_def(graph, view, ops, originals, chains=()):
         consumed.update(producers)
         consumed.update(control)
         del node.input[:]
-        node.input.extend(data + ["^" + src for src in control])
+        node.input.extend(data + ["^" + src for src in control]
+                          + ["^" + src for src in (waits or {}).get(name, ())])
         keep_colocation_within(node, members)
     done = graph_def.node.add(name=_DONE if _DONE not in members else _DONE + "_", op="NoOp")
     done.input.extend("^" + name for name in ops if name not in consumed)
@@ -133,11 +153,12 @@ def _partition_graph_def(graph, view, ops, originals, chains=()):
 
 
 def prefixed_copies(graph, view, ops, originals, prefix, outside_control, outside_data,
-                    chains=()):
+                    chains=(), waits=None):
     """The partition's copies for an import of the whole plan (plan_import, prun_import),
     named `<prefix>/<op>`: an input from another copy of the partition reads that copy,
     and `outside_control(src)` / `outside_data(tensor)` name every other input; `chains`
-    as `copy_chains`.
+    as `copy_chains`; `waits` {op: [GraphDef names]}: control inputs a copy also takes
+    (the deleters of `freed_last_readers`).
 
     Returns (NodeDefs, the NoOp after all of them, the copies that read no other copy).
     """
@@ -162,7 +183,7 @@ def prefixed_copies(graph, view, ops, originals, prefix, outside_control, outsid
             else:
                 inputs.append(outside_data(tensor))
         del node.input[:]
-        node.input.extend(inputs)
+        node.input.extend(inputs + ["^" + name for name in (waits or {}).get(node.name, ())])
         if "_class" in node.attr:  # kept only within the copy (keep_colocation_within)
             node.attr["_class"].list.s[:] = [
                 b"loc:@" + f"{prefix}/".encode() + c[5:] for c in node.attr["_class"].list.s]
@@ -179,7 +200,7 @@ def _transfer_inputs(graph, plan, partition, residence):
     partition feeds a ticket (a session handle, a staging key) and reads the
     tensor by it.
     """
-    input_map, feeds, sources, targets = {}, [], [], []
+    input_map, feeds, sources, targets, deleters = {}, [], [], [], {}
     for name in partition.inputs:
         info = plan.view.tensor(name)
         stem = split_tensor_name(name)[0].replace("/", "_")
@@ -191,10 +212,11 @@ def _transfer_inputs(graph, plan, partition, residence):
             value.set_shape(info.shape)
         if deleter is not None:
             targets.append(deleter.name)
+            deleters[name] = deleter
         feeds.append(holder.name)
         input_map[name] = value
         sources.append(name)
-    return input_map, feeds, sources, targets
+    return input_map, feeds, sources, targets, deleters
 
 
 def _host_copies(graph, plan, scope):
@@ -239,8 +261,8 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
     originals = [op for op in partition.ops if op in view.originals]
     with clean_context(graph):
         with graph.name_scope(scope + "_in/"):
-            input_map, feeds, feed_sources, targets = _transfer_inputs(graph, plan, partition,
-                                                                        residence)
+            input_map, feeds, feed_sources, targets, deleters = _transfer_inputs(
+                graph, plan, partition, residence)
         input_map.update(host_copies)
         feeds += partition.feeds
         feed_sources += partition.feeds
@@ -252,8 +274,17 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
         connected = connected_inputs(view, partition)
         tensors = {}
         if copied:
-            graph_def, done = _partition_graph_def(graph, view, copied, set(originals),
-                                                   copy_chains(view, [partition.ops]))
+            chains = copy_chains(view, [partition.ops])
+            waits = {}
+            with graph.name_scope(scope + "_in/"):
+                for op, tensors in freed_last_readers(view, chains, deleters).items():
+                    for tensor in tensors:  # input_map names tensors: a gate after the deleter
+                        with graph.control_dependencies([deleters[tensor]]):
+                            freed = tf.constant(0, name="freed")
+                        waits.setdefault(op, []).append(freed.op.name)
+                        input_map["^" + freed.op.name] = freed
+            graph_def, done = _partition_graph_def(graph, view, copied, set(originals), chains,
+                                                   waits)
             wanted = [t for t in dict.fromkeys(partition.outputs + partition.fetches + connected)
                       if split_tensor_name(t)[0] in copied]
             read = {t for op in copied for t in view.nodes[op].inputs}  # not originals' reads
