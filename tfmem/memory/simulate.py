@@ -249,9 +249,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
     to their bytes: they are released after their last reader, not at the end.  Those
-    in `forwardable` have their deleter run before their last reader, which forwards
-    them like a dying buffer of its own partition when it is the buffer's last reader
-    of any kind (a later Shape still holds it).
+    in `forwardable` have their deleter run before their last reader, which may write
+    its output into them like into a dying buffer of its own partition, when no later
+    op holds the buffer (a Shape op reads none of its bytes, but holds it).
     `scratch` maps op names to the bytes their kernel allocates besides its outputs,
     held while it runs, with its inputs and outputs alive.  `events` (an
     `AllocationLog`), when given, records every allocation and free in order, for
