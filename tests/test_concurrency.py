@@ -262,7 +262,9 @@ def test_the_prediction_rises_with_the_second_thread_as_the_measured_peak_does(
     print(f"\n{front_end}: measured {one['measured'] / MIB:.1f} -> {two['measured'] / MIB:.1f} "
           f"MiB, predicted {one['predicted'] / MIB:.1f} -> {two['predicted'] / MIB:.1f} MiB")
     if front_end == "session":
-        assert abs(measured_rise) <= MIB and predicted_rise == 0
+        # Two processes: BFC's chunks move a peak by a MiB or two with the process's
+        # allocation history (test_partial_run), against 20+ MiB for kernels at once.
+        assert abs(measured_rise) <= 4 * MIB and predicted_rise == 0
         return
     assert measured_rise > 20 * MIB  # the premise: both kernels ran at once
     assert 0.6 * measured_rise <= predicted_rise <= 1.1 * measured_rise
