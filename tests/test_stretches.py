@@ -178,12 +178,13 @@ def test_a_stretch_holds_what_one_call_per_partition_holds(onednn):
     TensorFlow's peak, its own), and every partition's peak is read from the stretch's
     statistics: nine in ten within 10 % or 2 MiB of its own call's.  The two ways
     alternate, two phases each, and the figures compare best to worst: which chunk a
-    request gets depends on the process's allocation history, steady within a phase.  A partition's figure
-    moves between runs of one plan by BFC's chunks (a chunk not split counts whole: 0.5,
-    1 and 1.5 MiB seen); a stage mapping off by one partition fails 12-28 of the 40.  Both
-    figures are taken above what the device held before the step: the session keeps about
-    a MiB more after its first wrapper's steps, which `gc.collect` does not free (CI read
-    every stretch figure 1.6 MiB above the calls' when only the first wrapper ran before)."""
+    request gets depends on the process's allocation history, steady within a phase.
+    A partition's figure moves between runs of one plan by BFC's chunks (a chunk not
+    split counts whole: 0.5, 1 and 1.5 MiB seen); a stage mapping off by one partition
+    fails 12-28 of the 40.  Both figures are taken above what the device held before the
+    step: the session keeps about a MiB more after its first wrapper's steps, which
+    `gc.collect` does not free (CI read every stretch figure 1.6 MiB above the calls'
+    when only the first wrapper ran before)."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", _MEMORY_CHILD], env=env, capture_output=True,
                           text=True, timeout=600, check=False)

@@ -111,12 +111,9 @@ class _PartitionDef:
 
         stages = self.partition.stages or ((self.partition.index, self.partition.ops),)
         chains = partition_rewrite.copy_chains(plan.view, [ops for _, ops in stages])
-        waits = {op: [self.free_of[t] for t in tensors]
-                 for op, tensors in partition_rewrite.freed_last_readers(
-                     plan.view, chains, self.free_of).items()}
         nodes, self.done, _ = partition_rewrite.prefixed_copies(
             graph, plan.view, self.copied, set(self.originals), self.prefix, control, data,
-            chains, waits)
+            chains, partition_rewrite.freed_last_readers(plan.view, chains, self.free_of))
         graph_def.node.extend(nodes)
         if len(self.partition.stages) > 1:
             _stages_in_order(graph_def, graph_def.node[-len(nodes):], self.prefix,

@@ -231,11 +231,9 @@ class _Writer:
             return self.external(tensor)
 
         chains = partition_rewrite.copy_chains(plan.view, [partition.ops])
-        waits = {op: [free_of[t] for t in tensors]  # see freed_last_readers
-                 for op, tensors in partition_rewrite.freed_last_readers(
-                     plan.view, chains, free_of).items()}
         nodes, done, loose = partition_rewrite.prefixed_copies(
-            self.graph, plan.view, ops, set(originals), prefix, control, data, chains, waits)
+            self.graph, plan.view, ops, set(originals), prefix, control, data, chains,
+            partition_rewrite.freed_last_readers(plan.view, chains, free_of))
         for node in nodes:  # a copy that reads no other copy waits for the gate
             if node.name in loose and node.name != done:
                 node.input.append("^" + opened)

@@ -98,22 +98,23 @@ def copy_chains(view, partitions_ops):
             for chain in chains if chain is not None]
 
 
-def freed_last_readers(view, chains, freed):
-    """{op: the tensors of `freed` it reads last}, in the order of `chains` (copy_chains).
+def freed_last_readers(view, chains, deleters):
+    """{op: the deleters it waits for}: each op of `chains` (copy_chains) that reads last,
+    in their order, a transfer tensor of `deleters` ({tensor: its in-graph deleter}).
 
-    `freed`: transfer tensors the partition frees in-graph.  Their deleter runs before
-    that last reader, so the reader holds the only reference to the tensor's buffer and
-    TensorFlow lets an elementwise kernel write its output there (forwarding), as the
-    simulator counts for chained partitions.  Unchained partitions get none."""
+    The deleter runs before that last reader, so the reader holds the only reference to
+    the tensor's buffer and TensorFlow lets an elementwise kernel write its output there
+    (forwarding), as the simulator counts for chained partitions.  Unchained partitions
+    get none."""
     last = {}
     for op in (op for chain in chains for op in chain):
         for tensor in view.nodes[op].inputs:
-            if tensor in freed:
+            if tensor in deleters:
                 last[tensor] = op
-    readers = {}
+    waits = {}
     for tensor, op in last.items():
-        readers.setdefault(op, []).append(tensor)
-    return readers
+        waits.setdefault(op, []).append(deleters[tensor])
+    return waits
 
 
 def _partition_graph_def(graph, view, ops, originals, chains=(), waits=None):
@@ -277,9 +278,9 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
             chains = copy_chains(view, [partition.ops])
             waits = {}
             with graph.name_scope(scope + "_in/"):
-                for op, tensors in freed_last_readers(view, chains, deleters).items():
-                    for tensor in tensors:  # input_map names tensors: a gate after the deleter
-                        with graph.control_dependencies([deleters[tensor]]):
+                for op, ops in freed_last_readers(view, chains, deleters).items():
+                    for deleter in ops:  # input_map names tensors: a gate after the deleter
+                        with graph.control_dependencies([deleter]):
                             freed = tf.constant(0, name="freed")
                         waits.setdefault(op, []).append(freed.op.name)
                         input_map["^" + freed.op.name] = freed
