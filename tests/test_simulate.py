@@ -62,6 +62,12 @@ KNOWN_GAPS.update({("onednn", "conv", size): 0.25 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "conv", size): 0.30 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "pool", size): 0.26 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "resnet", size): 0.24 for size in SIZES})
+# The MoE layer at 20 allocates small tensors whose chunks round up: 8.09 MiB
+# requested, 9.53 MiB in chunks (18 % more), so a step measured at the chunk figure is
+# already 15 % above the requested one.  Measured 9.52-10.47 MiB (2026-11-25, median
+# and worst, both paths): -15 to -23 % of the requested figure, within 10 % of the
+# chunk figure (the band test below holds it to that).
+KNOWN_GAPS.update({(path, "moe", 20): 0.26 for path in PATHS})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE above it, the worst within
@@ -179,10 +185,11 @@ def test_budget_modes_bound_plus_margin_covers_the_worst_step(accuracy):
     """Budget mode plans with device copies held to the end of each partition, to
     (1 - margin) of the budget: on the kernel path capped runs use (oneDNN off, which
     raises ResourceExhaustedError at a cap where oneDNN crashed), even the worst step
-    fits that bound unless a known gap.  With oneDNN, budget mode learns the rest
-    from its first measured step (tests/test_measure.py)."""
+    fits that bound, the known gaps of the requested figure included (the bound counts
+    chunks).  With oneDNN, budget mode learns the rest from its first measured step
+    (tests/test_measure.py)."""
     for key, row in accuracy.items():
-        if key[0] == "eigen" and key not in KNOWN_GAPS:
+        if key[0] == "eigen":
             assert row["worst"] * (1 - DEFAULT_MARGIN) <= row["planned"], (key, row)
 
 
