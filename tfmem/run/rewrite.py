@@ -278,11 +278,12 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
             chains = copy_chains(view, [partition.ops])
             waits = {}
             with graph.name_scope(scope + "_in/"):
-                for op, ops in freed_last_readers(view, chains, deleters).items():
-                    for deleter in ops:  # input_map names tensors: a gate after the deleter
+                for reader, its_deleters in freed_last_readers(view, chains, deleters).items():
+                    # input_map names tensors: the reader waits for a gate after the deleter
+                    for deleter in its_deleters:
                         with graph.control_dependencies([deleter]):
                             freed = tf.constant(0, name="freed")
-                        waits.setdefault(op, []).append(freed.op.name)
+                        waits.setdefault(reader, []).append(freed.op.name)
                         input_map["^" + freed.op.name] = freed
             graph_def, done = _partition_graph_def(graph, view, copied, set(originals), chains,
                                                    waits)
