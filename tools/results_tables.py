@@ -1,4 +1,4 @@
-"""Regenerate the README's result tables from the files under experiments/results/.
+"""Regenerate the result tables of README.md and docs/results.md from experiments/results/.
 
     python tools/results_tables.py            # rewrite the generated blocks in place
     python tools/results_tables.py --check    # exit 1 (and say where) if a block is stale
@@ -26,6 +26,10 @@ benchmark's (`bench-*.json`, written by `python tools/bench.py ... --json OUT`: 
 report, as it printed it).  Text outside
 the markers is left alone, so the prose around a table stays hand-written,
 but no figure inside a block can drift from the file that produced it.
+
+One block reads several files: `<!-- results:headline -->` (README.md's
+headline table) summarises the experiments bounded by memory listed in
+HEADLINE, one row each.
 """
 
 import argparse
@@ -36,7 +40,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
-DOCUMENTS = (ROOT / "README.md", ROOT / "experiments" / "README.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "experiments" / "README.md")
+# The headline table's rows: (result file stem, what the experiment grows).
+HEADLINE = (("resnet-memory", "ResNet depth"), ("resnet-memory-oneregion", "ResNet depth"),
+            ("moe-memory", "MoE experts per layer"), ("moe-budget-memory", "MoE experts per layer"),
+            ("deepspeech-memory", "DeepSpeech sequence length"),
+            ("deepspeech-memory-tfmemconfig", "DeepSpeech sequence length"))
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)",
                    re.S)
 MIB = 1 << 20
@@ -260,8 +269,42 @@ def trials_block(data):
     return "\n".join(rows) + "\n"
 
 
+def _tfmem_setting(settings):
+    """How tfmem ran in an experiment's search, in a few words."""
+    size = settings.get("partition_size")
+    words = ["budget mode" if size == "auto" else f"partition_size={size}"]
+    if settings.get("partial_runs"):
+        words.append("partial runs")
+    if settings.get("allocator", "grown") != "grown":
+        words.append("cap reserved as one region")
+    if settings.get("session_config", "default") != "default":
+        words.append("every session with tfmem's config")
+    return ", ".join(words)
+
+
+def headline_block():
+    """README.md's headline table: the largest model plain TensorFlow and tfmem trained
+    under the same emulated cap, one row per experiment of HEADLINE."""
+    lines = ["| model, what grows | cap MiB | plain TensorFlow | tfmem | ratio | tfmem ran with | "
+             "what stopped tfmem | result file, provenance |", "|---|---|---|---|---|---|---|---|"]
+    for name, grows in HEADLINE:
+        data = json.loads((RESULTS / f"{name}.json").read_text())
+        by_system = {s["system"]: s for s in data["summaries"]}
+        plain, tfm = by_system["tf"], by_system["tfmem"]
+        origin = data.get("provenance") or {}
+        lines.append(
+            f"| {grows} ({plain['size_name']}) | {plain['device_memory_mib']} | "
+            f"{plain['max_size']} | {tfm['max_size']} | "
+            f"{tfm['max_size'] / plain['max_size']:.2f}x | {_tfmem_setting(data['settings'])} | "
+            f"{tfm.get('limit_text') or '-'} | `{name}.json`, commit "
+            f"{(origin.get('commit') or '?')[:7]}, {origin.get('date', '?')[:10]} |")
+    return "\n".join(lines + [""])
+
+
 def block(name):
     """The generated markdown for `name`, from experiments/results/<name>.json."""
+    if name == "headline":
+        return headline_block()
     path = RESULTS / f"{name}.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} (named by a results marker) does not exist")
