@@ -453,7 +453,7 @@ def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
 
 
 # --------------------------------------------------------------------------
-# the README's result tables are generated from experiments/results/
+# the result tables of README.md and docs/results.md are generated from experiments/results/
 
 
 def test_readme_result_tables_match_the_result_files():
@@ -461,6 +461,8 @@ def test_readme_result_tables_match_the_result_files():
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resnet-quick" in proc.stdout
+    assert "README.md: 1 generated block(s): headline" in proc.stdout  # the headline table
+    assert "docs/results.md" in proc.stdout  # every experiment's own table
     assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table (issue 15)
     assert "partition_graphs" in proc.stdout  # experiments/partition_graphs.py (issue 12)
     assert "peak_spread" in proc.stdout  # experiments/peak_spread.py's table (issue 10)
