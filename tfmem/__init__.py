@@ -32,8 +32,8 @@ _EXPORTS = {
 }
 # Submodules exported by name (imported on first use): tfmem.keras.
 _MODULES = {"keras": "tfmem.keras"}
-# Modules that moved into a wing but that earlier READMEs told users to use
-# from Python (`tfmem.models.mlp`, `tfmem.proof.train`,
+# Modules that live in a wing but that users may reach from the package
+# root (`tfmem.models.mlp`, `tfmem.proof.train`,
 # `tfmem.serialize.plan_to_dict`): `tfmem.models` and `from tfmem import
 # models` still work.  Every other module is reached by its wing's path.
 _MOVED_MODULES = {"models": "tfmem.cli.models", "proof": "tfmem.cli.proof",

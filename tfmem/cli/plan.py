@@ -478,7 +478,7 @@ def _band_text(trace, budget):
     low, high = report_text.band(trace.peak_device, trace.peak_device_chunks)
     text = (f"{mib(low, 2, unit=False)}-{mib(high, 2, unit=False)} MiB: TensorFlow's measured "
             "peak usually lies between the requested and the chunk figure, and varies from "
-            "process to process for one plan (README, Simulator accuracy)")
+            "process to process for one plan (docs/results.md, Simulator accuracy)")
     if budget is not None:
         text += ("; fitted to a budget, the requested figure is budget mode's bound (the "
                  "larger figure plus an allowance for chunks)")

@@ -51,7 +51,7 @@ RTOL = 1e-4
 ATOL = 1e-6
 
 # A proof model that runs in a few seconds per process on 2 CPU cores, with a
-# plain peak more than twice tfmem's (README "Results" has the numbers).
+# plain peak more than twice tfmem's (docs/results.md, Memory proof, has the numbers).
 DEFAULTS = dict(layers=24, batch=1024, width=256, seed=0, steps=5,
                 partition_size=20, swap="auto", prefetch=1)
 

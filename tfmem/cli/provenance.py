@@ -1,7 +1,7 @@
 """Where a measured result comes from: commit, TensorFlow version, kernel path, cores, date.
 
 Experiments, the soak and the benchmark write their figures to files that the
-README quotes; each file records what produced it, so that a figure can be
+README.md and docs/results.md show; each file records what produced it, so that a figure can be
 traced to the code and the machine it was measured on.  Nothing here imports
 TensorFlow (its version is read from the installed package's metadata).
 """

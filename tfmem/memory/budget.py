@@ -171,8 +171,9 @@ def scaled(trace, factor):
     What is resident is counted exactly; what the model misses (the executor running
     ops in another order, chunks) lies in what a partition allocates while it runs.  A
     factor on the whole peak would also scale the kept tensors that a plan of smaller
-    partitions swaps out, until no plan fits (session 18's DeepSpeech run: 1.16 after a
-    step out of memory in one partition, and then not even one op per partition did)."""
+    partitions swaps out, until no plan fits (in the DeepSpeech search a factor of 1.16
+    on whole peaks, after a step out of memory in one partition, left not even one op per
+    partition fitting)."""
     if factor == 1.0:
         return trace
 

@@ -28,9 +28,8 @@ keeps 11.8 MiB after a step instead of 17.8; ResNet-56 14.7 instead of 22.0).
 Variables set to one merged value share its buffer, and each update of one but the
 last copies it; the state counts every one of them at its size, so those copies never
 take the device past the state either: nothing is pending for any variable the
-released executor set (until session 14 the merged ones were counted as pending, 25.6
-MiB at ResNet-186, which set that experiment's floor).  Ref variables' constants free
-as well.
+released executor set (counting the merged ones as pending would add 25.6 MiB at
+ResNet-186 and set that experiment's floor).  Ref variables' constants free as well.
 
 Budget mode counts the pending copies as held beside the request for the whole of
 its first step (`pending_bytes`), so the plan it runs first still fits once they are

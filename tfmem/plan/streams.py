@@ -6,7 +6,7 @@ draws from that stream, as plain `Session.run` does.  A plan that runs a
 *copy* of it (imported under the plan's scope) would draw from a stream of
 the copy's own, which starts again from the op's seed.
 
-Every random op of a request now runs as the user's op, with what running
+Every random op of a request runs as the user's op, with what running
 it runs too (see `analyse._run_together`):
 
 * one with a control input of its own (`tf.control_dependencies([update])`

@@ -1,8 +1,8 @@
 """Stretches: consecutive partitions that run in one Session call.
 
 TensorFlow builds every callable from the whole session graph, so a plan's
-first step costs its partitions times the graph's size (README, "First step
-and graph size").  Where nothing leaves the device between partitions, a run
+first step costs its partitions times the graph's size (docs/how-it-works.md,
+"Two front ends").  Where nothing leaves the device between partitions, a run
 of them can be one callable whose partitions still run one after another:
 
     stretch 0 = partitions 0..31, one call

@@ -1,7 +1,7 @@
 """What making a request runnable cost: planning, copying into the graph, callables.
 
-The first step of a request pays for these once (see README, "First step and
-graph size"); `TFMemSession.last_compile` holds the figures of the last
+The first step of a request pays for these once (see docs/how-it-works.md, "Two
+front ends"); `TFMemSession.last_compile` holds the figures of the last
 request that was planned or compiled, so tools can show where the time went.
 """
 

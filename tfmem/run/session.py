@@ -181,7 +181,7 @@ class TFMemSession(SessionInterfaceMethods):
         # a chain through ops of several tasks would run the tasks one after the other.
         # Nor in budget mode yet: its bound (the worst of the executor's orders, kernels
         # at once) is what its experiments validated; fitted to the chained order alone,
-        # ResNet's quick search ran out of memory (README, Chained copies).
+        # ResNet's quick search ran out of memory (docs/how-it-works.md, The memory model).
         self._chains_copies = remote_info is None and self._budget is None
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.

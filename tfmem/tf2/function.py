@@ -125,7 +125,7 @@ def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, pre
     `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
     profile_peaks=True measures each partition's device peak every step with
     TensorFlow's profiler (tfmem.tf2.profiled_peaks), also under an earlier,
-    higher process peak; it costs time per step (see the README).
+    higher process peak; it costs time per step (docs/api.md).
     """
     _refuse_jit(tf_function_kwargs.get("jit_compile"))
     size = check_partition_size(partition_size)

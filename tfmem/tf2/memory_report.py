@@ -2,7 +2,7 @@
 
 The TF2 simulator counts the step's own tensors only: the captured variables
 and the inputs are memory the device already holds when a step starts (see
-`tfmem.function`'s README section).  TensorFlow's peak counts them, so the
+docs/api.md, `tfmem.function`).  TensorFlow's peak counts them, so the
 report adds the bytes in use when the step started (`device_resident`): the
 measured peak compares with `device_resident + predicted_device_peak`.
 """
