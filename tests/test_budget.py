@@ -672,7 +672,8 @@ def test_a_learned_factor_scales_working_sets_so_smaller_partitions_still_fit():
     run, not in what is resident when they start (state, kept tensors, uploads: counted
     exactly).  A factor learned on one plan therefore scales working sets: a plan of
     smaller partitions, mostly resident bytes, still fits where the same factor on whole
-    peaks would leave nothing that fits (session 18's DeepSpeech search)."""
+    peaks would leave nothing that fits (as in the DeepSpeech search, where a factor of
+    1.16 on whole peaks left not even one op per partition fitting)."""
     model = models.mlp(layers=6, width=512, features=512)
     feed = model.feed(256)
     view = analyse([model.loss], [model.train], list(feed))

@@ -129,7 +129,8 @@ def test_originals_and_v1_loops_keep_the_executor_order(control_flow):
 def test_budget_mode_leaves_the_order_to_the_executor(two_sessions):
     """Budget mode plans with the worst of the executor's orders and kernels at once, the
     bound its experiments validated, and does not chain: fitted to the chained order
-    alone, ResNet's quick search ran out of memory at a cap (README, Chained copies)."""
+    alone, ResNet's quick search runs out of memory at a cap (docs/how-it-works.md, The memory
+    model)."""
     m = build_mlp()
     plain, wrapped = two_sessions(m.graph)
     plain.run(m.init)

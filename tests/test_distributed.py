@@ -219,8 +219,8 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     """Three threads run one plan at once; each step's values are plain TensorFlow's.
 
     On a distributed session each step stages at keys of its own (see
-    residence.PlanStaging); with keys fixed per plan and no lock, two steps staged at
-    one key and read each other's tensors (all three threads ended in DeadlineExceeded).
+    residence.PlanStaging); with keys fixed per plan and no lock, two steps would stage
+    at one key and read each other's tensors (the three threads end in DeadlineExceeded).
     """
     graph, x, loss, _, init, weights = _mlp(cluster.spec, "concurrent")
     with graph.as_default(), graph.device(WORKER):

@@ -209,7 +209,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     np.testing.assert_allclose(learn["losses"], learn["plain_losses"], rtol=1e-6)
     # The re-plan compiled new partitions, but the seeded random op runs in a function of
     # its own shared by every plan of the trace (tfmem.tf2.streams): its stream continues,
-    # as tf.function's (on main it started again from its seed after the re-plan).
+    # as tf.function's (a new plan's own copy of the op would start again from its seed).
     assert learn["plain_draws"][0] != learn["plain_draws"][1]
     assert learn["draws"] == learn["plain_draws"]
     assert not any("stream" in line for line in learn["log"]), learn["log"]

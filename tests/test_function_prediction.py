@@ -135,7 +135,7 @@ def measured():
 
 def test_tf2_prediction_counts_kernel_scratch(measured):
     """Outside budget mode too: the convolution gradients' im2col buffers are in the
-    prediction (before, its scratch column read 0 and it missed most of the step)."""
+    prediction (without them its scratch column reads 0 and it misses most of the step)."""
     scratch = measured["tf2"]["scratch"]
     assert len(scratch) == measured["tf2"]["partitions"] > 1
     assert max(scratch) > MIB, scratch
@@ -147,7 +147,7 @@ def test_prediction_within_the_session_front_ends_tolerance(measured, side):
     """Within the Session front end's bound of the band between the requested and chunk
     figures: the gradients' im2col buffers (18 and 27 MiB requested) each hold a BFC
     chunk larger than their request, which only the chunk figure counts (the requested
-    one read 25-27 % under on 2026-11-23, the chunks within the band)."""
+    one reads 25-27 % under, the chunks within the band)."""
     figures = measured[side]
     error = band_error(figures["predicted"], figures["chunks"], figures["measured"])
     assert abs(error) <= BAND_TOLERANCE["eigen"], (side, figures)

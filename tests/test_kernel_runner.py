@@ -1,5 +1,5 @@
 """The kernel runner: calibrated scratch does not depend on what the process allocated
-before (the figure once read 27, 32 or 48 MiB for one kernel), and calibration still
+before (measured in the user's process, one kernel reads 27, 32 or 48 MiB), and calibration still
 works where the runner cannot."""
 
 import json

@@ -398,10 +398,10 @@ def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
     pass across all frames together.  The simulator's prediction (the worst of the
     orders it emulates) is at most 5 % below what TensorFlow's records hold at the
     step's peak, and at most 20 % above; the depth-first walk alone reads more than 10 %
-    below (15.3 MiB against 18.6-20.3 in session 19's processes).  With its copies
+    below (15.3 MiB against 18.6-20.3 measured in five processes).  With its copies
     chained in the depth-first order (op_order.chained_order) there is no wave: the step
     holds a tenth less, and the prediction, of that order alone, is within 5 % of it
-    (15.92 MiB measured, 16.06 predicted, on Eigen in session 24)."""
+    (15.92 MiB measured, 16.06 predicted, on Eigen)."""
     for onednn in (False, True):
         figures = _child(WAVE, onednn=onednn)
         measured, predicted = figures["measured"], figures["predicted"]

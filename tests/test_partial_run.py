@@ -66,7 +66,8 @@ def test_training_steps_equal_plain_bit_for_bit(two_sessions, swap):
 def test_training_steps_with_grappler_on_match_plain():
     """TensorFlow's default config (Grappler on) optimises the partial run's graph: the
     gates (Switch) and stacks survive it.  Grappler rewrites each side's graph on its
-    own, so the last bits may differ (see README): compared within 1e-5."""
+    own, so the last bits may differ (see docs/how-it-works.md, Partition): compared within
+    1e-5."""
     model = models.mlp(layers=6, width=32, features=16)
     config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
     with tf1.Session(graph=model.graph, config=config) as plain, \

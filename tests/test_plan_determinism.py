@@ -73,8 +73,8 @@ print(json.dumps([list(p.ops) for p in step.plan(x, y).partitions]))
 def test_a_traced_step_gets_the_same_plan_in_every_process():
     """A tf.function's automatic control dependencies list control inputs in the order
     of a Python set, which changes with the process's string hashing (PYTHONHASHSEED):
-    the plan must not follow it (before 2026-11-23 seeds 0, 1 and 2 gave three plans
-    of this step, moving the optimizer's updates between partitions)."""
+    the plan must not follow it (following it, seeds 0, 1 and 2 give three plans of
+    this step, moving the optimizer's updates between partitions)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     plans = set()
     for seed in ("0", "1", "2"):

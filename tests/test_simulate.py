@@ -2,7 +2,7 @@
 and the properties every trace holds whatever the graph.
 
 Accuracy is measured by experiments/accuracy.py (the same measurement renders the
-README's table): two fresh processes, one per kernel path (TF_ENABLE_ONEDNN_OPTS=0
+table in docs/results.md): two fresh processes, one per kernel path (TF_ENABLE_ONEDNN_OPTS=0
 and =1, so a machine of either kind checks both), each with a BFC allocator far
 above the step (read when TensorFlow starts, and this process has imported
 TensorFlow already).  The pure properties plan and simulate in this process and
@@ -37,22 +37,20 @@ MIB = 1 << 20
 MODELS, SIZES, STEPS = measurement.MODELS, measurement.SIZES, measurement.STEPS
 PATHS = measurement.PATHS
 # Bounds on |predicted - measured| / measured, per kernel path: the median step, and
-# the worst step.  The issue's targets are 10 % and 15 %; these are what held over
-# three runs on TensorFlow 2.21 (README, Simulator accuracy): the same configuration
-# moved by up to 10 points between runs (oneDNN ResNet at 200: -8 to -19 %), from
-# the BFC allocator's chunk reuse, which the simulator does not model.
-# Widened on 2026-11-22 after runs on an idle machine read the Eigen MLP at size 20
-# at +14.2 % (over-predicted) and a oneDNN worst step past 22 %.
+# the worst step.  The issue's targets are 10 % and 15 %; these bounds hold over
+# repeated runs on TensorFlow 2.21 (docs/results.md, Simulator accuracy): the same
+# configuration moves by up to 10 points between runs (oneDNN ResNet at 200: -8 to
+# -19 %), from the BFC allocator's chunk reuse, which the simulator does not model;
+# on an idle machine the Eigen MLP at size 20 reads up to +14.2 % (over-predicted)
+# and a oneDNN worst step past 22 %.
 TOLERANCE = {"eigen": 0.16, "onednn": 0.22}
 WORST_TOLERANCE = {"eigen": 0.18, "onednn": 0.26}
-# Known gaps, with their bound on both errors.  Since session 24 TFMemSession chains
-# each partition's copies in the order the simulator counts (op_order.chained_order):
-# the gaps TensorFlow's executor order made (the MoE layer, the oneDNN ResNet and pool
-# net, 16-35 % in earlier runs; README, Results, "The executor's order, fixed") are
-# gone, and two runs of 2026-11-25 (the second is experiments/results/accuracy.json)
-# read every configuration's chunk figure within 5.2 % under the median and the worst
-# step.
-# What stays is the requested-bytes figure of the convolution nets, which cannot see
+# Known gaps, with their bound on both errors.  TFMemSession chains each partition's
+# copies in the order the simulator counts (op_order.chained_order), so TensorFlow's
+# executor order opens no gap (docs/results.md, Peak spread, the --ordered run), and
+# the chunk figure of every configuration reads within 5.2 % under the median and the
+# worst step (experiments/results/accuracy.json and a second run).
+# What remains is the requested-bytes figure of the convolution nets, which cannot see
 # the BFC chunks their large buffers take: the Eigen gradients' im2col buffers of
 # 20-27 MiB held in chunks of up to 32 MiB (conv -26 %, pool -19 %, ResNet -14 to
 # -18 %), and the oneDNN conv net's first convolution's 2.44 MiB output in a 4 MiB
@@ -64,17 +62,17 @@ KNOWN_GAPS.update({("eigen", "pool", size): 0.26 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "resnet", size): 0.24 for size in SIZES})
 # The MoE layer at 20 allocates small tensors whose chunks round up: 8.09 MiB
 # requested, 9.53 MiB in chunks (18 % more), so a step measured at the chunk figure is
-# already 15 % above the requested one.  Measured 9.52-10.47 MiB (2026-11-25, median
-# and worst, both paths): -15 to -23 % of the requested figure, within 10 % of the
+# already 15 % above the requested one.  Measured 9.52-10.47 MiB (median and worst,
+# both paths): -15 to -23 % of the requested figure, within 10 % of the
 # chunk figure (the band test below holds it to that).
 KNOWN_GAPS.update({(path, "moe", 20): 0.26 for path in PATHS})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE above it, the worst within
-# BAND_WORST_TOLERANCE above it: the issue's targets, 10 % and 15 %.  Chained, the
-# run of 2026-11-25 read no median and no worst step more than 5.2 % above its band
-# (the MoE layer at 200 on both paths); a second run moved partitioned plans by up to
-# 2 MiB (the Eigen MLP at 20: 15.25 and 17.25 MiB, a BFC region more or less).
+# BAND_WORST_TOLERANCE above it: the issue's targets, 10 % and 15 %.  Chained, no
+# median and no worst step reads more than 5.2 % above its band (the MoE layer at 200
+# on both paths); between runs partitioned plans move by up to 2 MiB (the Eigen MLP
+# at 20: 15.25 and 17.25 MiB, a BFC region more or less).
 BAND_TOLERANCE = {"eigen": 0.10, "onednn": 0.10}
 BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.15}
 # Those bound a step measured ABOVE the band (under-predicted: the error that makes a
@@ -111,8 +109,8 @@ def test_accuracy_run_measured_every_configuration(accuracy):
 
 # Allocations outside the partitions' traced kernels (feeds, uploads on the prefetch
 # thread, first runs of callables): the oneDNN ResNet at size 20 read 18.67 MiB in
-# TensorFlow's figure and 16.57 MiB in tfmem's on the step that was the run's peak
-# (2026-11-22), within the ~2 MiB this open gap of issue 10 is documented at.
+# TensorFlow's figure and 16.57 MiB in tfmem's on the step that was the run's peak,
+# within the ~2 MiB this open gap of issue 10 is documented at.
 UNTRACED_BYTES = 2 << 20
 
 

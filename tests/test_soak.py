@@ -1,6 +1,6 @@
 """A short soak (tools/soak.py, 260 steps) and its verdict.
 
-The full 2000-step soak takes minutes and is run by hand (README, Results);
+The full 2000-step soak takes minutes and is run by hand (docs/results.md, Soak);
 here a small model trains for 260 steps in partitions of 6 ops with every
 boundary tensor swapped, and
 
