@@ -4,7 +4,7 @@
     python experiments/accuracy.py --json experiments/results/accuracy.json
 
 The one measurement behind both `tests/test_simulate.py` (which bounds the
-errors) and the README's accuracy table (rendered from the result file by
+errors) and the accuracy table of docs/results.md (rendered from the result file by
 `python tools/results_tables.py`): for each model of `MODELS` and partition
 size of `SIZES`, train `STEPS` steps through `TFMemSession(measure="every")`
 and compare, per step, TensorFlow's allocator peak with tfmem's two predicted
@@ -205,7 +205,7 @@ def _size_name(size):
 
 
 def markdown(rows):
-    """The README's table: one line per kernel path, model and partition size."""
+    """The docs/results.md table: one line per kernel path, model and partition size."""
     lines = ["| kernel path | model | partition size | partitions | predicted MiB "
              "(requested / in chunks) | measured MiB (median / worst step) | error, median "
              "(worst) | error in chunks, median (worst) | outside the band, median (worst) |",

@@ -8,9 +8,9 @@ TensorFlow's executor (`ExecutorState::ScheduleReady`) runs the ready ops its
 cost model calls inexpensive inline, first in first out, and hands the
 expensive ones to the inter-op pool, each op's readers in the order of its
 output edges: the order they were added up to eight, a hash of addresses
-beyond, so the order can differ from process to process.  Until session 19
-the simulator walked each partition depth-first in the plan's order; it now
-takes the worst of that and the executor emulated (tfmem/memory/op_order.py).
+beyond, so the order can differ from process to process.  The simulator
+takes the worst of the depth-first order and the executor emulated
+(tfmem/memory/op_order.py).
 
 Each fresh process (pinned thread pools, TensorFlow's BFC allocator far
 above the step, the kernel path set explicitly) trains one model of

@@ -72,7 +72,7 @@ def measure(size, steps):
 
 
 def markdown(data, provenance_text):
-    """The README table of a result file (tools/results_tables.py renders it)."""
+    """The docs/results.md table of a result file (tools/results_tables.py renders it)."""
     args = data["args"]
     lines = [
         f"`python experiments/partial_runs.py --sizes {' '.join(map(str, args['sizes']))} "

@@ -421,7 +421,7 @@ def summarize(rows, graphs):
 
 
 def markdown(data, provenance_text):
-    """The README table of a result file (tools/results_tables.py renders it)."""
+    """The docs/results.md table of a result file (tools/results_tables.py renders it)."""
     args = data["args"]
     lines = [
         f"`python experiments/partition_graphs.py --graphs {' '.join(map(str, args['graphs']))} "

@@ -255,7 +255,7 @@ def _yes(flag):
 
 
 def markdown(rows):
-    """The table of the rows (README and the script's output)."""
+    """The table of the rows (docs/results.md and the script's output)."""
     lines = ["| model | path | predicted: requested / in chunks (kernel scratch) MiB | "
              "plain TF, median step per process MiB | min - max MiB | spread "
              "(max-min)/median | one figure within 10 % of all? | requested within 10 % | "

@@ -28,9 +28,9 @@ partition's measured peak against its two predicted figures, and the op at
 the peak with the scratch it allocated.  A plan of several partitions that
 measures more than the same model in one shows there where the bytes go.
 
-Session 7 (issue 10) used it to find the oneDNN pool net's missing 1.4 MiB;
-session 8 the oneDNN conv net's (the max pooling gradient's scratch, which
-its forward op's workspace saves only in the same partition).
+It finds, for instance, the oneDNN conv net's missing bytes: the max pooling
+gradient's scratch, which its forward op's workspace saves only in the same
+partition (issue 10).
 Nothing here is asserted: it prints what it measured.
 """
 

@@ -556,7 +556,8 @@ def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, p
 def _run_child(kind, cap_mib, settings, timeout=900):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--cap", str(cap_mib),
            "--child-settings", json.dumps(settings)]
-    # The user's kernel path if set, else oneDNN off: it crashed at the cap (README).
+    # The user's kernel path if set, else oneDNN off: its kernels crash at a full capped allocator
+    # instead of raising ResourceExhaustedError (see tfmem/cli/child_env.py).
     env = child_env.self_capping_env(child_env.onednn_from_env(default=False))
     started = time.perf_counter()
     out, proc, tail = child_env.run_json_child(cmd, env, timeout)
@@ -605,7 +606,7 @@ def bench_capped(layers=24, width=256, batch=2048, steps=4, warmup=1, breakdown_
     run = _run_child("tfmem", cap, settings)
     if not run["failed"] and run["oom"] and fallback and partition_size != fallback:
         # Budget mode plans to the cap less 10 %; where the simulator underestimates the
-        # measured peak (README: the MLP) a step can still run out: say so, then measure
+        # measured peak (docs/results.md: the MLP) a step can still run out: say so, then measure
         # a fixed partition size with room to spare.
         result["oom_at"] = dict(partition_size=partition_size, error=run["error"])
         log(f"    tfmem partition_size={partition_size} ran out of memory under the cap; "

@@ -5,7 +5,7 @@
                               [--inter 2] [--onednn 0|1] [--json OUT.json]
 
 `--json experiments/results/tf2_speed.json` writes the result file that
-`tools/results_tables.py` renders into the README's TF2 section (with its
+`tools/results_tables.py` renders into docs/results.md (Performance) (with its
 provenance: commit, TensorFlow version, oneDNN on/off, cores, load, date).
 
 A Keras ResNet (3 stages of residual blocks, Conv2D + BatchNormalization +
@@ -28,7 +28,7 @@ thread pools are pinned (`--intra 1 --inter 2` by default, through
 `tf.config.threading` before TensorFlow starts its runtime) so that the
 comparison and the timings do not depend on the machine's core count:
 with TensorFlow's default intra-op threads the ResNet's losses drifted by
-float rounding (see the README's TF2 section).
+float rounding.
 Goals: ratio <= 1.15 at partition_size 200 and <= 1.02 in budget mode,
 printed as `TARGET name=value (goal ...) ok|MISSED` lines.  The process
 runs with TF_ENABLE_ONEDNN_OPTS=0 unless set otherwise (`--onednn 1`).

@@ -1,4 +1,4 @@
-"""Budget mode under emulated caps: the README's budget-mode table.
+"""Budget mode under emulated caps: the budget-mode table of docs/results.md.
 
     python tools/budget_table.py [--caps 200 60 40] [--steps 4]
                                  [--json experiments/results/budget.json]
@@ -11,7 +11,7 @@ chosen, its predicted and measured peaks (TensorFlow's allocator, the worst
 step after the first), the step time, and whether the losses match plain's.
 Writes every figure, with its provenance (commit, TensorFlow, kernel path,
 cores, date) and the budget margin, to the JSON file, from which
-`python tools/results_tables.py` renders the README block.
+`python tools/results_tables.py` renders the block in docs/results.md.
 """
 
 import argparse

@@ -201,7 +201,7 @@ def verdict(result, rss_tolerance_mib):
     # The device figure counts allocator chunks, not bytes asked for: when a variable's
     # buffer is copied on write, BFC may hand it a whole free chunk up to twice its size,
     # so the same live set reads differently from step to step (up and down by a
-    # variable's size, 2026-11-22).  A leak raises the floor and keeps raising it: the
+    # variable's size).  A leak raises the floor and keeps raising it: the
     # lowest sample of the last third may exceed the first third's by the state's bytes
     # (every variable re-placed at twice its size), no more.
     third = max(len(device) // 3, 1)
@@ -210,8 +210,8 @@ def verdict(result, rss_tolerance_mib):
     # A leak keeps going; the C allocator grows its heap in steps (1 MiB once at step 120
     # in one run, at step 220 in another), which over a short window reads as a slope.
     # One such step in the settled half is allowed on top of the tolerance, no more, with
-    # the few pages its bookkeeping touches (CI, 2026-11-23: a rise printed as "+1.00 MiB
-    # in all", over 1 MiB by under 5 KiB, failed the check).
+    # the few pages its bookkeeping touches (a rise printed as "+1.00 MiB in all" can be
+    # over 1 MiB by a few KiB).
     settled_rise = max(s["rss"] for s in settled) - settled[0]["rss"]
     rss_ok = growth["rss"] <= rss_tolerance_mib * MIB or settled_rise <= HEAP_STEP + HEAP_PAGES
     buffers_flat = len({s["host_buffers"] for s in samples}) == 1
