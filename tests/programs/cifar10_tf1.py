@@ -1,7 +1,7 @@
 """A CIFAR-10 tutorial-style TF1 training program, for tests that run a real
 program through tfmem on both kernel paths.
 
-    python cifar10_tf1.py [--steps N] [--partition-size N]
+    python cifar10_tf1.py [--steps N] [--partition-sizes 0,3,20]
 
 It is written as TensorFlow's CIFAR-10 tutorial writes it: variables made by
 `get_variable` pinned to /cpu:0 (resource variables), convolutions with
@@ -9,14 +9,18 @@ biases, local response normalisation, weight decay gathered in a collection,
 an activation summary per layer plus histograms of every variable and
 gradient, all merged and fetched each step, and an exponential moving average
 of the losses applied under control dependencies of the training op.  Input is
-fed.  With `--partition-size N` the session is wrapped in
-`tfmem.TFMemSession(sess, partition_size=N)`; otherwise it runs plainly.  It
-prints one `loss <step> <value>` line and one `summary <step> <digest>` line
-per step.
+fed.  A summary of a variable or an average reads it under a control
+dependency on its update, so that its value is defined (the tutorial's reads
+race with the updates, in plain TensorFlow too).  It trains once per partition size on a new graph, printing `run <N>`
+first: with N > 0 the session is wrapped in
+`tfmem.TFMemSession(sess, partition_size=N)`, with 0 it runs plainly.  Each
+run prints one `loss <step> <value>` line and one `summary <step> <json>` line
+per step: each summary value by tag, a scalar's value or a histogram's (min, max,
+count, sum, sum of squares).
 """
 
 import argparse
-import hashlib
+import json
 
 import numpy as np
 import tensorflow as tf
@@ -101,7 +105,8 @@ def _add_loss_summaries(loss):
     averages_op = averages.apply(losses + [loss])
     for each in losses + [loss]:
         tf1.summary.scalar(each.op.name + "_raw", each)
-        tf1.summary.scalar(each.op.name, averages.average(each))
+        with tf.control_dependencies([averages_op]):  # the average after this step's update
+            tf1.summary.scalar(each.op.name, tf.identity(averages.average(each)))
     return averages_op
 
 
@@ -113,8 +118,9 @@ def train(loss, global_step):
         opt = tf1.train.GradientDescentOptimizer(learning_rate)
         grads = opt.compute_gradients(loss)
     apply_gradient_op = opt.apply_gradients(grads, global_step=global_step)
-    for var in tf1.trainable_variables():
-        tf1.summary.histogram(var.op.name, var)
+    with tf.control_dependencies([apply_gradient_op]):  # the variables after the update
+        for var in tf1.trainable_variables():
+            tf1.summary.histogram(var.op.name, tf.identity(var))
     for grad, var in grads:
         if grad is not None:
             tf1.summary.histogram(var.op.name + "/gradients", grad)
@@ -131,15 +137,23 @@ def data(steps):
     return images, labels
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--partition-size", type=int, default=0)
-    args = parser.parse_args()
-    tf1.disable_eager_execution()
-    tf1.set_random_seed(0)
-    images, labels = data(args.steps)
+def _summary_values(serialized):
+    """{tag: [scalar] or [min, max, count, sum, sum of squares]} of a merged summary."""
+    summary = tf1.Summary.FromString(serialized)
+    values = {}
+    for value in summary.value:
+        if value.HasField("histo"):
+            h = value.histo
+            values[value.tag] = [h.min, h.max, h.num, h.sum, h.sum_squares]
+        else:
+            values[value.tag] = [value.simple_value]
+    return values
+
+
+def train_once(partition_size, steps):
+    images, labels = data(steps)
     with tf.Graph().as_default():
+        tf1.set_random_seed(0)
         global_step = tf1.train.get_or_create_global_step()
         x = tf1.placeholder(tf.float32, [BATCH, SIZE, SIZE, 3], name="images")
         y = tf1.placeholder(tf.int32, [BATCH], name="labels")
@@ -148,15 +162,27 @@ def main():
         summaries = tf1.summary.merge_all()
         sess = tf1.Session(config=CONFIG)
         sess.run(tf1.global_variables_initializer())
-        if args.partition_size:
+        if partition_size:
             import tfmem  # pylint: disable=import-outside-toplevel
-            sess = tfmem.TFMemSession(sess, partition_size=args.partition_size)
-        print(f"summaries {len(tf1.get_collection(tf1.GraphKeys.SUMMARIES))}", flush=True)
-        for step in range(args.steps):
+            sess = tfmem.TFMemSession(sess, partition_size=partition_size)
+        print(f"run {partition_size} summaries "
+              f"{len(tf1.get_collection(tf1.GraphKeys.SUMMARIES))}", flush=True)
+        for step in range(steps):
             _, value, summary = sess.run([train_op, loss, summaries],
                                          {x: images[step], y: labels[step]})
             print(f"loss {step} {value:.9e}", flush=True)
-            print(f"summary {step} {hashlib.sha1(summary).hexdigest()}", flush=True)
+            print(f"summary {step} {json.dumps(_summary_values(summary))}", flush=True)
+        sess.close()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--partition-sizes", default="0")
+    args = parser.parse_args()
+    tf1.disable_eager_execution()
+    for size in args.partition_sizes.split(","):
+        train_once(int(size), args.steps)
 
 
 if __name__ == "__main__":
