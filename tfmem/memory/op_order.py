@@ -51,7 +51,6 @@ import heapq
 
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
-from tfmem.plan.merged_kernels import merged_groups
 
 # Kernels whose IsExpensive() is false: TensorFlow runs them inline, at once.
 INEXPENSIVE = frozenset({
@@ -262,14 +261,9 @@ def dependency_order(view, ops, priority=None):
     """The ops with producers first, keeping the partition's order where free (depth
     first, as the plan lists them), or picking among ready ops by `priority(name,
     position)` (the smallest first; called once per op, as it becomes ready):
-    experiments/executor_order.py compares other orders with the executor's.
-
-    Ops a kernel path may merge into one kernel (`merged_kernels`) come together, with
-    only the ops on paths between them in between: any other op there would make a
-    cycle of the merged kernel."""
+    experiments/executor_order.py compares other orders with the executor's."""
     position = {name: i for i, name in enumerate(ops)}
-    blocks = _blocks(view, ops)
-    waiting, readers = _block_edges(view, ops, blocks)
+    waiting, readers = _edges(view, ops)
     if priority is None:
         entry, name_of = position.__getitem__, ops.__getitem__
     else:
@@ -280,84 +274,17 @@ def dependency_order(view, ops, priority=None):
             return ops[item[1]]
     # A heap of plan positions: linear-logarithmic, so a partition of a whole unrolled
     # graph (tens of thousands of ops) orders in milliseconds.
-    ready = [entry(name) for name in ops if name in waiting and waiting[name] == 0]
+    ready = [entry(name) for name in ops if waiting[name] == 0]
     heapq.heapify(ready)
     order = []
     while ready:
-        lead = name_of(heapq.heappop(ready))
-        for name in blocks.get(lead, (lead,)):
-            order.append(name)
-            for reader in readers[name]:
-                waiting[reader] -= 1
-                if waiting[reader] == 0:
-                    heapq.heappush(ready, entry(reader))
-    return _with_the_rest(order, ops)
-
-
-def _blocks(view, ops):
-    """{first op: the block's ops, producers first}: each group of `merged_kernels` with
-    the ops on paths between its members (Grappler's forwards, `tf.tuple`'s gate)."""
-    groups = merged_groups(view, ops)
-    if not groups:
-        return {}
-    _, readers = _edges(view, ops)
-    producers = {name: [] for name in ops}
-    for src, users in readers.items():
-        for user in users:
-            producers[user].append(src)
-    merged = []  # blocks as sets, overlapping ones joined
-    for group in groups:
-        block = set(group) | (_reach(group, readers) & _reach(group, producers))
-        for other in [b for b in merged if b & block]:
-            merged.remove(other)
-            block |= other
-        merged.append(block)
-    blocks = {}
-    for block in merged:
-        inside = [name for name in ops if name in block]
-        blocks[inside[0]] = _producers_first(inside, block, producers)
-    return blocks
-
-
-def _reach(starts, edges):
-    """The ops reached from `starts` along `edges`, `starts` left out unless reached."""
-    seen, stack = set(), list(starts)
-    while stack:
-        for nxt in edges[stack.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                stack.append(nxt)
-    return seen
-
-
-def _producers_first(inside, block, producers):
-    """`inside` (the block's ops in plan order) reordered so producers come first."""
-    order, done = [], set()
-    pending = list(inside)
-    while pending:
-        name = next(n for n in pending if all(p in done or p not in block
-                                              for p in producers[n]))
-        pending.remove(name)
+        name = name_of(heapq.heappop(ready))
         order.append(name)
-        done.add(name)
-    return order
-
-
-def _block_edges(view, ops, blocks):
-    """({block lead or op: producers in `ops` outside its block, counted per edge},
-    {op: the leads of the blocks reading it})."""
-    lead = {name: first for first, block in blocks.items() for name in block}
-    members = set(ops)
-    waiting = {lead.get(name, name): 0 for name in ops}
-    readers = {name: [] for name in ops}
-    for name in ops:
-        dst = lead.get(name, name)
-        for src in _producers(view.nodes[name]):
-            if src in members and lead.get(src, src) != dst and \
-                    view.nodes[src].type not in _BACK_EDGES:
-                waiting[dst] += 1
-                readers[src].append(dst)
-    return waiting, readers
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, entry(reader))
+    return _with_the_rest(order, ops)
 
 
 def _with_the_rest(order, ops):

@@ -16,9 +16,11 @@ partition's copies, or the NoOp that ends one stage of a stretch), the merged
 kernel waits for that op and the op for the merged kernel: a cycle.
 TensorFlow's executor then never runs the ops on it nor anything after them,
 and a session callable returns empty tensors for their fetches without an
-error.  So such ops are one unit (never split across partitions or stages)
-and run one right after the other where tfmem orders copies (op_order).
-With oneDNN off nothing merges, and the pair costs nothing.
+error.  So such ops are one unit (`units`, rule 7), which with the ops on the
+paths between them (the gate and forwards of `tf.tuple`) joins one unit of
+the unit graph's cycles: a partition lists a unit's ops together, and the
+chained order (op_order, by plan position) runs them one after another.  With
+oneDNN off nothing merges, and the pair costs nothing.
 """
 
 from tfmem.plan import optypes

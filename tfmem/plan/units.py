@@ -50,8 +50,9 @@ survive one.  Seven rules join ops into one unit:
    components of the unit graph become one unit.
 
 7. *Merged kernels.*  Ops a kernel path runs as one kernel (oneDNN's filter
-   and bias gradients of one convolution, see `merged_kernels`) stay in one
-   partition, so that no stage boundary of a stretch falls between them.
+   and bias gradients of one convolution, see `merged_kernels`) are one unit,
+   with the ops on the paths between them (rule 6 joins those): no partition
+   or stage boundary falls between them, and no other op is chained there.
 
 v2 control flow (While, If) is a single op and needs none of this.
 """
