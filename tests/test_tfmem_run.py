@@ -24,6 +24,8 @@ from conftest import session_config
 tf1 = tf.compat.v1
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "train_tf1.py")
+# one session per route a program may take to TensorFlow's session classes
+ROUTES_PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "session_routes.py")
 TIMEOUT = 300
 
 
@@ -108,6 +110,45 @@ def test_environment_variable_with_an_emulated_accelerator(tmp_path, plain_run):
         assert totals["swapped_out_bytes"] > 0 and totals["swapped_in_bytes"] > 0
 
 
+def _route_losses(stdout):
+    """{route: [losses]} from session_routes.py's `loss <route> <step> <value>` lines."""
+    losses = {}
+    for line in stdout.splitlines():
+        if line.startswith("loss "):
+            _, route, _, value = line.split()
+            losses.setdefault(route, []).append(float(value))
+    return losses
+
+
+def test_every_route_to_the_session_classes_is_wrapped(tmp_path):
+    """`import tensorflow.compat.v1 as tf` (a module object of its own), `from
+    tensorflow.compat.v1 import Session`, `tf.compat.v1.Session`, the defining module,
+    an InteractiveSession run by `eval`, and model code in an imported module."""
+    plain = _run([sys.executable, ROUTES_PROGRAM])
+    summary = tmp_path / "summary.json"
+    wrapped = _run([sys.executable, "-m", "tfmem", "run", "--partition-size", "3",
+                    "--summary-json", str(summary), ROUTES_PROGRAM])
+    expected, got = _route_losses(plain.stdout), _route_losses(wrapped.stdout)
+    assert len(expected) == 6 and sorted(got) == sorted(expected)
+    for route, losses in expected.items():
+        np.testing.assert_allclose(got[route], losses, rtol=1e-5, err_msg=route)
+    sessions = json.loads(summary.read_text())["sessions"]
+    assert len(sessions) == len(expected)  # one wrapped session per route
+    for totals in sessions:
+        assert totals["steps"] >= 3 and totals["most_partitions"] > 1
+        assert totals["plain_runs"] == 0
+    assert "tfmem: WARNING" not in wrapped.stderr
+
+
+def test_a_run_that_wraps_nothing_says_why(tmp_path):
+    script = tmp_path / "eager.py"
+    script.write_text("import tensorflow as tf\nprint('sum', float(tf.reduce_sum(tf.ones([3]))))\n")
+    done = _run([sys.executable, "-m", "tfmem.autowrap", str(script)], _env(TFMEM="partition_size=3"))
+    assert "sum 3.0" in done.stdout
+    assert "tfmem: WARNING: nothing ran through tfmem" in done.stderr
+    assert "no tf.compat.v1.Session" in done.stderr and "tfmem.function" in done.stderr
+
+
 def test_bad_settings_are_refused_before_the_program_runs(tmp_path):
     marker = tmp_path / "ran"
     script = tmp_path / "script.py"
@@ -123,11 +164,23 @@ def test_bad_settings_are_refused_before_the_program_runs(tmp_path):
     assert not marker.exists()
 
 
-def test_import_tfmem_patches_nothing():
+def _session_methods():
     from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
-    from tfmem import autowrap  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    return {(cls.__name__, name): cls.__dict__.get(name)
+            for cls in (tf_session.BaseSession, tf_session.Session, tf_session.InteractiveSession)
+            for name in ("__init__", "run", "make_callable", "close")}
+
+
+def test_import_tfmem_patches_nothing_and_uninstall_restores_everything():
+    from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
+    before = _session_methods()
+    from tfmem import autowrap  # pylint: disable=import-outside-toplevel
     assert tf1.Session is tf_session.Session
     assert tf1.InteractiveSession is tf_session.InteractiveSession
+    assert _session_methods() == before
+    with autowrap.install(partition_size=3):
+        assert _session_methods() != before
+    assert _session_methods() == before
 
 
 def _threaded_program(graph, x, out, bump, counter, init, feeds):

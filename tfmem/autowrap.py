@@ -3,19 +3,18 @@
     tfmem run --partition-size 50 train.py --epochs 3
     TFMEM="partition_size=50" python -m tfmem.autowrap train.py --epochs 3
 
-How: before the program starts, `install` replaces TensorFlow's `Session`
-and `InteractiveSession` classes, where programs look them up (the
-`tf.compat.v1` modules that export them), by subclasses whose `run` and
-`make_callable` go through a TFMemSession wrapping the session itself.
-Everything else is the real session: type checks (`isinstance(s,
-tf.compat.v1.Session)`), `partial_run`, `close`, context managers.
-`MonitoredTrainingSession`, `MonitoredSession`, `SingularMonitoredSession`
-and `Supervisor` create their sessions through `SessionManager`, which looks
-up `session.Session` at call time; its `session` name is pointed at a view
-of TensorFlow's session module with the two classes replaced, so their
-steps, hooks, queue runners, savers and recovered sessions are wrapped too.
-The defining module itself is left alone: its classes call
-`super(Session, self)` through its globals.
+How: before the program starts, `install` patches TensorFlow's session
+classes themselves (`tensorflow.python.client.session`): `Session.__init__`
+and `InteractiveSession.__init__` also start a TFMemSession wrapping the new
+session, and `BaseSession.run`, `make_callable` and `close` route a session
+that has one through it.  Every route to the classes resolves to these class
+objects (`import tensorflow.compat.v1 as tf`, whose module object is not
+`tf.compat.v1`'s; `from tensorflow.compat.v1 import Session`;
+`tensorflow.python.client.session.Session`; `MonitoredTrainingSession`,
+`Supervisor` and `SessionManager`, which create theirs through that module),
+including modules imported after `install`.  Everything else is the real
+session, of the real type: type checks, `partial_run`, context managers.
+Sessions created before `install` stay plain.
 
 Only `tfmem run` and `python -m tfmem.autowrap` install it, in their own
 process; `import tfmem` never does.  The environment variable (TFMEM) is
@@ -34,7 +33,6 @@ import os
 import runpy
 import sys
 import threading
-import types
 
 from tfmem.run import accelerator
 from tfmem.errors import UnsupportedGraphError
@@ -93,74 +91,89 @@ def _checked_sizes(options):
     return options
 
 
-def _session_classes(options, recorder):
-    """Subclasses of Session and InteractiveSession whose steps run through tfmem."""
+def _routed_methods(options, recorder):
+    """({(class, method name): TensorFlow's method}, {(class, method name): its
+    replacement}): each replacement calls the method it replaces, and routes the steps
+    of a session created while installed through that session's TFMemSession."""
     from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
     from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    base, plain, interactive = (tf_session.BaseSession, tf_session.Session,
+                                tf_session.InteractiveSession)
+    routed = ((base, "run"), (base, "make_callable"), (base, "close"), (interactive, "close"),
+              (plain, "__init__"), (interactive, "__init__"))
+    originals = {(cls, name): cls.__dict__[name] for cls, name in routed}
 
-    class Routed:
-        """Routes `run` and `make_callable` to a TFMemSession wrapping this session."""
-        tfmem_routes_run = True  # TFMemSession: do not make the wrapper the default session
-        _tfmem = None
-
-        def _start_tfmem(self):
-            self._tfmem = TFMemSession(self, **options)
-            recorder.watch(self._tfmem)
-
-        @property
-        def tfmem(self):
-            """The TFMemSession this session's steps run through."""
-            return self._tfmem
-
-        def run(self, fetches, feed_dict=None, options=None, run_metadata=None):  # pylint: disable=redefined-outer-name
-            try:
-                return self._tfmem.run(fetches, feed_dict, options, run_metadata)
-            except UnsupportedGraphError as error:  # raised while planning: nothing ran
-                log.warning("tfmem cannot run this request in partitions (%s); "
-                            "the plain session runs it", error)
-                recorder.on_plain_run(self._tfmem, str(error).split("\n")[0])
-                return tf_session.BaseSession.run(self, fetches, feed_dict, options, run_metadata)
-
-        def make_callable(self, fetches, feed_list=None, accept_options=False):
-            return self._tfmem.make_callable(fetches, feed_list, accept_options)
-
-        def close(self):
-            if self._tfmem is not None:
-                self._tfmem._release()  # pylint: disable=protected-access
-            super().close()
-
-    class Session(Routed, tf_session.Session):  # pylint: disable=redefined-outer-name
-        __doc__ = tf_session.Session.__doc__
-
+    def started(init):
         def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._start_tfmem()
+            init(self, *args, **kwargs)
+            if self.__dict__.get("tfmem") is None:
+                # TFMemSession: the session routes its own run, so the wrapper must not
+                # make itself the default session (an InteractiveSession is one already)
+                self.tfmem_routes_run = True
+                self.tfmem = None  # the plain session runs until the TFMemSession exists
+                self.tfmem = TFMemSession(self, **options)
+                recorder.watch(self.tfmem)
+        __init__.__doc__ = init.__doc__
+        return __init__
 
-    class InteractiveSession(Routed, tf_session.InteractiveSession):
-        __doc__ = tf_session.InteractiveSession.__doc__
+    plain_run = originals[(base, "run")]
 
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self._start_tfmem()
+    def run(self, fetches, feed_dict=None, options=None, run_metadata=None):  # pylint: disable=redefined-outer-name
+        tfs = self.__dict__.get("tfmem")
+        if tfs is None:
+            return plain_run(self, fetches, feed_dict, options, run_metadata)
+        try:
+            return tfs.run(fetches, feed_dict, options, run_metadata)
+        except UnsupportedGraphError as error:  # raised while planning: nothing ran
+            log.warning("tfmem cannot run this request in partitions (%s); "
+                        "the plain session runs it", error)
+            recorder.on_plain_run(tfs, str(error).split("\n")[0])
+            return plain_run(self, fetches, feed_dict, options, run_metadata)
 
-    for cls, original in ((Session, tf_session.Session),
-                          (InteractiveSession, tf_session.InteractiveSession)):
-        cls.__module__, cls.__qualname__ = original.__module__, original.__qualname__
-    return {"Session": Session, "InteractiveSession": InteractiveSession}
+    plain_make_callable = originals[(base, "make_callable")]
+
+    def make_callable(self, fetches, feed_list=None, accept_options=False):
+        tfs = self.__dict__.get("tfmem")
+        if tfs is None:
+            return plain_make_callable(self, fetches, feed_list, accept_options)
+        return tfs.make_callable(fetches, feed_list, accept_options)
+
+    def released(close):
+        def close_routed(self):
+            tfs = self.__dict__.get("tfmem")
+            if tfs is not None:
+                tfs._release()  # pylint: disable=protected-access
+            close(self)
+        close_routed.__doc__ = close.__doc__
+        return close_routed
+
+    replacements = {(base, "run"): run, (base, "make_callable"): make_callable,
+                    (base, "close"): released(originals[(base, "close")]),
+                    (interactive, "close"): released(originals[(interactive, "close")]),
+                    (plain, "__init__"): started(originals[(plain, "__init__")]),
+                    (interactive, "__init__"): started(originals[(interactive, "__init__")])}
+    for (cls, name), function in replacements.items():
+        function.__name__ = name
+        function.__qualname__ = f"{cls.__qualname__}.{name}"
+        function.__module__ = cls.__module__
+        if function.__doc__ is None:
+            function.__doc__ = originals[(cls, name)].__doc__
+    return originals, replacements
 
 
 class Installation:
-    """The patched classes of one `install`; `uninstall()` puts TensorFlow's back."""
+    """The patched methods of one `install`; `uninstall()` puts TensorFlow's back."""
 
     def __init__(self, options, recorder, patched):
         self.options = options
         self.recorder = recorder
-        self._patched = patched  # [(module, name, original)]
+        self._patched = patched  # [(class, name, original)]
 
     def uninstall(self):
-        for module, name, original in reversed(self._patched):
-            setattr(module, name, original)
-        self._patched = []
+        with _INSTALL_LOCK:
+            for cls, name, original in reversed(self._patched):
+                setattr(cls, name, original)
+            self._patched = []
 
     def __enter__(self):
         return self
@@ -172,36 +185,19 @@ class Installation:
 _INSTALL_LOCK = threading.Lock()
 
 
-def _module_view(module, replacements):
-    """A module that is `module` except for the replaced names."""
-    view = types.ModuleType(module.__name__, module.__doc__)
-    view.__dict__.update(replacements)
-    view.__getattr__ = lambda name: getattr(module, name)
-    return view
-
-
 def install(**options):
     """Wrap every Session / InteractiveSession created from now on in this process.
 
     Takes TFMemSession's keyword options.  Returns an Installation (its
     `recorder` holds the per-session totals; `uninstall()` undoes it)."""
-    from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.training import session_manager  # pylint: disable=import-outside-toplevel
     from tfmem.cli.run_summary import RunRecorder  # pylint: disable=import-outside-toplevel
     recorder = RunRecorder()
-    replacements = _session_classes(options, recorder)
     with _INSTALL_LOCK:
-        originals = {name: getattr(tf_session, name) for name in replacements}
-        patched = [(session_manager, "session", session_manager.session)]
-        session_manager.session = _module_view(tf_session, replacements)
-        for module_name, module in list(sys.modules.items()):
-            if (module is None or module is tf_session
-                    or not module_name.startswith("tensorflow")):
-                continue
-            for name, original in originals.items():
-                if getattr(module, name, None) is original:
-                    setattr(module, name, replacements[name])
-                    patched.append((module, name, original))
+        originals, replacements = _routed_methods(options, recorder)
+        patched = []
+        for (cls, name), function in replacements.items():
+            setattr(cls, name, function)
+            patched.append((cls, name, originals[(cls, name)]))
     return Installation(options, recorder, patched)
 
 

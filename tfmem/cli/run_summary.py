@@ -124,6 +124,28 @@ class RunRecorder:
         print(f"tfmem: {len(sessions)} session(s) ran steps ({settings})", file=stream)
         for t in sessions:
             print(f"tfmem: {describe(t)}", file=stream)
+        warning = nothing_wrapped(self.totals())
+        if warning:
+            print(f"tfmem: WARNING: {warning}", file=stream)
+
+
+def nothing_wrapped(totals):
+    """Why no step ran through tfmem, from the sessions' totals; None if some did."""
+    if any(t.steps for t in totals):
+        return None
+    if not totals:
+        return ("nothing ran through tfmem: the program created no tf.compat.v1.Session or "
+                "InteractiveSession. A TensorFlow 2 program (eager code, tf.function, Keras "
+                "fit) is not wrapped by `tfmem run`: wrap its step with tfmem.function or "
+                "its model with tfmem.keras.partitioned.")
+    plain = sum(t.plain_runs for t in totals)
+    if plain:
+        return (f"nothing ran through tfmem: every request of the program's {len(totals)} "
+                f"session(s) ran plainly ({plain} runs; tfmem could not plan them, see the "
+                "reasons above).")
+    return (f"nothing ran through tfmem: the program created {len(totals)} session(s) but "
+            "ran no step in them (was the work done by another kind of session, or in "
+            "eager mode?).")
 
 
 def _size_text(value):

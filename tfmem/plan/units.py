@@ -1,7 +1,7 @@
 """Units: groups of ops that must run in the same partition.
 
 A partition boundary is a `Session.run` boundary, and some things do not
-survive one.  Six rules join ops into one unit:
+survive one.  Seven rules join ops into one unit:
 
 1. *Run-bound edges.*  A resource handle or reference tensor made by a copied
    op (a TensorArray, a v1 loop's stack, a temporary variable) dies with the
@@ -49,6 +49,11 @@ survive one.  Six rules join ops into one unit:
    producers of one sum with a path between them); strongly connected
    components of the unit graph become one unit.
 
+7. *Merged kernels.*  Ops a kernel path runs as one kernel (oneDNN's filter
+   and bias gradients of one convolution, see `merged_kernels`) are one unit,
+   with the ops on the paths between them (rule 6 joins those): no partition
+   or stage boundary falls between them, and no other op is chained there.
+
 v2 control flow (While, If) is a single op and needs none of this.
 """
 
@@ -56,6 +61,7 @@ import networkx as nx
 
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
+from tfmem.plan.merged_kernels import merged_groups
 
 
 class _UnionFind:
@@ -295,8 +301,15 @@ def _join_originals(view, uf):
                 uf.union(src, name)
 
 
+def _join_merged_kernels(view, uf):
+    """Rule 7: ops a kernel path runs as one kernel."""
+    for first, *rest in merged_groups(view):
+        for other in rest:
+            uf.union(first, other)
+
+
 def _merge_cycles(view, uf):
-    """Rule 5: units on a cycle of the unit graph become one unit."""
+    """Rule 6: units on a cycle of the unit graph become one unit."""
     graph = nx.DiGraph()
     graph.add_nodes_from({uf.find(name) for name in view.nodes})
     for node in view.nodes.values():
@@ -318,6 +331,7 @@ def units(view):
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
     _join_originals(view, uf)
+    _join_merged_kernels(view, uf)
     if view.regrouped_arithmetic:
         _join_regrouped_arithmetic(view, uf)
     if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):

@@ -31,7 +31,8 @@ from tfmem.run import rewrite as partition_rewrite
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import connected_inputs
 from tfmem.run.residence import SessionHandles
-from tfmem.run.rewrite import HANDLE, HOST, RESULT, Program, add_node, clean_context
+from tfmem.run.rewrite import (HANDLE, HOST, RESULT, Program, add_node, clean_context,
+                                gate_after)
 
 _EXTERNAL = "ext/"
 
@@ -216,8 +217,8 @@ def rewrite(graph, plan, scope, residence):
         for part in parts:  # a control edge from an original: a constant after it
             with graph.name_scope(f"{scope}/{part.prefix}_gates/"):
                 for src in dict.fromkeys(part.gates):
-                    with graph.control_dependencies([graph.get_operation_by_name(src)]):
-                        external.input_map["^" + _EXTERNAL + src] = tf.constant(0, name="gate")
+                    external.input_map["^" + _EXTERNAL + src] = gate_after(
+                        graph, graph.get_operation_by_name(src))
         tf.graph_util.import_graph_def(graph_def, input_map=external.input_map,
                                        name=scope + "/")
         return tuple(_program(graph, plan, part, scope, external, residence) for part in parts)

@@ -52,7 +52,7 @@ from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import connected_inputs
 from tfmem.run import rewrite as partition_rewrite
-from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context
+from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context, gate_after
 
 _EXTERNAL = "ext/"
 
@@ -273,8 +273,8 @@ def import_plan(graph, plan, scope):
     with clean_context(graph):
         with graph.name_scope(f"{scope}/gates/"):  # input_map names tensors, not ops
             for src in sorted(writer.after_originals):
-                with graph.control_dependencies([graph.get_operation_by_name(src)]):
-                    writer.input_map["^" + _EXTERNAL + src] = tf.constant(0, name="gate")
+                writer.input_map["^" + _EXTERNAL + src] = gate_after(
+                    graph, graph.get_operation_by_name(src))
         tf.graph_util.import_graph_def(writer.graph_def, input_map=writer.input_map,
                                        name=scope + "/")
 

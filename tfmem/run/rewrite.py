@@ -80,6 +80,18 @@ def clean_context(graph):
         yield
 
 
+def gate_after(graph, op, name="gate"):
+    """A new constant that runs after `op` (an Operation): input_map maps a control
+    input to a tensor, so a control edge from an existing op is mapped to this gate.
+
+    The edge is added to the new constant alone: `Graph.control_dependencies([op])`
+    would set `_has_manual_control_dependencies` on `op`, a change of the user's op
+    (after its first run TensorFlow warns that the change has no effect)."""
+    gate = tf.constant(0, name=name)
+    gate.op._add_control_input(op)  # pylint: disable=protected-access
+    return gate
+
+
 def add_node(graph_def, name, op, inputs=(), **types):
     """Append a NodeDef `name` of type `op` reading `inputs`; `types`: its type attributes."""
     node = graph_def.node.add(name=name, op=op)
@@ -251,8 +263,7 @@ def _originals_map(graph, view, copied, originals, input_map):
                 input_map[tensor] = graph.get_tensor_by_name(tensor)
         for src in node.control_inputs:
             if src in originals and "^" + src not in input_map:
-                with graph.control_dependencies([graph.get_operation_by_name(src)]):
-                    input_map["^" + src] = tf.constant(0, name="gate")
+                input_map["^" + src] = gate_after(graph, graph.get_operation_by_name(src))
 
 
 def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
@@ -281,8 +292,7 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
                 for reader, its_deleters in freed_last_readers(view, chains, deleters).items():
                     # input_map names tensors: the reader waits for a gate after the deleter
                     for deleter in its_deleters:
-                        with graph.control_dependencies([deleter]):
-                            freed = tf.constant(0, name="freed")
+                        freed = gate_after(graph, deleter, name="freed")
                         waits.setdefault(reader, []).append(freed.op.name)
                         input_map["^" + freed.op.name] = freed
             graph_def, done = _partition_graph_def(graph, view, copied, set(originals), chains,
