@@ -215,15 +215,14 @@ def _buffers(view, order, size, merged=None):
     for name in order:
         node = view.nodes[name]
         if merged and name in merged:
-            kept = merged[name]
-            for index, _ in enumerate(node.outputs):
-                root[f"{name}:{index}"] = root.get(f"{kept}:{index}", f"{kept}:{index}")
+            for tensor, kept in zip(node.output_names, view.nodes[merged[name]].output_names):
+                root[tensor] = root.get(kept, kept)
             continue
         if not _is_view(view, name, size):
             continue
-        for index, _ in enumerate(node.outputs):
+        for index, tensor in enumerate(node.output_names):
             source = node.inputs[index if node.type == "IdentityN" else 0]
-            root[f"{name}:{index}"] = root.get(source, source)
+            root[tensor] = root.get(source, source)
     return root
 
 
@@ -289,12 +288,18 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     else:
         options = dict(options, forwardable=frozenset())
     orders = [order for i, order in enumerate(orders) if order not in orders[:i]]
-    if len(orders) > 1:
-        peaks = [_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
-                           None, **options) for order in orders]
-        orders = [orders[peaks.index(max(peaks))]]
-    return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
-                     **options)
+    if len(orders) == 1:
+        return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
+                         **options)
+    runs = []
+    for order in orders:
+        recorded = _RecordedEvents() if events is not None else None
+        runs.append((_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
+                               recorded, **options), recorded))
+    peak, recorded = max(runs, key=lambda run: run[0])  # the first of the worst
+    if recorded is not None:
+        recorded.replay(events)
+    return peak
 
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
@@ -343,10 +348,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     live, current, peak = {}, 0, 0
     for step, name in enumerate(order):
         node = view.nodes[name]
-        dying = [b for b in dict.fromkeys(root.get(t, t) for t in node.inputs) if b in live
-                 and last_read.get(b) == step and b not in kept]
-        for index, _ in enumerate(node.outputs):
-            tensor = f"{name}:{index}"
+        read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))  # buffers it reads
+        dying = [b for b in read if b in live and last_read.get(b) == step and b not in kept]
+        for tensor in node.output_names:
             if tensor in root:  # a view: no allocation of its own
                 continue
             nbytes = 0 if node.type in ALIASING else size(tensor)
@@ -357,8 +361,8 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
                     dying.remove(reuse)
                     current -= live.pop(reuse)
                 else:
-                    reuse = next((b for b in dict.fromkeys(root.get(t, t) for t in node.inputs)
-                                  if b in forwardable and freed_inside.get(b) == nbytes
+                    reuse = next((b for b in read if b in forwardable
+                                  and freed_inside.get(b) == nbytes
                                   and last_held.get(b) == step), None)
                     if reuse is not None:
                         current -= freed_inside.pop(reuse)
@@ -379,13 +383,12 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
             current -= live.pop(buffer)
             if events is not None:
                 events.release(buffer)
-        for buffer in dict.fromkeys(root.get(t, t) for t in node.inputs):
+        for buffer in read:
             if buffer in freed_inside and last_read.get(buffer) == step:
                 current -= freed_inside.pop(buffer)
                 if events is not None:
                     events.release(buffer)
-        for index, _ in enumerate(node.outputs):
-            tensor = f"{name}:{index}"
+        for tensor in node.output_names:
             if tensor in live and tensor not in last_read and tensor not in kept:
                 current -= live.pop(tensor)
                 if events is not None:

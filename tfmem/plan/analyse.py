@@ -126,6 +126,11 @@ class OpNode:
         return frozenset(self.input_ops)
 
     @functools.cached_property
+    def output_names(self):
+        """The names of its output tensors, "op:index"."""
+        return tuple(f"{self.name}:{index}" for index in range(len(self.outputs)))
+
+    @functools.cached_property
     def producers(self):
         """The ops this op waits for (data producers, then control inputs), without repeats."""
         return tuple(dict.fromkeys(self.input_ops + tuple(self.control_inputs)))
