@@ -45,7 +45,7 @@ import re
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
-from tfmem.plan.partition import partition
+from tfmem.plan.partition import depth_first_order, partition, slice_order
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
 from tfmem.memory.simulate import ALIASING, TensorSizes, simulate, state_bytes
@@ -301,6 +301,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     serve them and the session graph does not grow.
     """
     groups = units(view)
+    order = depth_first_order(view, groups)  # every candidate slices this one order
     shapes = sizing.shapes
     scratch = merged_scratch(sizing.scratch, correction)
     factor = learned_factor(correction)
@@ -328,22 +329,33 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                              chunks=True, **options)
             if within_budget(trace):
                 return plan, trace
-    distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
+    distances = list(range(policy.swap_distance, -1, -1)) if policy.mode == "auto" else [None]
     tried = {}
+    working_sets = {}  # a partition's working set, for every candidate plan that has it
+
+    def candidate(size, distance):
+        """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
+        swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
+        plan = build_plan(view, slice_order(groups, order, size), size, swaps, placement)
+        return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
+                              chunks=True, working_sets=working_sets, **options)
 
     def attempt(size):
-        """The best-fitting plan at this partition size, or None."""
+        """The best-fitting plan at this partition size, or None.  The shortest distance
+        (the most swapping) is tried first: where even it does not fit, no distance does
+        (a swapped tensor holds no device memory until its upload), so a size that does not
+        fit costs one prediction; where it fits, the longest distance that fits wins."""
         if size not in tried:
             tried[size] = None
-            for distance in distances:
-                candidate = policy if distance is None else dataclasses.replace(
-                    policy, swap_distance=distance)
-                plan = build_plan(view, partition(view, groups, size), size, candidate, placement)
-                trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                                 chunks=True, **options)
-                if within_budget(trace):
-                    tried[size] = (plan, trace)
-                    break
+            most_swapped = candidate(size, distances[-1])
+            if within_budget(most_swapped[1]):
+                for distance in distances[:-1]:
+                    fitted = candidate(size, distance)
+                    if within_budget(fitted[1]):
+                        tried[size] = fitted
+                        break
+                else:
+                    tried[size] = most_swapped
         return tried[size]
 
     whole = max(len(view.nodes), 1)
@@ -352,7 +364,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         size = max(size // 2, 1)
         fits = attempt(size)
     if fits is None:
-        trace = scaled(simulate(build_plan(view, partition(view, groups, 1), 1,
+        trace = scaled(simulate(build_plan(view, slice_order(groups, order, 1), 1,
                                            dataclasses.replace(policy, swap_distance=0),
                                            placement),
                                 shapes, early_frees=False, scratch=scratch, slack=slack,

@@ -23,7 +23,6 @@ with its --inter-op-threads.
 import os
 
 from tfmem import tf_private
-from tfmem.plan.analyse import split_tensor_name
 
 
 def configured_inter_op_threads(session=None):
@@ -60,25 +59,43 @@ def overlapping_buffers(view, order, scratch, concurrent_ops):
     """{op: the scratch buffers (bytes each, largest first) other ops of the partition
     (`order`, producers first) may hold while it runs}: the largest `concurrent_ops - 1`
     scratches of ops with no path to or from it, each its own allocation, as TensorFlow
-    makes them."""
+    makes them.
+
+    Bit i of a mask stands for the i-th largest scratch, so the lowest bits of the ops
+    independent of one are the largest scratches beside it: linear in the partition's
+    ops and edges (times the masks' words), not quadratic in its kernels."""
     if concurrent_ops < 2:
         return {}
     heavy = [name for name in order if scratch.get(name)]
     if len(heavy) < 2:
         return {}
-    bit = {name: 1 << i for i, name in enumerate(heavy)}
+    by_size = sorted(range(len(heavy)), key=lambda i: (-scratch[heavy[i]], i))
+    bit = {heavy[i]: 1 << rank for rank, i in enumerate(by_size)}
+    size_at = [scratch[heavy[i]] for i in by_size]
     above = {}  # op -> bitmask of the heavy ops it is, or depends on, in the partition
+    readers = {}  # op -> its readers in the partition
     for name in order:
-        node = view.nodes[name]
         mask = bit.get(name, 0)
-        for source in {split_tensor_name(t)[0] for t in node.inputs} | set(node.control_inputs):
-            mask |= above.get(source, 0)  # a loop's back edge: not yet seen, no path
+        for source in view.nodes[name].producers:
+            if source in above:  # a loop's back edge: not yet seen, no path
+                mask |= above[source]
+                readers.setdefault(source, []).append(name)
         above[name] = mask
+    below = {}  # op -> bitmask of the heavy ops it is, or that depend on it
+    for name in reversed(order):
+        mask = bit.get(name, 0)
+        for reader in readers.get(name, ()):
+            mask |= below[reader]
+        below[name] = mask
+    every = (1 << len(heavy)) - 1
     overlap = {}
     for name in heavy:
-        others = sorted((scratch[other] for other in heavy if other != name
-                         and not above[name] & bit[other] and not above[other] & bit[name]),
-                        reverse=True)
+        independent = every & ~(above[name] | below[name])
+        others = []
+        while independent and len(others) < concurrent_ops - 1:
+            lowest = independent & -independent
+            others.append(size_at[lowest.bit_length() - 1])
+            independent ^= lowest
         if others:
-            overlap[name] = tuple(others[:concurrent_ops - 1])
+            overlap[name] = tuple(others)
     return overlap

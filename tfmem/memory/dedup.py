@@ -80,25 +80,37 @@ def duplicates(view, order, signatures, keep=()):
     `keep` (fetched: Grappler preserves fetch nodes) are never merged away."""
     if not signatures:
         return {}
-    constant = {}  # const name -> the first const of equal value
-    by_value = {}
-    for name, node in view.sources.items():
-        if node.type == "Const" and name in signatures:
-            constant[name] = by_value.setdefault(signatures[name], name)
     merged, seen = {}, {}
+    by_value = {}  # a constant's signature -> the first constant of that value read here
+
+    def standing_for(op):
+        """The op an input stands for: the op kept in its place, or for a constant the
+        first equal constant the partition reads."""
+        if op in merged:
+            return merged[op]
+        source = view.sources.get(op)
+        if source is not None and source.type == "Const" and op in signatures:
+            return by_value.setdefault(signatures[op], op)
+        return op
+
     kept_ops = {split_tensor_name(t)[0] for t in keep}
     for name in order:
         signature = signatures.get(name)
         if signature is None:
             continue
         node = view.nodes[name]
-        inputs = []
-        for tensor in node.inputs:
-            op, index = split_tensor_name(tensor)
-            inputs.append((merged.get(op, constant.get(op, op)), index))
+        inputs = [(standing_for(op), split_tensor_name(tensor)[1])
+                  for op, tensor in zip(node.input_ops, node.inputs)]
         if node.type in COMMUTATIVE:
             inputs.sort()
-        controls = tuple(sorted({merged.get(c, constant.get(c, c)) for c in node.control_inputs}))
+        # Control inputs Grappler cannot merge stand for themselves, compared as a set in
+        # C (a training step's gradients wait for hundreds of updates); the others stand
+        # for the op kept in their place.
+        controls = frozenset(node.control_inputs)
+        mergeable = controls - controls.difference(signatures)
+        if mergeable:
+            controls = (controls - mergeable,
+                        tuple(sorted({standing_for(c) for c in mergeable})))
         key = (signature, tuple(inputs), controls)
         first = seen.setdefault(key, name)
         if first != name and name not in kept_ops:

@@ -50,7 +50,6 @@ import collections
 import heapq
 
 from tfmem.plan import optypes
-from tfmem.plan.analyse import split_tensor_name
 
 # Kernels whose IsExpensive() is false: TensorFlow runs them inline, at once.
 INEXPENSIVE = frozenset({
@@ -65,8 +64,7 @@ _VALUE_VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})  # fo
 
 
 def _producers(node):
-    return dict.fromkeys([split_tensor_name(t)[0] for t in node.inputs]
-                         + list(node.control_inputs))
+    return node.producers
 
 
 def _edges(view, ops, folded=frozenset()):
@@ -86,7 +84,7 @@ def _edges(view, ops, folded=frozenset()):
 
 
 def _reads_data(view, reader, producer):
-    return any(split_tensor_name(t)[0] == producer for t in view.nodes[reader].inputs)
+    return producer in view.nodes[reader].data_producers
 
 
 def folded_constants(view, ops, depth_first=None):

@@ -142,10 +142,18 @@ class TensorSizes:
 
     def __init__(self, view, shapes):
         self._view = view
+        self._given = shapes
         self._shapes = shapes or {}
         self.unknown = set()
+        self._known = {}  # tensor -> bytes: every candidate plan asks for the same tensors
 
     def __call__(self, tensor):
+        nbytes = self._known.get(tensor)
+        if nbytes is None:
+            nbytes = self._known[tensor] = self._measure(tensor)
+        return nbytes
+
+    def _measure(self, tensor):
         info = self._view.tensor(tensor)
         if not optypes.has_fixed_size(info.dtype):
             return 0
@@ -207,16 +215,61 @@ def _buffers(view, order, size, merged=None):
     for name in order:
         node = view.nodes[name]
         if merged and name in merged:
-            kept = merged[name]
-            for index, _ in enumerate(node.outputs):
-                root[f"{name}:{index}"] = root.get(f"{kept}:{index}", f"{kept}:{index}")
+            for tensor, kept in zip(node.output_names, view.nodes[merged[name]].output_names):
+                root[tensor] = root.get(kept, kept)
             continue
         if not _is_view(view, name, size):
             continue
-        for index, _ in enumerate(node.outputs):
+        for index, tensor in enumerate(node.output_names):
             source = node.inputs[index if node.type == "IdentityN" else 0]
-            root[f"{name}:{index}"] = root.get(source, source)
+            root[tensor] = root.get(source, source)
     return root
+
+
+class _RecordedEvents:
+    """The allocations and frees one partition's working set made, to make again on the log
+    of another candidate plan with the same partition (`simulate`'s `working_sets`)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def produce(self, *args):
+        self.calls.append(("produce", args))
+
+    def allocate(self, *args):
+        self.calls.append(("allocate", args))
+
+    def scratch(self, *args):
+        self.calls.append(("scratch", args))
+
+    def release(self, *args):
+        self.calls.append(("release", args))
+
+    def rename(self, *args):
+        self.calls.append(("rename", args))
+
+    def replay(self, log):
+        for method, args in self.calls:
+            getattr(log, method)(*args)
+
+
+def _working_set_of(view, partition, size, keep_until_end, freed_inside, scratch, events,
+                    working_sets, **options):
+    """`_working_set`, taken from `working_sets` (a dict, or None) where a candidate plan
+    before had this partition with the same tensors kept and freed in it."""
+    if working_sets is None:
+        return _working_set(view, partition, size, keep_until_end, freed_inside, scratch,
+                            events, **options)
+    key = (partition.ops, frozenset(keep_until_end), frozenset(freed_inside.items()),
+           options.get("forwardable"))
+    if key not in working_sets:
+        recorded = _RecordedEvents()
+        working_sets[key] = (_working_set(view, partition, size, keep_until_end,
+                                          dict(freed_inside), scratch, recorded, **options),
+                             recorded)
+    peak, recorded = working_sets[key]
+    recorded.replay(events)
+    return peak
 
 
 def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None,
@@ -234,12 +287,19 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
         options = dict(options, signatures=None, concurrent_ops=1)
     else:
         options = dict(options, forwardable=frozenset())
-    if len(orders) > 1:
-        peaks = [_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
-                           None, **options) for order in orders]
-        orders = [orders[peaks.index(max(peaks))]]
-    return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
-                     **options)
+    orders = [order for i, order in enumerate(orders) if order not in orders[:i]]
+    if len(orders) == 1:
+        return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
+                         **options)
+    runs = []
+    for order in orders:
+        recorded = _RecordedEvents() if events is not None else None
+        runs.append((_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
+                               recorded, **options), recorded))
+    peak, recorded = max(runs, key=lambda run: run[0])  # the first of the worst
+    if recorded is not None:
+        recorded.replay(events)
+    return peak
 
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
@@ -273,6 +333,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     beside = overlapping_buffers(view, order, scratch, concurrent_ops)
     overlap = {name: sum(sizes) for name, sizes in beside.items()}
     workspace_end = _workspace_ends(view, order, workspaces, merged)
+    workspaces_dying = {}  # step -> the forward ops whose extra outputs are freed after it
+    for op, end in workspace_end.items():
+        workspaces_dying.setdefault(end, []).append(op)
     last_read, last_held = {}, {}
     for step, name in enumerate(order):
         for tensor in view.nodes[name].inputs:
@@ -285,10 +348,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     live, current, peak = {}, 0, 0
     for step, name in enumerate(order):
         node = view.nodes[name]
-        dying = [b for b in dict.fromkeys(root.get(t, t) for t in node.inputs) if b in live
-                 and last_read.get(b) == step and b not in kept]
-        for index, _ in enumerate(node.outputs):
-            tensor = f"{name}:{index}"
+        read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))  # buffers it reads
+        dying = [b for b in read if b in live and last_read.get(b) == step and b not in kept]
+        for tensor in node.output_names:
             if tensor in root:  # a view: no allocation of its own
                 continue
             nbytes = 0 if node.type in ALIASING else size(tensor)
@@ -299,8 +361,8 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
                     dying.remove(reuse)
                     current -= live.pop(reuse)
                 else:
-                    reuse = next((b for b in dict.fromkeys(root.get(t, t) for t in node.inputs)
-                                  if b in forwardable and freed_inside.get(b) == nbytes
+                    reuse = next((b for b in read if b in forwardable
+                                  and freed_inside.get(b) == nbytes
                                   and last_held.get(b) == step), None)
                     if reuse is not None:
                         current -= freed_inside.pop(reuse)
@@ -316,18 +378,17 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
         if events is not None and scratch.get(name):
             events.scratch(scratch[name], *beside.get(name, ()))
         peak = max(peak, current + scratch.get(name, 0) + overlap.get(name, 0))
-        dying += [(op, "workspace") for op, end in workspace_end.items() if end == step]
+        dying += [(op, "workspace") for op in workspaces_dying.get(step, ())]
         for buffer in dying:
             current -= live.pop(buffer)
             if events is not None:
                 events.release(buffer)
-        for buffer in dict.fromkeys(root.get(t, t) for t in node.inputs):
+        for buffer in read:
             if buffer in freed_inside and last_read.get(buffer) == step:
                 current -= freed_inside.pop(buffer)
                 if events is not None:
                     events.release(buffer)
-        for index, _ in enumerate(node.outputs):
-            tensor = f"{name}:{index}"
+        for tensor in node.output_names:
             if tensor in live and tensor not in last_read and tensor not in kept:
                 current -= live.pop(tensor)
                 if events is not None:
@@ -342,13 +403,13 @@ def _scratch_in_partition(scratch, workspaces, order, merged):
     """The partition's scratch per op: none for merged ops, the paired figure for a reader
     whose forward op (see workspace) runs in the partition too."""
     present = set(order) - set(merged)
-    if not merged and not any(r in present and f in present
-                              for r, (f, _) in workspaces.paired.items()):
-        return scratch
-    adjusted = {name: nbytes for name, nbytes in scratch.items() if name not in merged}
-    for reader, (forward, nbytes) in workspaces.paired.items():
-        if reader in present and forward in present:
-            adjusted[reader] = nbytes
+    adjusted = {}
+    for name in present:
+        pairing = workspaces.paired.get(name)
+        if pairing is not None and pairing[0] in present:
+            adjusted[name] = pairing[1]
+        elif scratch.get(name):
+            adjusted[name] = scratch[name]
     return adjusted
 
 
@@ -358,10 +419,11 @@ def _workspace_ends(view, order, workspaces, merged):
     if not workspaces.extra:
         return {}
     step_of = {name: step for step, name in enumerate(order) if name not in merged}
-    ends = {name: step_of[name] for name in workspaces.extra if name in step_of}
-    for reader, (forward, _) in workspaces.paired.items():
-        if forward in ends and reader in step_of and step_of[reader] > step_of[forward]:
-            ends[forward] = max(ends[forward], step_of[reader])
+    ends = {name: step for name, step in step_of.items() if name in workspaces.extra}
+    for reader, step in step_of.items():
+        pairing = workspaces.paired.get(reader)
+        if pairing is not None and pairing[0] in ends and step > step_of[pairing[0]]:
+            ends[pairing[0]] = max(ends[pairing[0]], step)
     return ends
 
 
@@ -383,6 +445,17 @@ def _buffer_holders(view, plan, partition, size):
     return holders
 
 
+_LAST_SIZES = [None]  # the TensorSizes of the last (view, shapes) simulated
+
+
+def _sizes(view, shapes):
+    """TensorSizes of `view` at `shapes`, shared by the candidate plans of one search."""
+    last = _LAST_SIZES[0]
+    if last is None or last._view is not view or last._given is not shapes:
+        last = _LAST_SIZES[0] = TensorSizes(view, shapes)
+    return last
+
+
 def state_bytes(view, size):
     """Bytes of the variables and constants the request reads: resident for the whole step."""
     return sum(node.state_bytes for node in view.sources.values()) + sum(
@@ -390,7 +463,8 @@ def state_bytes(view, size):
 
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
-             workspaces=None, signatures=None, concurrent_ops=1, regions=Regions()):
+             workspaces=None, signatures=None, concurrent_ops=1, regions=Regions(),
+             working_sets=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
@@ -408,9 +482,12 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     TensorFlow's BFC policy (`allocator.replay`), `slack` added as well.  With
     `chunks`, each `device_peak` is the larger of the two figures (budget mode's
     bound: the replayed order is one the executor may take, not the only one).
+
+    `working_sets`: a dict shared by the simulations of one search's candidate plans
+    (same view, shapes and options), where a partition met again is not simulated again.
     """
     view = plan.view
-    size = TensorSizes(view, shapes)
+    size = _sizes(view, shapes)
     schedule = Schedule(plan)
     state = state_bytes(view, size)
     log = AllocationLog()
@@ -436,10 +513,11 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
-        peak = before + _working_set(view, partition, size, keep_until_end, freed_inside,
-                                     scratch or {}, log, forwardable=forwardable,
-                                     workspaces=workspaces or Workspaces(),
-                                     signatures=signatures, concurrent_ops=concurrent_ops)
+        peak = before + _working_set_of(view, partition, size, keep_until_end, freed_inside,
+                                        scratch or {}, log, working_sets,
+                                        forwardable=forwardable,
+                                        workspaces=workspaces or Workspaces(),
+                                        signatures=signatures, concurrent_ops=concurrent_ops)
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)
