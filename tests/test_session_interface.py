@@ -211,18 +211,23 @@ def test_with_block_makes_the_wrapper_default_then_closes():
 
 
 def test_interactive_session_style():
+    """The wrapper leaves TensorFlow's default session alone: `eval()` runs on the
+    InteractiveSession, and through tfmem inside `tfs.as_default()`."""
     g, m = _model()
     plain = new_session(g)
     plain.run(m["init"])
     expected = plain.run(m["loss"], m["feed"])
     plain.close()
     with g.as_default():
-        tfs = tfmem.TFMemSession(tf1.InteractiveSession(config=session_config()),
-                                 partition_size=PARTITION_SIZE)
+        sess = tf1.InteractiveSession(config=session_config())
+        tfs = tfmem.TFMemSession(sess, partition_size=PARTITION_SIZE)
         try:
-            assert tf1.get_default_session() is tfs
+            assert tf1.get_default_session() is sess
             m["init"].run()
             np.testing.assert_allclose(m["loss"].eval(m["feed"]), expected, rtol=1e-6)
+            assert tfs.last_step is None
+            with tfs.as_default():
+                np.testing.assert_allclose(m["loss"].eval(m["feed"]), expected, rtol=1e-6)
             assert tfs.last_step.partitions > 1
         finally:
             tfs.close()

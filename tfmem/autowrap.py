@@ -100,7 +100,6 @@ def _session_classes(options, recorder):
 
     class Routed:
         """Routes `run` and `make_callable` to a TFMemSession wrapping this session."""
-        tfmem_routes_run = True  # TFMemSession: do not make the wrapper the default session
         _tfmem = None
 
         def _start_tfmem(self):

@@ -123,7 +123,7 @@ class _Step:
         self.wiring = executor.wiring if callables is not None else None
         self._executor = executor
         self._callables = callables
-        self._run_metadata = run_metadata  # the caller's RunMetadata, or None
+        self._run_metadata = run_metadata  # the step's run_metadata.StepMetadata, or None
         self._measure = measure  # read the device peak of each partition
         self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
         self.peaks = []  # per partition of the plan: peak bytes or None
@@ -145,7 +145,7 @@ class _Step:
             peaks = self._executor.partition_peaks(index, metadata, record)
             self.scratch.update(self._executor.partition_scratch(index, metadata))
         if self._run_metadata is not None:
-            self._run_metadata.MergeFrom(metadata)
+            self._run_metadata.add(metadata)
         self.peaks.extend(peaks)
         return values
 
