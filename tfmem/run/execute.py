@@ -156,11 +156,14 @@ class _Step:
     def out_of_memory(self, index, error):
         """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
+        op = self._executor.failed_op(index, error)
         if self._callables is not None:  # a callable runs a stretch: name its partition
             index = self._executor.failed_partition(index, error)
+        memory = accelerator.device_memory(self._executor.device)
         return oom.device_memory_error(session, self._executor.plan, self._feeds, index, error,
                                        accelerator.device_capacity(session),
-                                       self._executor.device)
+                                       self._executor.device,
+                                       memory["current"] if memory else None, op)
 
     def failure(self, index, error):
         """A RemoteTaskError when a task of a distributed session was lost, else None."""
@@ -261,17 +264,24 @@ class Executor:
         """((partition of the plan, its ops), ...) that callable `index` runs."""
         return self._stages[index]
 
-    def failed_partition(self, index, error):
-        """The partition of the plan whose op failed in callable `index` (its first when
-        the error names no op of it): a callable's error names the node in its message."""
-        stages = self.stages(index)
+    def failed_op(self, index, error):
+        """The plan's op that failed in callable `index`, or None where the error names
+        none of its ops: a callable's error names the node in its message."""
         node = getattr(error, "node_def", None)
-        if node is not None:
+        if node is not None and node.name:
             name = node.name
         else:
             named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
             name = named.group(1) if named else ""
-        return next((i for i, ops in stages if _op_of(name, index) in ops), stages[0][0])
+        op = _op_of(name, index)
+        return op if op in self._ops[index] else None
+
+    def failed_partition(self, index, error):
+        """The partition of the plan whose op failed in callable `index` (its first when
+        the error names no op of it)."""
+        stages = self.stages(index)
+        op = self.failed_op(index, error)
+        return next((i for i, ops in stages if op in ops), stages[0][0])
 
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""

@@ -428,25 +428,41 @@ class TFMemSession(SessionInterfaceMethods):
         if self._runtime.cancelled_by is not None:
             raise partial_run.cancelled_error(self._runtime.cancelled_by)
         request = self._request(fetches, feed_dict)
-        entry = self._entry(request)
-        self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
-        self._last_entry = entry
-        # the learned factor this step's plan was fitted with (learning may raise it after)
-        self._last_factor = budget.learned_factor(entry.correction)
-        timeline = Timeline() if self._trace_path else None
-        # Session.run replaces run_metadata with the step's, and only when the step ran.
-        step_metadata = StepMetadata(options) if run_metadata is not None else None
-        if entry.schedule is None:
-            entry.schedule = sampling.MeasureSchedule(self._measure)
-        try:
-            values, stats = entry.executor.run(
-                request.feed_values_by_name(), options, step_metadata, timeline,
-                measure=entry.schedule.wants() or self._builds_cost_model)
-        except errors.DeviceMemoryError as err:
-            # (a partial run's failure cancelled the session: no next step to plan for)
-            if self._budget is not None and self._runtime.cancelled_by is None:
-                err.add_note(self._learn_out_of_memory(request, entry, err.partition))
-            raise
+        failed = None  # the DeviceMemoryError of the step's last run, when it runs again
+        for again in range(learning.RUNS_AGAIN, -1, -1):  # budget mode: see _learn_out_of_memory
+            try:
+                entry = self._entry(request)
+            except errors.BudgetError as no_plan:
+                if failed is None:
+                    raise
+                failed.add_note(f"Planned again, nothing fits: {no_plan}")
+                raise failed  # (its context: no_plan)
+            self._plans.compile_once(entry, functools.partial(self._compile_entry,
+                                                              request=request))
+            self._last_entry = entry
+            # the learned factor this step's plan was fitted with (learning may raise it after)
+            self._last_factor = budget.learned_factor(entry.correction)
+            timeline = Timeline() if self._trace_path else None
+            # Session.run replaces run_metadata with the step's, and only when the step ran.
+            step_metadata = StepMetadata(options) if run_metadata is not None else None
+            if entry.schedule is None:
+                entry.schedule = sampling.MeasureSchedule(self._measure)
+            try:
+                values, stats = entry.executor.run(
+                    request.feed_values_by_name(), options, step_metadata, timeline,
+                    measure=entry.schedule.wants() or self._builds_cost_model)
+                break
+            except errors.DeviceMemoryError as err:
+                # (a partial run's failure cancelled the session: no next step to plan for)
+                if self._budget is None or self._runtime.cancelled_by is not None:
+                    raise
+                run_again = again > 0 and updates.unchanged_before(entry.plan, err.partition,
+                                                                       err.failed_op)
+                err.add_note(self._learn_out_of_memory(request, entry, err.partition,
+                                                       run_again))
+                if not run_again:
+                    raise
+                failed = err
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
         entry.schedule.record(stats.partition_peak_bytes if stats.measured and
@@ -501,10 +517,12 @@ class TFMemSession(SessionInterfaceMethods):
             return
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
-    def _learn_out_of_memory(self, request, entry, index):
+    def _learn_out_of_memory(self, request, entry, index, run_again=False):
         """Budget mode, after a step ran out of device memory in partition `index`: correct
         the model and plan the request again before its next step (see learning); the
-        sentence the error adds."""
+        sentence the error adds.  `run_again`: the step changed no state before it failed
+        (updates.unchanged_before), and `run` runs it again at once with the new plan, at
+        most learning.RUNS_AGAIN times a step; a step that may have changed state never."""
         scratch_seen, predict = self._learning_inputs(request, entry)
         entry.resident.ran_out()
         memory = (accelerator.device_memory(self._runtime.device)
@@ -512,7 +530,7 @@ class TFMemSession(SessionInterfaceMethods):
         message = learning.learn_from_out_of_memory(
             entry.correction, entry.trace, index,
             accelerator.device_capacity(self._session) or self._budget,
-            memory["current"] if memory else None, scratch_seen, predict)
+            memory["current"] if memory else None, scratch_seen, predict, run_again=run_again)
         entry.replan = True
         return message
 
