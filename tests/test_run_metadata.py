@@ -95,7 +95,8 @@ def test_trace_and_partition_graphs_one_entry_per_device(closed_at_teardown):
     # every op of the user's that plain TensorFlow ran ran in some call (as a copy)
     ran = {tfmem_name.rsplit("/", 1)[-1] for tfmem_name in names}
     assert {f"h{i}" for i in range(6)} <= ran
-    ran_stats = {n.node_name.rsplit("/", 1)[-1] for n in metadata.step_stats.dev_stats[0].node_stats}
+    stats = metadata.step_stats.dev_stats[0].node_stats
+    ran_stats = {n.node_name.rsplit("/", 1)[-1] for n in stats}
     assert {f"h{i}" for i in range(6)} <= ran_stats
     # without the options: nothing but what plain TensorFlow returns
     _, want = _run(plain, loss_p, feed_p)

@@ -456,10 +456,10 @@ class TFMemSession(SessionInterfaceMethods):
                 # (a partial run's failure cancelled the session: no next step to plan for)
                 if self._budget is None or self._runtime.cancelled_by is not None:
                     raise
-                run_again = again > 0 and updates.unchanged_before(entry.plan, err.partition,
-                                                                       err.failed_op)
+                unchanged = updates.unchanged_before(entry.plan, err.partition, err.failed_op)
+                run_again = unchanged and again > 0
                 err.add_note(self._learn_out_of_memory(request, entry, err.partition,
-                                                       run_again))
+                                                       run_again, unchanged))
                 if not run_again:
                     raise
                 failed = err
@@ -517,7 +517,7 @@ class TFMemSession(SessionInterfaceMethods):
             return
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
-    def _learn_out_of_memory(self, request, entry, index, run_again=False):
+    def _learn_out_of_memory(self, request, entry, index, run_again=False, unchanged=False):
         """Budget mode, after a step ran out of device memory in partition `index`: correct
         the model and plan the request again before its next step (see learning); the
         sentence the error adds.  `run_again`: the step changed no state before it failed
@@ -530,7 +530,8 @@ class TFMemSession(SessionInterfaceMethods):
         message = learning.learn_from_out_of_memory(
             entry.correction, entry.trace, index,
             accelerator.device_capacity(self._session) or self._budget,
-            memory["current"] if memory else None, scratch_seen, predict, run_again=run_again)
+            memory["current"] if memory else None, scratch_seen, predict, run_again=run_again,
+            unchanged=unchanged)
         entry.replan = True
         return message
 

@@ -351,7 +351,7 @@ class PartitionedFunction:
                                                     traced.trace.regions)):
             traced.replan = True
 
-    def _learn_out_of_memory(self, traced, index, run_again=False):
+    def _learn_out_of_memory(self, traced, index, run_again=False, unchanged=False):
         """Budget mode, after a call ran out of device memory in partition `index`: correct
         the model and plan again before the next call (see learning); the sentence the
         error adds.  `run_again`: the call changed no state before it failed
@@ -365,7 +365,7 @@ class PartitionedFunction:
             traced.correction, traced.trace, index,
             accelerator.device_capacity(GraphDevices(None)) or runtime.budget_bytes,
             memory["current"] if memory else None, scratch_seen, predict,
-            what=f"tfmem.function {self.__name__!r}", run_again=run_again)
+            what=f"tfmem.function {self.__name__!r}", run_again=run_again, unchanged=unchanged)
         traced.replan = True
         return message
 
@@ -481,10 +481,11 @@ class PartitionedFunction:
             except errors.DeviceMemoryError as err:
                 if self._runtime.budget_bytes is None:
                     raise
-                run_again = again > 0 and updates.unchanged_before(traced.plan, err.partition,
-                                                                        err.failed_op)
+                unchanged = updates.unchanged_before(traced.plan, err.partition, err.failed_op)
+                run_again = unchanged and again > 0
                 with self._planning:
-                    err.add_note(self._learn_out_of_memory(traced, err.partition, run_again))
+                    err.add_note(self._learn_out_of_memory(traced, err.partition, run_again,
+                                                           unchanged))
                 if not run_again:
                     raise
                 failed = err
