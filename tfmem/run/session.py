@@ -128,7 +128,10 @@ class TFMemSession(SessionInterfaceMethods):
         the partition size and swap distance: the fewest partitions whose
         predicted peak fits (one, at plain speed, when the whole step fits).
         partition_size="auto" does the same with the emulated cap or the
-        accelerator's memory as the budget.
+        accelerator's memory as the budget.  A step that runs out of device
+        memory before any op that changes state could have run (updates come
+        late in a step) has changed nothing: it is planned again with what the
+        failure taught and run again at once (see updates.unchanged_before).
     atomic_updates: run every variable update of a step in its last partition,
         so a failed step applies all or none (see updates).  None: on for a
         session on TensorFlow's distributed runtime, off for a local one.
