@@ -237,6 +237,7 @@ def test_interactive_session_style():
 def test_run_metadata_is_replaced_by_every_run(model):
     """As Session.run: the step's partition graphs with the option, none without."""
     graphs = tf1.RunOptions(output_partition_graphs=True)
+    counts = []
     for sess in (model["plain"], model["tfs"]):
         metadata = tf1.RunMetadata()
         sess.run(model["loss"], model["feed"], options=graphs, run_metadata=metadata)
@@ -245,8 +246,9 @@ def test_run_metadata_is_replaced_by_every_run(model):
         assert len(metadata.partition_graphs) == with_option > 0
         sess.run(model["loss"], model["feed"], run_metadata=metadata)
         assert not metadata.partition_graphs
-    # one partition graph (on this one device) per Session call of tfmem's step
-    assert with_option == model["tfs"].last_step.calls >= 1
+        counts.append(with_option)
+    # one partition graph per device, whatever the number of tfmem's calls
+    assert counts[0] == counts[1]
 
 
 def test_failed_run_leaves_run_metadata_alone(model):

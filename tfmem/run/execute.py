@@ -156,8 +156,9 @@ class _Step:
     def out_of_memory(self, index, error):
         """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
-        op = self._executor.failed_op(index, error)
+        op = None  # (a partial run's failure cancels the session: no step runs again)
         if self._callables is not None:  # a callable runs a stretch: name its partition
+            op = self._executor.failed_op(index, error)
             index = self._executor.failed_partition(index, error)
         memory = accelerator.device_memory(self._executor.device)
         return oom.device_memory_error(session, self._executor.plan, self._feeds, index, error,
