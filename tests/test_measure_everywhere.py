@@ -124,7 +124,9 @@ sess = tf1.Session(graph=graph, config=config)
 sess.run(init)
 tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB", measure="every")
 xs = np.random.RandomState(0).randn(2048, 256).astype(np.float32)
-tfs.run(loss, {x: xs, wait: False})  # planned and compiled before the threads race
+# the user's RunMetadata holds step statistics only when a trace is asked for
+trace = tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE)
+tfs.run(loss, {x: xs, wait: False}, options=trace)  # planned and compiled before the race
 
 learned = {}  # thread name -> (resident, scratch given as figures?) learning received
 real_learn = learning.learn_from_step
@@ -142,7 +144,8 @@ tfs.add_step_listener(lambda t, e, s: stats.__setitem__(threading.current_thread
 
 def step(name, waits):
     metadata[name] = tf1.RunMetadata()
-    values[name] = float(tfs.run(loss, {x: xs, wait: waits}, run_metadata=metadata[name]))
+    values[name] = float(tfs.run(loss, {x: xs, wait: waits}, options=trace,
+                                 run_metadata=metadata[name]))
 
 
 def own_scratch(run_metadata):

@@ -107,9 +107,6 @@ def _routed_methods(options, recorder):
         def __init__(self, *args, **kwargs):
             init(self, *args, **kwargs)
             if self.__dict__.get("tfmem") is None:
-                # TFMemSession: the session routes its own run, so the wrapper must not
-                # make itself the default session (an InteractiveSession is one already)
-                self.tfmem_routes_run = True
                 self.tfmem = None  # the plain session runs until the TFMemSession exists
                 self.tfmem = TFMemSession(self, **options)
                 recorder.watch(self.tfmem)

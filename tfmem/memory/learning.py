@@ -28,6 +28,10 @@ from tfmem.memory.sizes import mib
 
 log = logging.getLogger(__name__)
 
+# How often one step that ran out of device memory before changing any state runs again
+# with a new plan (each time with what its failure taught) before its error is raised.
+RUNS_AGAIN = 3
+
 # TensorFlow's figures of one plan's steps move by a few KiB from step to step (a BFC
 # allocator without a cap read 8,660,224 then 8,661,248 bytes for the same MLP step): a
 # step within this fraction of its corrected prediction teaches nothing, or each such
@@ -75,13 +79,16 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
 
 
 def learn_from_out_of_memory(correction, trace, index, capacity, resident, scratch_seen,
-                             predict, what="the request"):
+                             predict, what="the request", run_again=False, unchanged=False):
     """A step of the plan fitted to `trace` ran out of device memory in partition `index`:
     it needed more than the device's `capacity` bytes less what the device holds for others
     (`resident`, its bytes in use after the failed step freed its own, beyond the request's
     state; None: unknown).  Correct `correction` (see `learn_from_step` for `scratch_seen`
     and `predict`) so that the next plan predicts at least that much there; returns the
-    sentence the error adds.  Without it the same plan would run out again, step after step."""
+    sentence the error adds.  Without it the same plan would run out again, step after step.
+    `unchanged`: the step changed no state before it failed (updates.unchanged_before);
+    `run_again`: so it runs again at once with the new plan, logged at INFO, since nothing
+    is lost (unless it has run out RUNS_AGAIN + 1 times)."""
     others = max(resident - trace.state_bytes, 0) if resident is not None else 0
     available = capacity - others
     scratch_seen = _scratch_seen(correction, scratch_seen)
@@ -92,10 +99,20 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
                f"what each partition allocates while it runs scaled by "
                f"{correction.factor:.2f}, the model predicts "
                f"{mib(scaled(corrected, correction.factor).partitions[index].device_peak)} "
-               f"there, and {what} is planned again before its next step (this step is not "
-               "run again: it may have updated variables).")
-    log.warning("%s", message)
+               f"there, and {what} is planned again " + _then(run_again, unchanged))
+    log.log(logging.INFO if run_again else logging.WARNING, "%s", message)
     return message
+
+
+def _then(run_again, unchanged):
+    """What becomes of the step that ran out (see learn_from_out_of_memory)."""
+    if run_again:
+        return ("and this step run again at once (it ran out before any op that changes "
+                "state had run).")
+    if unchanged:
+        return (f"before its next step (this step ran out before changing any state, "
+                f"{RUNS_AGAIN + 1} times: it is not run again).")
+    return "before its next step (this step is not run again: it may have updated variables)."
 
 
 def _scratch_seen(correction, scratch_seen):

@@ -6,8 +6,8 @@ memory, the executor releases the step's handles and buffers and raises a
 `DeviceMemoryError` built here: the partition's index and op count, its
 largest tensors (sizes from the plan's shapes, resolved from the fed values),
 the simulator's prediction for it, and a partition_size that the simulator
-predicts fits the device (found with `budget.fit`), or the advice to shrink
-the batch when nothing does.
+predicts fits the device beside what it already holds (found with
+`budget.fit`; a budget advised holds that too), or, when nothing does, why.
 """
 
 import dataclasses
@@ -17,7 +17,7 @@ from tfmem import errors
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.sizing import Sizing
-from tfmem.memory.simulate import TensorSizes, simulate
+from tfmem.memory.simulate import TensorSizes, simulate, state_bytes
 from tfmem.memory.sizes import mib
 
 LARGEST = 3  # tensors named in the message
@@ -66,10 +66,13 @@ def largest_tensors(plan, index, sizes, fed_bytes, count=LARGEST):
     return [item for item in ranked if item[1] > 0][:count]
 
 
-def suggest(plan, sizing, capacity, failed_peak):
+def suggest(plan, sizing, capacity, failed_peak, resident_bytes=0):
     """(partition_size, budget bytes, predicted peak, policy) of a plan predicted to fit, or None.
 
-    `sizing`: the request's Sizing at the fed shapes.
+    `sizing`: the request's Sizing at the fed shapes.  `resident_bytes`: what the device
+    holds while no step runs (its allocator's bytes in use); beyond the request's own
+    state, which predictions count, it is taken off every budget tried (budget.fit), so
+    a budget suggested holds it too.
     `failed_peak` is the simulator's peak for the partition that failed.  The
     budget starts at the device's capacity (or that peak, when the capacity is
     unknown); while the plan fitted to it is predicted to need no less than the
@@ -86,7 +89,8 @@ def suggest(plan, sizing, capacity, failed_peak):
         target = capacity or failed_peak
         for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
             try:
-                fitted, trace = budget.fit(plan.view, sizing, target, policy)
+                fitted, trace = budget.fit(plan.view, sizing, target, policy,
+                                           resident_bytes=resident_bytes)
             except errors.BudgetError:
                 break
             cautious = fitted.partition_size, target, trace.peak_device, policy
@@ -96,12 +100,15 @@ def suggest(plan, sizing, capacity, failed_peak):
     return cautious
 
 
-def device_memory_error(session, plan, feeds, index, error, capacity, device):
+def device_memory_error(session, plan, feeds, index, error, capacity, device, resident=None,
+                        op=None):
     """The DeviceMemoryError for `error` (a ResourceExhaustedError) in partition `index`.
 
     `capacity`: the device's bytes (`accelerator.device_capacity`), or None; `device`:
     the one the plan ran on ('CPU:0', 'GPU:0'), which decides how many kernels may
-    have held scratch at once (see concurrency)."""
+    have held scratch at once (see concurrency); `resident`: the device's bytes in use
+    once the failed step released its own, or None where TensorFlow keeps no figures;
+    `op`: the plan's op that failed, when the error names it."""
     graph = session.graph
     shapes_fed = {name: getattr(value, "shape", ()) for name, value in feeds.items()}
     sizing = Sizing.of(graph, plan.view, shapes_fed, session,
@@ -117,23 +124,33 @@ def device_memory_error(session, plan, feeds, index, error, capacity, device):
     if largest:
         lines.append("Its largest tensors: " + ", ".join(f"'{t}' {mib(n)}" for t, n in largest)
                      + ".")
+    # what the device holds that the predictions do not count (the request's own state
+    # they do): variables of other requests, a function's captured variables, other tensors
+    others = max(resident - state_bytes(plan.view, sizes), 0) if resident else 0
+    held = f" holding {mib(others)} the prediction does not count" if others else ""
     lines.append(f"The simulator predicts {mib(trace.partitions[index].device_peak)} for this "
                  f"partition and {mib(trace.peak_device)} for the step"
-                 + (f", on a device of {mib(capacity)}." if capacity else "."))
+                 + (f", on a device of {mib(capacity)}{held}." if capacity else f"{held}."))
     # Candidates are fitted with budget mode's bound: compare them with the same bound.
     bound = budget.predict(plan, sizing)
-    found = suggest(plan, sizing, capacity, bound.partitions[index].device_peak)
+    found = suggest(plan, sizing, capacity, bound.partitions[index].device_peak,
+                    resident or 0)
+    beside = f" beside the {mib(others)} the device holds" if others else ""
     if found:
         size, target, peak, policy = found
         swap = f", swap={policy.mode!r}" if policy.mode != plan.policy.mode else ""
-        lines.append(f"Try partition_size={size}{swap} (predicted peak {mib(peak)}), or "
-                     f"device_memory_budget={_budget_text(target)}{swap} to let tfmem choose.")
+        lines.append(f"Try partition_size={size}{swap} (predicted peak {mib(peak)}{beside}), "
+                     f"or device_memory_budget={_budget_text(target)}{swap} to let tfmem "
+                     "choose.")
         mode = policy.mode
     else:
         size = target = mode = None
-        lines.append("The simulator finds no plan predicted to need less (with tfmem's "
-                     f"{budget.DEFAULT_MARGIN:.0%} margin), even one op per partition: shrink "
-                     "the batch or the largest tensors.")
+        room = (f" in the {mib(max(capacity - others, 0))} the device has left{beside}"
+                if capacity and others else "")
+        lines.append("The simulator finds no plan predicted to fit (with tfmem's "
+                     f"{budget.DEFAULT_MARGIN:.0%} margin){room}, even one op per partition: "
+                     "shrink the batch or the largest tensors"
+                     + (", or free what the device holds." if others else "."))
     return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
                                     ops=ops, largest=largest, partition_size=size,
-                                    budget=target, swap=mode)
+                                    budget=target, swap=mode, failed_op=op)

@@ -114,3 +114,42 @@ def update_partitions(plan):
     return tuple(p.index for p in plan.partitions
                  if any(is_update(plan.view.nodes[name].type) for name in p.ops
                         if name in plan.view.nodes))
+
+
+# Ops with side effects by their OpDef (stateful, or reading a resource or reference)
+# that only read state: running them again changes nothing a later step sees.
+STATE_READS = frozenset({
+    "ReadVariableOp", "VarIsInitializedOp", "IsVariableInitialized", "VariableShape",
+    "ResourceGather", "ResourceGatherNd", "Identity", "Snapshot", "Shape", "ShapeN",
+    "Size", "Rank",
+})
+
+
+def changes_state(node):
+    """Whether running the OpNode may change what a later step sees: a variable or table
+    update, a draw from a random stream, a dequeue, a stateful call; any op with side
+    effects but a read of state."""
+    return node.side_effects and node.type not in STATE_READS
+
+
+def unchanged_before(plan, index, failed_op=None):
+    """Whether a step that failed in partition `index` has changed no state: no op that
+    changes state in partitions 0..index may have run.  In the failed partition, an op
+    depending on the op that failed (`failed_op`, when the error names it) cannot have
+    run; any other may have.  Such a step can run again, as if it had never started."""
+    view = plan.view
+    nodes = view.nodes
+    if any(changes_state(nodes[name]) for p in plan.partitions[:index]
+           for name in p.ops if name in nodes):
+        return False
+    blocked = set()
+    if failed_op in nodes:
+        readers = _consumers(view)
+        stack = [failed_op]
+        while stack:
+            for reader in readers.get(stack.pop(), ()):
+                if reader not in blocked:
+                    blocked.add(reader)
+                    stack.append(reader)
+    return not any(changes_state(nodes[name]) for name in plan.partitions[index].ops
+                   if name in nodes and name not in blocked)

@@ -123,7 +123,7 @@ class _Step:
         self.wiring = executor.wiring if callables is not None else None
         self._executor = executor
         self._callables = callables
-        self._run_metadata = run_metadata  # the caller's RunMetadata, or None
+        self._run_metadata = run_metadata  # the step's run_metadata.StepMetadata, or None
         self._measure = measure  # read the device peak of each partition
         self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
         self.peaks = []  # per partition of the plan: peak bytes or None
@@ -145,7 +145,7 @@ class _Step:
             peaks = self._executor.partition_peaks(index, metadata, record)
             self.scratch.update(self._executor.partition_scratch(index, metadata))
         if self._run_metadata is not None:
-            self._run_metadata.MergeFrom(metadata)
+            self._run_metadata.add(metadata)
         self.peaks.extend(peaks)
         return values
 
@@ -156,11 +156,15 @@ class _Step:
     def out_of_memory(self, index, error):
         """The diagnosis reads the user's feeds (the partitions' also hold the step's keys)."""
         session = self._executor.session
+        op = None  # (a partial run's failure cancels the session: no step runs again)
         if self._callables is not None:  # a callable runs a stretch: name its partition
+            op = self._executor.failed_op(index, error)
             index = self._executor.failed_partition(index, error)
+        memory = accelerator.device_memory(self._executor.device)
         return oom.device_memory_error(session, self._executor.plan, self._feeds, index, error,
                                        accelerator.device_capacity(session),
-                                       self._executor.device)
+                                       self._executor.device,
+                                       memory["current"] if memory else None, op)
 
     def failure(self, index, error):
         """A RemoteTaskError when a task of a distributed session was lost, else None."""
@@ -261,17 +265,24 @@ class Executor:
         """((partition of the plan, its ops), ...) that callable `index` runs."""
         return self._stages[index]
 
-    def failed_partition(self, index, error):
-        """The partition of the plan whose op failed in callable `index` (its first when
-        the error names no op of it): a callable's error names the node in its message."""
-        stages = self.stages(index)
+    def failed_op(self, index, error):
+        """The plan's op that failed in callable `index`, or None where the error names
+        none of its ops: a callable's error names the node in its message."""
         node = getattr(error, "node_def", None)
-        if node is not None:
+        if node is not None and node.name:
             name = node.name
         else:
             named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
             name = named.group(1) if named else ""
-        return next((i for i, ops in stages if _op_of(name, index) in ops), stages[0][0])
+        op = _op_of(name, index)
+        return op if op in self._ops[index] else None
+
+    def failed_partition(self, index, error):
+        """The partition of the plan whose op failed in callable `index` (its first when
+        the error names no op of it)."""
+        stages = self.stages(index)
+        op = self.failed_op(index, error)
+        return next((i for i, ops in stages if op in ops), stages[0][0])
 
     def process_peak(self):
         """TensorFlow's process-wide peak on the device now (None: it keeps none)."""

@@ -17,8 +17,6 @@ import logging
 import time
 
 import psutil
-from tensorflow.core.protobuf import config_pb2
-from tensorflow.python.client import session as tf_session
 
 from tfmem.run import accelerator, regrouping, report_text, sampling
 from tfmem.memory import budget, first_updates, learning, op_order
@@ -35,6 +33,7 @@ from tfmem.plan.build import make_plan
 from tfmem.run.plan_cache import PlanCache
 from tfmem.run.prefetch import Prefetcher
 from tfmem.run.request import Request
+from tfmem.run.run_metadata import StepMetadata
 from tfmem.run.session_interface import SessionInterfaceMethods
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
@@ -100,6 +99,12 @@ class TFMemSession(SessionInterfaceMethods):
 
     A `SessionInterface`, accepted wherever TensorFlow accepts a session (see
     session_interface for what is partitioned and what goes straight through).
+    `run(..., run_metadata=md)` fills `md` as plain `Session.run` would for the
+    whole step (see run_metadata): step statistics only when a trace was asked
+    for or a cost model built, one entry per device, partition graphs merged
+    into one per device.  Wrapping an InteractiveSession leaves TensorFlow's
+    default session as it is: `Tensor.eval()` runs on the InteractiveSession
+    unless inside `with tfs.as_default():`.
 
     partition_size: the most ops one partition runs.
     swap: "auto" swaps a cross-partition tensor to host memory when its next
@@ -123,7 +128,10 @@ class TFMemSession(SessionInterfaceMethods):
         the partition size and swap distance: the fewest partitions whose
         predicted peak fits (one, at plain speed, when the whole step fits).
         partition_size="auto" does the same with the emulated cap or the
-        accelerator's memory as the budget.
+        accelerator's memory as the budget.  A step that runs out of device
+        memory before any op that changes state could have run (updates come
+        late in a step) has changed nothing: it is planned again with what the
+        failure taught and run again at once (see updates.unchanged_before).
     atomic_updates: run every variable update of a step in its last partition,
         so a failed step applies all or none (see updates).  None: on for a
         session on TensorFlow's distributed runtime, off for a local one.
@@ -167,6 +175,11 @@ class TFMemSession(SessionInterfaceMethods):
         self._copy = graph_copy
         # Fixed with the session's config: part of every view, so of every plan cached.
         self._regrouped_arithmetic = regrouping.session_regroups_arithmetic(sess)
+        # A session building cost models measures every step: its partitions then run the
+        # same callables each step, whose step counts decide together which steps build
+        # one (GraphOptions.build_cost_model: every N-th step of a request).
+        config = tf_private.config_of(sess)
+        self._builds_cost_model = config is not None and config.graph_options.build_cost_model > 0
         self._plans = PlanCache()  # each request planned once, compiled once
         self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
             if place_state_on_host else None
@@ -201,13 +214,6 @@ class TFMemSession(SessionInterfaceMethods):
         self._last_entry = None
         self._last_factor = 1.0
         self._step_listeners = []  # called as f(tfs, entry, stats) after every step
-        self._interactive = None
-        if (isinstance(sess, tf_session.InteractiveSession)
-                and not getattr(sess, "tfmem_routes_run", False)):
-            # As InteractiveSession does for itself: Tensor.eval() runs through tfmem.
-            self._interactive = self.as_default()
-            self._interactive.enforce_nesting = False
-            self._interactive.__enter__()
         self._place_state()
 
     def _chained(self):
@@ -419,30 +425,47 @@ class TFMemSession(SessionInterfaceMethods):
         return self._entry(self._request(fetches, feed_dict)).plan
 
     def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-        """Run like `Session.run`, one partition at a time."""
+        """Run like `Session.run`, one partition at a time; `run_metadata` gets the whole
+        step's (see run_metadata)."""
         self._check_open()
         if self._runtime.cancelled_by is not None:
             raise partial_run.cancelled_error(self._runtime.cancelled_by)
         request = self._request(fetches, feed_dict)
-        entry = self._entry(request)
-        self._plans.compile_once(entry, functools.partial(self._compile_entry, request=request))
-        self._last_entry = entry
-        # the learned factor this step's plan was fitted with (learning may raise it after)
-        self._last_factor = budget.learned_factor(entry.correction)
-        timeline = Timeline() if self._trace_path else None
-        # Session.run replaces run_metadata with the step's, and only when the step ran.
-        step_metadata = config_pb2.RunMetadata() if run_metadata is not None else None
-        if entry.schedule is None:
-            entry.schedule = sampling.MeasureSchedule(self._measure)
-        try:
-            values, stats = entry.executor.run(
-                request.feed_values_by_name(), options, step_metadata, timeline,
-                measure=entry.schedule.wants())
-        except errors.DeviceMemoryError as err:
-            # (a partial run's failure cancelled the session: no next step to plan for)
-            if self._budget is not None and self._runtime.cancelled_by is None:
-                err.add_note(self._learn_out_of_memory(request, entry, err.partition))
-            raise
+        failed = None  # the DeviceMemoryError of the step's last run, when it runs again
+        for again in range(learning.RUNS_AGAIN, -1, -1):  # budget mode: see _learn_out_of_memory
+            try:
+                entry = self._entry(request)
+            except errors.BudgetError as no_plan:
+                if failed is None:
+                    raise
+                failed.add_note(f"Planned again, nothing fits: {no_plan}")
+                raise failed  # (its context: no_plan)
+            self._plans.compile_once(entry, functools.partial(self._compile_entry,
+                                                              request=request))
+            self._last_entry = entry
+            # the learned factor this step's plan was fitted with (learning may raise it after)
+            self._last_factor = budget.learned_factor(entry.correction)
+            timeline = Timeline() if self._trace_path else None
+            # Session.run replaces run_metadata with the step's, and only when the step ran.
+            step_metadata = StepMetadata(options) if run_metadata is not None else None
+            if entry.schedule is None:
+                entry.schedule = sampling.MeasureSchedule(self._measure)
+            try:
+                values, stats = entry.executor.run(
+                    request.feed_values_by_name(), options, step_metadata, timeline,
+                    measure=entry.schedule.wants() or self._builds_cost_model)
+                break
+            except errors.DeviceMemoryError as err:
+                # (a partial run's failure cancelled the session: no next step to plan for)
+                if self._budget is None or self._runtime.cancelled_by is not None:
+                    raise
+                unchanged = updates.unchanged_before(entry.plan, err.partition, err.failed_op)
+                run_again = unchanged and again > 0
+                err.add_note(self._learn_out_of_memory(request, entry, err.partition,
+                                                       run_again, unchanged))
+                if not run_again:
+                    raise
+                failed = err
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
         entry.schedule.record(stats.partition_peak_bytes if stats.measured and
@@ -451,7 +474,7 @@ class TFMemSession(SessionInterfaceMethods):
             entry.last_measured = stats
         self.last_step = stats
         if run_metadata is not None:
-            run_metadata.CopyFrom(step_metadata)
+            run_metadata.CopyFrom(step_metadata.merged())
         if timeline:
             write_chrome_trace(timeline.events, self._trace_path)
         log.debug("step: %s", stats)
@@ -497,10 +520,12 @@ class TFMemSession(SessionInterfaceMethods):
             return
         entry.replan = True  # planned at the start of the next step, with fresh resident bytes
 
-    def _learn_out_of_memory(self, request, entry, index):
+    def _learn_out_of_memory(self, request, entry, index, run_again=False, unchanged=False):
         """Budget mode, after a step ran out of device memory in partition `index`: correct
         the model and plan the request again before its next step (see learning); the
-        sentence the error adds."""
+        sentence the error adds.  `run_again`: the step changed no state before it failed
+        (updates.unchanged_before), and `run` runs it again at once with the new plan, at
+        most learning.RUNS_AGAIN times a step; a step that may have changed state never."""
         scratch_seen, predict = self._learning_inputs(request, entry)
         entry.resident.ran_out()
         memory = (accelerator.device_memory(self._runtime.device)
@@ -508,7 +533,8 @@ class TFMemSession(SessionInterfaceMethods):
         message = learning.learn_from_out_of_memory(
             entry.correction, entry.trace, index,
             accelerator.device_capacity(self._session) or self._budget,
-            memory["current"] if memory else None, scratch_seen, predict)
+            memory["current"] if memory else None, scratch_seen, predict, run_again=run_again,
+            unchanged=unchanged)
         entry.replan = True
         return message
 
@@ -621,15 +647,7 @@ class TFMemSession(SessionInterfaceMethods):
         """The HostBufferPool swapped tensors wait in."""
         return self._runtime.pool
 
-    def _leave_default(self):
-        """Leave the default-session context an InteractiveSession's wrapper entered (it
-        was entered after the session's own, so it is left before the session closes)."""
-        if self._interactive is not None:
-            interactive, self._interactive = self._interactive, None
-            interactive.__exit__(None, None, None)
-
     def _release(self):
-        self._leave_default()
         self._plans.clear()
         self._runtime.prefetcher.close()
         self._runtime.pool.clear()
@@ -640,7 +658,6 @@ class TFMemSession(SessionInterfaceMethods):
         The session closes first: a callable of an open session releases itself by an
         RPC when it is collected, which blocks for minutes against a dead distributed
         master; a closed session's callables skip it."""
-        self._leave_default()
         try:
             self._session.close()
         finally:

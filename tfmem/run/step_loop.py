@@ -27,6 +27,7 @@ held (`SwapManager.abort`) before the error propagates.
 
 import dataclasses
 import time
+import traceback
 
 import tensorflow as tf
 
@@ -56,7 +57,10 @@ def run_step(front_end, swaps, feeds, timeline):
                 except tf.errors.ResourceExhaustedError as err:
                     if not oom.is_out_of_memory(err):
                         raise  # another exhausted resource (a queue, a quota): as TensorFlow said
-                    swaps.abort()  # free the step's device memory before diagnosing
+                    swaps.abort()  # free the step's device memory before diagnosing,
+                    # with the arguments the failed call's finished frames still hold (the
+                    # diagnosis reads what the device holds without the step)
+                    traceback.clear_frames(err.__traceback__)
                     # chained to TensorFlow's error as the front end would raise it (the
                     # eager one names the traced graph's ops, not the partition's)
                     raise front_end.out_of_memory(index, err) from (

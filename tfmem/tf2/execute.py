@@ -10,6 +10,7 @@ error becomes a `DeviceMemoryError` naming the partition and a setting
 predicted to fit.
 """
 
+import re
 import time
 
 import psutil
@@ -97,9 +98,19 @@ class _EagerStep:
         shapes = {name: value for name, value in self._feeds.items()
                   if value.dtype not in (tf.resource, tf.variant)}
         devices = GraphDevices(self._executor.graph)
+        memory = accelerator.device_memory(self._executor.device)
         return oom.device_memory_error(devices, self.plan, shapes, index, error,
                                        accelerator.device_capacity(devices),
-                                       self._executor.device)
+                                       self._executor.device,
+                                       memory["current"] if memory else None,
+                                       self._failed_op(index, error))
+
+    def _failed_op(self, index, error):
+        """The plan's op of partition `index` the error names, or None (a partition
+        function names its nodes as sorted_names encodes them)."""
+        named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
+        op = sorted_names.decode(named.group(1)) if named else None
+        return op if op in self.plan.partitions[index].ops else None
 
     def _is_op_name(self, name):
         try:

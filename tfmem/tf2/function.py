@@ -41,6 +41,7 @@ from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
+from tfmem.plan import updates
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.resident import ResidentCheck
@@ -350,10 +351,12 @@ class PartitionedFunction:
                                                     traced.trace.regions)):
             traced.replan = True
 
-    def _learn_out_of_memory(self, traced, index):
+    def _learn_out_of_memory(self, traced, index, run_again=False, unchanged=False):
         """Budget mode, after a call ran out of device memory in partition `index`: correct
         the model and plan again before the next call (see learning); the sentence the
-        error adds."""
+        error adds.  `run_again`: the call changed no state before it failed
+        (updates.unchanged_before) and runs again at once with the new plan, at most
+        learning.RUNS_AGAIN times; a call that may have changed state never."""
         scratch_seen, predict = self._learning_inputs(traced)
         traced.resident.ran_out()
         runtime = self._runtime
@@ -362,7 +365,7 @@ class PartitionedFunction:
             traced.correction, traced.trace, index,
             accelerator.device_capacity(GraphDevices(None)) or runtime.budget_bytes,
             memory["current"] if memory else None, scratch_seen, predict,
-            what=f"tfmem.function {self.__name__!r}")
+            what=f"tfmem.function {self.__name__!r}", run_again=run_again, unchanged=unchanged)
         traced.replan = True
         return message
 
@@ -455,22 +458,37 @@ class PartitionedFunction:
             # unit (partition calls are not recorded on tapes, and a graph cannot be cut here).
             return self._tf_function(*args, **kwargs)
         concrete, feeds = self._feeds(args, kwargs)
-        with self._planning:
-            traced = self._traced_for(concrete, feeds)
-            if traced.executor is None:
-                self._compile(traced)
-        timeline = Timeline() if self._settings.trace else None
-        # the prediction of this plan as it runs, and the factor it was fitted with (learning
-        # may replace both)
-        trace = traced.trace
-        factor = budget.learned_factor(traced.correction)
-        try:
-            results, stats = traced.executor.run(feeds, timeline)
-        except errors.DeviceMemoryError as err:
-            if self._runtime.budget_bytes is not None:
+        failed = None  # the DeviceMemoryError of the call's last run, when it runs again
+        for again in range(learning.RUNS_AGAIN, -1, -1):  # budget mode: _learn_out_of_memory
+            try:
                 with self._planning:
-                    err.add_note(self._learn_out_of_memory(traced, err.partition))
-            raise
+                    traced = self._traced_for(concrete, feeds)
+                    if traced.executor is None:
+                        self._compile(traced)
+            except errors.BudgetError as no_plan:
+                if failed is None:
+                    raise
+                failed.add_note(f"Planned again, nothing fits: {no_plan}")
+                raise failed  # (its context: no_plan)
+            timeline = Timeline() if self._settings.trace else None
+            # the prediction of this plan as it runs, and the factor it was fitted with
+            # (learning may replace both)
+            trace = traced.trace
+            factor = budget.learned_factor(traced.correction)
+            try:
+                results, stats = traced.executor.run(feeds, timeline)
+                break
+            except errors.DeviceMemoryError as err:
+                if self._runtime.budget_bytes is None:
+                    raise
+                unchanged = updates.unchanged_before(traced.plan, err.partition, err.failed_op)
+                run_again = unchanged and again > 0
+                with self._planning:
+                    err.add_note(self._learn_out_of_memory(traced, err.partition, run_again,
+                                                           unchanged))
+                if not run_again:
+                    raise
+                failed = err
         # one store: a concurrent call publishes a whole triple too
         self._last = (stats, trace, factor)
         if self._runtime.budget_bytes is not None:
