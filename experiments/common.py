@@ -348,7 +348,8 @@ def tfmem_settings(args, **overrides):
 def trial_options(experiment, args):
     """The command-line options that reproduce this run's trial settings in a child."""
     options = ["--batch-size", str(args.batch_size), "--steady-steps", str(args.steady_steps),
-               "--max-steps", str(args.max_steps), "--partition-size", str(args.partition_size), "--swap", args.swap,
+               "--max-steps", str(args.max_steps),
+               "--partition-size", str(args.partition_size), "--swap", args.swap,
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
                "--inter-op-threads", str(args.inter_op_threads),
                "--intra-op-threads", str(args.intra_op_threads), "--measure", args.measure,
@@ -783,7 +784,8 @@ def summarise(experiment, args, system, outcome):
                       if best and best.get("resident_after_steps_bytes") else None),
         first_step_seconds=(round(best["first_step_seconds"], 1)
                             if best and best.get("first_step_seconds") is not None else None),
-        replans=(best or {}).get("replans"), steady_step_count=(best or {}).get("steady_step_count"),
+        replans=(best or {}).get("replans"),
+        steady_step_count=(best or {}).get("steady_step_count"),
         steady_seconds=(best or {}).get("steady_seconds"),
         steady_ms_per_unit=(best or {}).get("steady_ms_per_unit"),
         work_unit=experiment.work_unit,

@@ -363,7 +363,8 @@ def test_the_table_reports_first_step_replans_and_steady_cost_against_plain():
     for column in ("first step s", "re-plans", "steady step s", "steady images/s",
                    "steady ms per layer-image", "vs plain at plain's max"):
         assert column in head
-    assert rows[2].startswith(f"| tfmem | 16 | 66 | 30,000 | 31.00 | 0 | {tfm['steady_seconds']:.3f} |")
+    assert rows[2].startswith(
+        f"| tfmem | 16 | 66 | 30,000 | 31.00 | 0 | {tfm['steady_seconds']:.3f} |")
     assert "| 1.50x |" in rows[2] and "| 1.00x |" in rows[0]
 
 
