@@ -7,15 +7,17 @@ Everything else lives here:
 
 * **one trial** (the script run with ``--system`` and a size): sets the
   emulated device-memory cap *before* TensorFlow is imported, builds the
-  model, trains ``--steps`` steps with plain TensorFlow (``tf``), TensorFlow
+  model, trains it with plain TensorFlow (``tf``), TensorFlow
   with Grappler's memory optimizer at its strongest setting (``grappler``) or
-  a ``tfmem.TFMemSession`` (``tfmem``), and prints one JSON line;
+  a ``tfmem.TFMemSession`` (``tfmem``) until the steady state is measured
+  (``steady.py``: the first step, re-plans, then steps after them), and
+  prints one JSON line;
 * **the search** (``--find-max``): per system, the largest size that trains
   under the cap, by exponential then binary search on the size knob, each
   trial in its own process (the cap is read once, when TensorFlow starts),
   with a time limit per trial and a text progress bar on stderr;
 * **reports**: the paper-shaped table as markdown and CSV, every trial as
-  CSV and JSON, a PNG of size against throughput (skipped, with a note, when
+  CSV and JSON, a PNG of size against steady-state throughput (skipped, with a note, when
   matplotlib is missing), and a ``RESULT`` line.
 
 Nothing here imports TensorFlow at module level.
@@ -28,13 +30,13 @@ import dataclasses
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import steady
 import tfmem
 from tfmem.run import accelerator
 from tfmem.cli import child_env
@@ -122,6 +124,8 @@ class Experiment:
     defaults: dict = dataclasses.field(default_factory=dict)
     quick: dict = dataclasses.field(default_factory=dict)
     unit: str = "examples"
+    # one unit of work: the size knob's unit times one example, e.g. "layer-image"
+    work_unit: str = "size-example"
     report: object = None
 
 
@@ -133,7 +137,9 @@ class Extra:
     paths: tuple = ()  # files it wrote
 
 
-BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=5, partition_size="auto",
+BASE_DEFAULTS = dict(device_memory=None, batch_size=16, steps=None,
+                     steady_steps=steady.STEADY_STEPS, max_steps=steady.MAX_STEPS,
+                     partition_size="auto",
                      budget=None, swap="auto", swap_distance=2, prefetch=1, swap_min_bytes=None,
                      start=None, max_size=None, tolerance=0.0, trial_timeout=600.0,
                      search_time=None, max_trials=40, inter_op_threads=0, intra_op_threads=0,
@@ -208,8 +214,15 @@ def build_parser(experiment):
                        help="the sessions' intra_op_parallelism_threads (default 0: one per core; "
                             "pin it for figures that must not depend on the machine)")
     trial.add_argument("--steps", type=positive_int,
-                       help="training steps per trial; throughput is measured on the steps after "
-                            "the first")
+                       help="a fixed number of training steps per trial (default: run until "
+                            "--steady-steps steps follow the last re-plan, at most --max-steps)")
+    trial.add_argument("--steady-steps", type=positive_int, metavar="N",
+                       help="steps after the first step and the last re-plan whose median is "
+                            f"the steady-state time (default {steady.STEADY_STEPS}; fewer: "
+                            "not measured)")
+    trial.add_argument("--max-steps", type=positive_int, metavar="N",
+                       help="without --steps, a trial stops here even when re-plans keep "
+                            f"coming (default {steady.MAX_STEPS})")
     tfm = parser.add_argument_group("tfmem")
     tfm.add_argument("--partition-size", type=_partition_size, metavar="N|auto",
                      help="ops per partition, or auto: budget mode (default auto)")
@@ -286,6 +299,9 @@ def parse_args(experiment, argv=None):
                          " (or use --find-max / --quick)")
     if args.tolerance < 0:
         parser.error("--tolerance must be >= 0")
+    if args.steps is None and args.max_steps <= args.steady_steps:
+        parser.error(f"--max-steps ({args.max_steps}) must exceed --steady-steps "
+                     f"({args.steady_steps}): the first step is never a steady one")
     if args.cap_factor <= 0:
         parser.error("--cap-factor must be > 0")
     if args.find_max and args.device_memory is None and args.cap_base is None:
@@ -331,7 +347,8 @@ def tfmem_settings(args, **overrides):
 
 def trial_options(experiment, args):
     """The command-line options that reproduce this run's trial settings in a child."""
-    options = ["--batch-size", str(args.batch_size), "--steps", str(args.steps),
+    options = ["--batch-size", str(args.batch_size), "--steady-steps", str(args.steady_steps),
+               "--max-steps", str(args.max_steps),
                "--partition-size", str(args.partition_size), "--swap", args.swap,
                "--swap-distance", str(args.swap_distance), "--prefetch", str(args.prefetch),
                "--inter-op-threads", str(args.inter_op_threads),
@@ -339,6 +356,8 @@ def trial_options(experiment, args):
                "--session-config", args.session_config, "--allocator", args.allocator]
     if args.partial_runs:
         options.append("--partial-runs")
+    if args.steps is not None:
+        options += ["--steps", str(args.steps)]
     if args.device_memory is not None:
         options += ["--device-memory", str(args.device_memory)]
     if args.budget is not None:
@@ -406,7 +425,7 @@ def run_trial(experiment, args):
     limit = accelerator.emulated_memory_mib()
     result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
                   size=args.size, index=experiment.index_of(args.size),
-                  batch_size=args.batch_size, steps=args.steps,
+                  batch_size=args.batch_size, steps=None,
                   device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,
                   allocator_limit_mib=limit,
                   kernel_path=child_env.kernel_path(child_env.onednn_from_env()),
@@ -415,6 +434,8 @@ def run_trial(experiment, args):
                   step_times=[], losses=[], throughput=None, peak_bytes=None, step_peaks=[],
                   resident_after_init_bytes=None, resident_after_steps_bytes=None,
                   build_seconds=None, first_step_seconds=None, seconds=None,
+                  replans=None, replan_steps=None, recompiles=None, steady_step_count=None,
+                  steady_seconds=None, steady_ms_per_unit=None, work_unit=experiment.work_unit,
                   grappler=GRAPPLER_MEMORY_OPTIMIZATION if system == "grappler" else None,
                   session_config=args.session_config, allocator=args.allocator,
                   tfmem=None)
@@ -445,10 +466,14 @@ def run_trial(experiment, args):
         # runs steps with.  tfmem then releases the initializer's executor, and with it
         # the zeros and ones TensorFlow would keep beside the variables (first_updates).
         runner.run(model.init)
+        # which steps of the training request plan it (again): tfmem's re-plans
+        watch = steady.ReplanWatch(runner) if system == "tfmem" else None
+        planned = []  # per step: did it begin by planning?
         memory = accelerator.device_memory("CPU:0")
         result["resident_after_init_bytes"] = memory["current"] if memory else None
         accelerator.reset_peak("CPU:0")
-        for step in range(args.steps):
+        step = 0
+        while not steady.done(planned, args.steps, args.max_steps, args.steady_steps):
             phase = f"step {step}"
             _phase(phase, started)
             step_started = time.perf_counter()
@@ -465,6 +490,10 @@ def run_trial(experiment, args):
             result["losses"].append(float(loss))
             result["step_peaks"].append(memory["peak"] if memory else None)
             result["resident_after_steps_bytes"] = memory["current"] if memory else None
+            # plain TensorFlow: only its first step sets the request up
+            planned.append(watch.planned[step] if watch and len(watch.planned) > step
+                           else step == 0)
+            step += 1
         result["status"], result["ok"] = "ok", True
     except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too
         result["status"] = "oom"
@@ -481,10 +510,13 @@ def run_trial(experiment, args):
         result["failed_in"] = phase
     result["peak_bytes"] = peak or None
     times = result["step_times"]
-    if times:
-        result["first_step_seconds"] = times[0]
-        steady = times[1:] or times
-        result["throughput"] = model.examples / statistics.median(steady)
+    result["steps"] = len(times)
+    result.update(steady.split(times, planned, watch.compiled if watch else None,
+                               args.steady_steps))
+    result["steady_ms_per_unit"] = steady.ms_per_unit(result["steady_seconds"], args.size,
+                                                      model.examples)
+    if result["steady_seconds"]:
+        result["throughput"] = model.examples / result["steady_seconds"]
     if system == "tfmem" and runner.last_step is not None:
         stats = runner.last_step
         info = result["tfmem"]
@@ -513,9 +545,15 @@ def describe_trial(result):
     took = f" [{seconds:.0f} s]" if seconds else ""
     if result.get("ok"):
         peak = result.get("peak_bytes")
-        text = (f"{result['system']} {size}: trained {len(result['step_times'])} steps, "
-                f"{result['throughput']:.2f} {result.get('unit', 'examples')}/s"
-                + (f", peak {peak / MIB:.1f} MiB" if peak else ""))
+        text = f"{result['system']} {size}: trained {len(result['step_times'])} steps"
+        if result.get("first_step_seconds") is not None:
+            text += f", first {result['first_step_seconds']:.2f} s"
+        if result.get("replans"):
+            text += f", {result['replans']} re-plans"
+        text += (f", steady {result['steady_seconds']:.3f} s" if result.get("steady_seconds")
+                 else ", steady state not measured" if "steady_seconds" in result
+                 else f", {result['throughput']:.2f} {result.get('unit', 'examples')}/s")
+        text += f", peak {peak / MIB:.1f} MiB" if peak else ""
         info = result.get("tfmem") or {}
         if info.get("partitions"):
             text += (f", {info['partitions']} partitions, "
@@ -746,6 +784,11 @@ def summarise(experiment, args, system, outcome):
                       if best and best.get("resident_after_steps_bytes") else None),
         first_step_seconds=(round(best["first_step_seconds"], 1)
                             if best and best.get("first_step_seconds") is not None else None),
+        replans=(best or {}).get("replans"),
+        steady_step_count=(best or {}).get("steady_step_count"),
+        steady_seconds=(best or {}).get("steady_seconds"),
+        steady_ms_per_unit=(best or {}).get("steady_ms_per_unit"),
+        work_unit=experiment.work_unit,
         first_failing_size=failed["size"] if failed else None,
         limit=limit, limit_text=LIMITS.get(limit, limit or ""),
         failure=(failed or {}).get("error"), run_failed=failure is not None,
@@ -760,9 +803,12 @@ def format_summary(summary):
     if summary["max_size"] is None:
         head = f"{summary['system']}: nothing trained"
     else:
+        steady_seconds = summary.get("steady_seconds")
         head = (f"{summary['system']}: max {summary['size_name']} {summary['max_size']} "
-                f"({summary['parameters']:,} parameters, {summary['throughput']:.2f} "
-                f"{summary['unit']}/s)")
+                f"({summary['parameters']:,} parameters, first step "
+                f"{summary['first_step_seconds']} s, {summary.get('replans') or 0} re-plans, "
+                + (f"steady step {steady_seconds:.3f} s)" if steady_seconds
+                   else "steady state not measured)"))
     after = (f"; {summary['size_name']} {summary['first_failing_size']} failed: "
              f"{summary['limit_text']}" if summary["first_failing_size"] else
              (f"; search stopped: {summary['limit_text']}" if summary["limit"] else ""))
@@ -772,21 +818,42 @@ def format_summary(summary):
 # --------------------------------------------------------------------------
 # reports
 
-COLUMNS = ("system", "batch", "max_size", "parameters", "throughput", "peak_mib", "resident_mib",
-           "state_mib", "first_step_seconds", "partitions", "first_failing_size", "limit",
-           "failure", "trials", "search_seconds")
+COLUMNS = ("system", "batch", "max_size", "parameters", "first_step_seconds", "replans",
+           "steady_seconds", "throughput", "steady_ms_per_unit", "vs_plain", "peak_mib",
+           "resident_mib", "state_mib", "partitions", "first_failing_size", "limit", "failure",
+           "trials", "search_seconds")
+
+
+def _rounded(value, digits):
+    return None if value is None else round(value, digits)
+
+
+def vs_plain(summary, summaries):
+    """A system's steady cost per unit of work at its maximum size over plain TensorFlow's
+    at plain's maximum size, or None when either was not measured."""
+    plain = next((s for s in summaries if s["system"] == "tf"), None)
+    mine, theirs = summary.get("steady_ms_per_unit"), (plain or {}).get("steady_ms_per_unit")
+    return mine / theirs if mine and theirs else None
 
 
 def table_rows(summaries):
-    """Flat rows (COLUMNS) of the per-system summaries."""
-    return [dict(system=s["system"], batch=s["batch_size"], max_size=s["max_size"],
-                 parameters=s["parameters"],
-                 throughput=None if s["throughput"] is None else round(s["throughput"], 2),
-                 peak_mib=s["peak_mib"], resident_mib=s["resident_mib"], state_mib=s["state_mib"],
-                 first_step_seconds=s["first_step_seconds"], partitions=s["partitions"],
-                 first_failing_size=s["first_failing_size"], limit=s["limit_text"],
-                 failure=s["failure"], trials=s["trials"],
-                 search_seconds=s["search_seconds"]) for s in summaries]
+    """Flat rows (COLUMNS) of the per-system summaries.  Throughput is batch over the
+    steady-state step; summaries without steady-state figures have none of these (None)."""
+    rows = []
+    for s in summaries:
+        steady_seconds = s.get("steady_seconds")
+        rows.append(dict(
+            system=s["system"], batch=s["batch_size"], max_size=s["max_size"],
+            parameters=s["parameters"], first_step_seconds=s["first_step_seconds"],
+            replans=s.get("replans"), steady_seconds=_rounded(steady_seconds, 3),
+            throughput=_rounded(s["batch_size"] / steady_seconds if steady_seconds else None, 2),
+            steady_ms_per_unit=_rounded(s.get("steady_ms_per_unit"), 4),
+            vs_plain=_rounded(vs_plain(s, summaries), 2),
+            peak_mib=s["peak_mib"], resident_mib=s["resident_mib"], state_mib=s["state_mib"],
+            partitions=s["partitions"], first_failing_size=s["first_failing_size"],
+            limit=s["limit_text"], failure=s["failure"], trials=s["trials"],
+            search_seconds=s["search_seconds"]))
+    return rows
 
 
 def _cell(value):
@@ -799,19 +866,32 @@ def _cell(value):
     return str(value)
 
 
-def markdown_table(summaries, size_name, unit):
-    """The paper-shaped table (system, batch, max size, parameters, throughput) and context."""
-    head = ["system", "batch", f"max {size_name}", "parameters", f"throughput ({unit}/s)",
-            "first step s", "peak MiB", "resident MiB", "state MiB", "partitions",
+def _ms(value):
+    """Milliseconds per unit of work with three significant digits (they span 1e-3..10)."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def markdown_table(summaries, size_name, unit, work_unit=None):
+    """The paper-shaped table (system, batch, max size, parameters) with each system's
+    first step, re-plans and steady state at its maximum size, and context.  A summary
+    without steady-state figures shows "-" there (not measured)."""
+    work_unit = work_unit or next((s["work_unit"] for s in summaries if s.get("work_unit")),
+                                  f"{size_name}-example")
+    head = ["system", "batch", f"max {size_name}", "parameters", "first step s", "re-plans",
+            "steady step s", f"steady {unit}/s", f"steady ms per {work_unit}",
+            "vs plain at plain's max", "peak MiB", "resident MiB", "state MiB", "partitions",
             f"first failing {size_name}", "what stopped it", "trials", "search s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in table_rows(summaries):
-        cells = [row["system"], row["batch"], row["max_size"], row["parameters"],
-                 row["throughput"], row.get("first_step_seconds"), row["peak_mib"],
-                 row["resident_mib"], row["state_mib"],
-                 row["partitions"], row["first_failing_size"], row["limit"], row["trials"],
-                 row["search_seconds"]]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        cells = [_cell(c) for c in (row["system"], row["batch"], row["max_size"],
+                                    row["parameters"], row["first_step_seconds"], row["replans"])]
+        cells += ["-" if row["steady_seconds"] is None else f"{row['steady_seconds']:.3f}",
+                  _cell(row["throughput"]), _ms(row["steady_ms_per_unit"]),
+                  "-" if row["vs_plain"] is None else f"{row['vs_plain']:.2f}x"]
+        cells += [_cell(c) for c in (row["peak_mib"], row["resident_mib"], row["state_mib"],
+                                     row["partitions"], row["first_failing_size"], row["limit"],
+                                     row["trials"], row["search_seconds"])]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -831,7 +911,8 @@ def write_csv(summaries, path):
 
 
 TRIAL_COLUMNS = ("system", "size", "status", "parameters", "throughput", "peak_mib",
-                 "first_step_seconds", "seconds", "partitions", "error")
+                 "first_step_seconds", "replans", "steady_seconds", "steady_ms_per_unit",
+                 "steps", "seconds", "partitions", "error")
 
 
 def write_trials_csv(summaries, path):
@@ -847,6 +928,10 @@ def write_trials_csv(summaries, path):
                     peak_mib=round(t["peak_bytes"] / MIB, 1) if t.get("peak_bytes") else None,
                     first_step_seconds=(None if t.get("first_step_seconds") is None
                                         else round(t["first_step_seconds"], 2)),
+                    replans=t.get("replans"),
+                    steady_seconds=_rounded(t.get("steady_seconds"), 4),
+                    steady_ms_per_unit=_rounded(t.get("steady_ms_per_unit"), 5),
+                    steps=len(t.get("step_times") or []) or None,
                     seconds=round(t.get("process_seconds") or t.get("seconds") or 0, 1),
                     partitions=(t.get("tfmem") or {}).get("partitions"),
                     error=(t.get("error") or "")[:200]))
@@ -886,7 +971,7 @@ def write_plot(summaries, path, title):
     unit = summaries[0]["unit"] if summaries else "examples"
     axis.set_xlabel((summaries[0]["size_name"] if summaries else "size")
                     + "  (dotted: smallest size that failed)")
-    axis.set_ylabel(f"throughput ({unit}/s, log scale)")
+    axis.set_ylabel(f"steady-state throughput ({unit}/s, log scale)")
     axis.set_yscale("log")
     axis.yaxis.set_major_formatter(ScalarFormatter())
     axis.yaxis.set_minor_formatter(ScalarFormatter())
@@ -1047,6 +1132,14 @@ def step_path_text(settings):
     return f"callables (measure {measure})"
 
 
+def steps_note(args):
+    """How many steps each trial ran, in a few words."""
+    if args.steps is not None:
+        return f"{args.steps} steps per trial"
+    return (f"steps per trial: until {args.steady_steps} follow the last re-plan, at most "
+            f"{args.max_steps}")
+
+
 def command_line(experiment, argv=None):
     """The command that ran this search, as typed (script path relative to the repository)."""
     args = sys.argv[1:] if argv is None else argv
@@ -1066,8 +1159,12 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
     tfmem_mode = (f"partition_size=auto (budget mode, budget "
                   f"{args.budget or args.device_memory} MiB)"
                   if args.partition_size == "auto" else f"partition_size={args.partition_size}")
-    notes = [f"model: {model}; {args.steps} steps per trial, throughput = batch / median time "
-             "of the steps after the first, at the max size",
+    notes = [f"model: {model}; {steps_note(args)}; each system at its own max size: the first "
+             "step, the re-plans after it (tfmem: steps that planned the request again), the "
+             f"steady-state step = the median of the steps after the last re-plan (at least "
+             f"{args.steady_steps}), throughput = batch / steady step, ms per "
+             f"{experiment.work_unit} = steady step / ({experiment.size} x batch), and that "
+             "over plain TensorFlow's at plain's own max size",
              f"systems: tf = TensorFlow defaults; grappler = memory_optimization "
              f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
              f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
@@ -1176,7 +1273,7 @@ def _search_and_report(experiment, args):
             return 1
         args.device_memory = cap_info["cap_mib"]
     say(f"{experiment.title}: searching the largest {experiment.size} under "
-        f"{args.device_memory} MiB, batch {args.batch_size}, {args.steps} steps per trial, "
+        f"{args.device_memory} MiB, batch {args.batch_size}, {steps_note(args)}, "
         f"trial limit {args.trial_timeout:.0f} s; plain TensorFlow "
         f"{child_env.kernel_path(False)}, tfmem {child_env.kernel_path(bool(args.onednn))}")
     summaries = search_systems(experiment, args, out=say)
@@ -1186,7 +1283,7 @@ def _search_and_report(experiment, args):
     paths = write_reports(experiment, args, summaries, seconds,
                           out=lambda line: print(line, file=sys.stderr), extra=extra,
                           cap_info=cap_info, started_from=started_from)
-    print(markdown_table(summaries, experiment.size, experiment.unit))
+    print(markdown_table(summaries, experiment.size, experiment.unit, experiment.work_unit))
     print()
     if extra is not None:
         print(extra.markdown.rstrip())

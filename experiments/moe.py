@@ -203,13 +203,14 @@ EXPERIMENT = common.Experiment(
     # here are 256-512 KiB ([tokens, d_model], [tokens, d_ff]), under tfmem's default
     # swap_min_bytes of 1 MiB, so the threshold is scaled down with the model.
     defaults=dict(layers=2, d_model=64, d_ff=128, heads=4, seq_len=128, vocab=256, top_k=2,
-                  learning_rate=0.01, seed=0, batch_size=8, steps=5, partition_size=200,
+                  learning_rate=0.01, seed=0, batch_size=8, partition_size=200,
                   swap_min_bytes=128 << 10, trial_timeout=600.0),
     # --quick caps the device at plain TensorFlow's peak at 12 experts (the paper's plain
     # maximum), measured on the machine at hand.
-    quick=dict(cap_base=12, batch_size=8, steps=3, start=4, trial_timeout=60.0,
+    quick=dict(cap_base=12, batch_size=8, max_steps=12, start=4, trial_timeout=60.0,
                tolerance=0.1, search_time=240.0),
     unit="pairs",
+    work_unit="expert-pair",
     report=placement_report,
 )
 

@@ -2,7 +2,7 @@
 
 One process, the BFC allocator far above the step (no cap), tfmem with the
 experiment's settings and `measure="every"` (callables: partial runs return no
-step statistics); after `--steps` steps, `memory_report()`'s per-partition
+step statistics); after `--steps` steps (default 3), `memory_report()`'s per-partition
 figures of the last step and the allocator's resident bytes.  This is how a
 trial that ran out of device memory at a fixed partition size is compared
 with what tfmem predicted for it.
@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 MIB = 1 << 20
+DEFAULT_STEPS = 3  # without --steps (the experiments' trials adapt theirs; this one need not)
 
 
 def main(argv=None):
@@ -34,7 +35,7 @@ def main(argv=None):
     tfs = tfmem.TFMemSession(sess, **common.tfmem_settings(args, measure="every"))
     sess.run(model.init)
     after_init = accelerator.device_memory("CPU:0")["current"]
-    for _ in range(args.steps):
+    for _ in range(args.steps or DEFAULT_STEPS):
         tfs.run([model.train_op, model.loss], feed_dict=model.feed)
     report = tfs.memory_report()
     print(f"{known.model} {experiment.size} {args.size}, partition_size {args.partition_size}: "

@@ -142,14 +142,15 @@ EXPERIMENT = common.Experiment(
     script=__file__,
     add_arguments=add_arguments,
     model_args=("width", "image", "classes", "seed"),
-    defaults=dict(width=16, image=64, classes=10, seed=0, batch_size=16, steps=5,
+    defaults=dict(width=16, image=64, classes=10, seed=0, batch_size=16,
                   trial_timeout=600.0),
     # --quick caps the device at plain TensorFlow's peak at 16 layers, measured on the
     # machine at hand (the kernel path moves it: convolution scratch buffers).
     # The searches start there (plain TensorFlow fits it by construction).
-    quick=dict(cap_base=16, start=16, batch_size=16, steps=3, trial_timeout=60.0, tolerance=0.1,
-               search_time=240.0),
+    quick=dict(cap_base=16, start=16, batch_size=16, max_steps=12, trial_timeout=60.0,
+               tolerance=0.1, search_time=240.0),
     unit="images",
+    work_unit="layer-image",
 )
 
 

@@ -1,4 +1,4 @@
-"""Smoke tests of the experiments (experiments/common.py, experiments/resnet.py).
+"""Smoke tests of the experiments (experiments/common.py, steady.py, resnet.py, ...).
 
 One tiny ResNet trial per system, each in its own process as the search runs
 them (the emulated cap must be set before TensorFlow starts), plus the search
@@ -12,6 +12,8 @@ both peaks of so small a model.)  The three trials run concurrently.
 import csv
 import json
 import math
+import os
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +26,14 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
 import resnet  # noqa: E402  pylint: disable=wrong-import-position
+import steady  # noqa: E402  pylint: disable=wrong-import-position
 
 MIB = 1 << 20
 CAP = 256
-# Threads pinned, so that the peaks do not depend on the machine's core count.
-TINY = ["--device-memory", str(CAP), "--steps", "2", "--image", "32", "--batch-size", "8",
-        "--inter-op-threads", "1", "--intra-op-threads", "1"]
+# Threads pinned, so that the peaks do not depend on the machine's core count.  Steps
+# adapt: the first, then 2 steady ones after the last re-plan (at most 4 steps).
+TINY = ["--device-memory", str(CAP), "--steady-steps", "2", "--max-steps", "4", "--image", "32",
+        "--batch-size", "8", "--inter-op-threads", "1", "--intra-op-threads", "1"]
 # Partitions of 40 ops (the 8-layer step has several hundred) and every boundary
 # tensor eligible for swapping: the trial runs a partitioned, swapped step.
 TFMEM_PARTITIONED = ["--partition-size", "40", "--swap-min-bytes", "0"]
@@ -55,12 +59,30 @@ def test_one_trial_per_system_prints_its_json_result(trials, system):
     assert result["system"] == system
     assert (result["size_name"], result["size"], result["index"]) == ("layers", 8, 1)
     assert result["device_memory_mib"] == CAP
-    assert result["batch_size"] == 8 and result["steps"] == 2
+    assert result["batch_size"] == 8
     assert result["parameters"] == resnet.parameters(8) > 0
-    assert len(result["losses"]) == 2 and all(math.isfinite(v) for v in result["losses"])
+    assert len(result["losses"]) == result["steps"] and all(math.isfinite(v)
+                                                             for v in result["losses"])
     assert result["peak_bytes"] > 0  # TensorFlow's BFC allocator keeps figures on every path
-    assert result["throughput"] > 0
     assert result["state_bytes"] > 4 * result["parameters"]  # weights, momentum, BN averages
+
+
+@pytest.mark.parametrize("system", common.SYSTEMS)
+def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system):
+    """The first step, the re-plans and the steady state (the median of the steps after the
+    last re-plan), from the trial's own step times; it stops once it has 2 steady steps."""
+    result = trials[system]
+    times = result["step_times"]
+    # no re-plans: plain TensorFlow, and tfmem at a fixed partition size learns nothing
+    assert result["replans"] == len(result["replan_steps"]) == result["recompiles"] == 0
+    assert result["steps"] == len(times) == 3
+    assert result["first_step_seconds"] == times[0]
+    assert result["steady_step_count"] == 2
+    assert result["steady_seconds"] == statistics.median(times[-2:])
+    assert result["throughput"] == pytest.approx(8 / result["steady_seconds"])
+    assert result["steady_ms_per_unit"] == pytest.approx(
+        result["steady_seconds"] * 1000 / (8 * 8))  # per layer-image: 8 layers, batch 8
+    assert result["work_unit"] == "layer-image"
 
 
 def test_systems_are_what_they_say(trials):
@@ -97,12 +119,116 @@ def test_single_trial_command_line_exit_code_and_json():
     assert proc.returncode == 2 and "even" in proc.stderr  # 9 layers do not exist
 
 
+# --------------------------------------------------------------------------
+# steady.py: which steps are steady, and seeing a re-plan through TFMemSession's listener
+
+
+def test_the_steady_state_is_the_median_after_the_last_replan():
+    times = [9.0, 4.0, 1.0, 1.2, 3.0, 1.1, 0.9, 1.0, 1.3, 1.0]
+    planned = [True, True, False, False, True, False, False, False, False, False]
+    split = steady.split(times, planned, compiled=[True, True, False, False, False])
+    assert split["first_step_seconds"] == 9.0
+    assert split["replans"] == 2 and split["replan_steps"] == [1, 4]
+    assert split["recompiles"] == 1  # step 1 compiled its new plan, step 4 kept its plan
+    assert split["steady_step_count"] == 5
+    assert split["steady_seconds"] == statistics.median(times[5:])
+    # fewer than the steady steps asked for after the last re-plan: not measured
+    assert steady.split(times, planned, steady_steps=6)["steady_seconds"] is None
+    assert steady.split(times[:8], planned)["steady_seconds"] is None
+    # plain TensorFlow: no listener, only the first step sets up
+    assert steady.split(times, [])["steady_step_count"] == len(times) - 1
+    assert steady.split([], [])["first_step_seconds"] is None
+    assert steady.ms_per_unit(0.5, 10, 20) == pytest.approx(2.5)  # 500 ms / 200 units
+    assert steady.ms_per_unit(None, 10, 20) is None
+
+
+def test_a_trial_runs_until_enough_steps_follow_the_last_replan():
+    assert not steady.done([True, False, False], None, 20, steady_steps=3)
+    assert steady.done([True, False, False, False], None, 20, steady_steps=3)
+    assert not steady.done([True, False, False, False, True, False], None, 20, steady_steps=3)
+    assert steady.done([True] * 6, None, 6, steady_steps=3)  # bounded by max_steps
+    assert steady.done([True, True], 2, 20) and not steady.done([True], 2, 20)  # --steps N
+
+
+REPLAN_SCRIPT = r"""
+import json, logging, os, sys, tempfile
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, sys.argv[1])
+import tfmem
+tfmem.emulate_accelerator(512)
+import tensorflow as tf
+import steady
+from tfmem.cli import models
+from tfmem.memory import scratch
+tf1 = tf.compat.v1
+config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+model = models.resnet(blocks=(1, 1, 1), image=16)
+feed, fetches = model.feed(8), [model.train, model.loss]
+sess = tf1.Session(graph=model.graph, config=config)
+tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+# A stale kernel scratch cache (every kernel without scratch): the first step measures
+# over its prediction and budget mode plans the request again before the next step.
+view = tfmem.TFMemSession(sess, partition_size=100000).plan(fetches, feed).view
+cache = os.path.join(tempfile.mkdtemp(), "kernels.json")
+scratch.write_stale_cache(cache, model.graph, view, {t.name: v.shape for t, v in feed.items()},
+                          sess)
+os.environ[scratch.CACHE_ENV] = cache
+records = []
+handler = logging.Handler()
+handler.emit = lambda record: records.append(record.getMessage())
+logging.getLogger("tfmem").addHandler(handler)
+logging.getLogger("tfmem").setLevel(logging.INFO)
+tfs = tfmem.TFMemSession(sess, device_memory_budget="256MiB")
+watch = steady.ReplanWatch(tfs)
+logs = []
+for step in range(5):
+    records.clear()
+    tfs.run(fetches, feed if step < 3 else model.feed(4))  # a new batch size at step 3
+    logs.append(list(records))
+print(json.dumps(dict(planned=watch.planned, compiled=watch.compiled, logs=logs)))
+"""
+
+
+def test_the_replan_watch_sees_budget_mode_plan_again():
+    """A real budget-mode session: the step after one that learned plans again (here the
+    same plan, predicted anew: nothing compiled), as tfmem's own log says; a new feed
+    shape plans and compiles; the steps between plan nothing."""
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TFMEM_SCRATCH_CACHE", None)
+    proc = subprocess.run([sys.executable, "-c", REPLAN_SCRIPT, str(ROOT / "experiments")],
+                          capture_output=True, text=True, timeout=300, check=False, env=env,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    learned = ["planning the request again" in " ".join(lines) for lines in out["logs"]]
+    assert learned[0], out["logs"][0]  # the stale cache made the first step learn
+    assert out["planned"] == [True] + learned[:2] + [True, False]
+    assert out["planned"] == [True, True, False, True, False]
+    assert out["compiled"][0] and out["compiled"][3] and not out["compiled"][2]
+    assert steady.split([1.0] * 5, out["planned"], out["compiled"])["replan_steps"] == [1, 3]
+
+
 def test_layers_map_to_third_stage_blocks():
     assert [resnet.layers_of(k) for k in (1, 2, 25)] == [8, 10, 56]
     assert [resnet.blocks_of(n) for n in (8, 10, 56)] == [1, 2, 25]
     for bad in (6, 7, 9):
         with pytest.raises(ValueError):
             resnet.blocks_of(bad)
+
+
+def test_steps_adapt_unless_fixed_and_reach_the_trial():
+    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    assert args.steps is None and args.steady_steps == steady.STEADY_STEPS == 5
+    options = common.trial_options(resnet.EXPERIMENT, args)
+    assert "--steps" not in options
+    assert options[options.index("--steady-steps") + 1] == "5"
+    assert options[options.index("--max-steps") + 1] == str(args.max_steps)
+    fixed = common.trial_options(resnet.EXPERIMENT,
+                                 common.parse_args(resnet.EXPERIMENT, ["--quick", "--steps", "7"]))
+    assert fixed[fixed.index("--steps") + 1] == "7"
+    with pytest.raises(SystemExit):  # the first step is never steady: max must exceed
+        common.parse_args(resnet.EXPERIMENT, ["--quick", "--steady-steps", "5",
+                                              "--max-steps", "5"])
 
 
 def test_parse_args_defaults_and_quick():
@@ -124,13 +250,17 @@ def test_parse_args_defaults_and_quick():
 # the search, on a fake trial
 
 
-def _fake(limit, calls):
+def _fake(limit, calls, seconds_per_layer=0.001):
     def trial(k):
         calls.append(k)
-        return dict(index=k, size=resnet.layers_of(k), system="tf", size_name="layers",
-                    ok=k <= limit, status="ok" if k <= limit else "oom",
+        size, ok = resnet.layers_of(k), k <= limit
+        steady_seconds = seconds_per_layer * size if ok else None
+        return dict(index=k, size=size, system="tf", size_name="layers",
+                    ok=ok, status="ok" if ok else "oom",
                     throughput=100.0 / k, parameters=1000 * k, peak_bytes=k * MIB,
-                    state_bytes=k * MIB // 4, error=None if k <= limit else "OOM")
+                    state_bytes=k * MIB // 4, error=None if ok else "OOM",
+                    first_step_seconds=1.0 + k, replans=k % 3, steady_seconds=steady_seconds,
+                    steady_ms_per_unit=steady.ms_per_unit(steady_seconds, size, 16))
     return trial
 
 
@@ -194,10 +324,13 @@ def test_find_max_respects_max_size_and_trial_budget():
 
 
 def _summaries():
+    """tf, grappler and tfmem searches on fake trials; tfmem's steady step costs 1.5x plain's
+    per layer."""
     args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
     summaries = []
-    for system, limit in (("tf", 6), ("grappler", 5), ("tfmem", 30)):
-        outcome = common.find_max(_fake(limit, []), 1, resnet.layers_of)
+    for system, limit, per_layer in (("tf", 6, 0.002), ("grappler", 5, 0.002),
+                                     ("tfmem", 30, 0.003)):
+        outcome = common.find_max(_fake(limit, [], per_layer), 1, resnet.layers_of)
         for t in outcome["trials"]:
             t["system"] = system
         summaries.append(common.summarise(resnet.EXPERIMENT, args, system, outcome))
@@ -212,13 +345,59 @@ def test_summary_rows_and_result_line():
     assert common.result_line(summaries) == "RESULT system=tfmem max=66 ratio=3.67"
 
 
+def test_the_table_reports_first_step_replans_and_steady_cost_against_plain():
+    _, summaries = _summaries()
+    tf_row, _, tfm_row = common.table_rows(summaries)
+    tfm = summaries[2]
+    assert (tfm_row["first_step_seconds"], tfm_row["replans"]) == (31.0, 0)  # index 30
+    assert tfm_row["steady_seconds"] == round(tfm["steady_seconds"], 3)
+    assert tfm_row["throughput"] == round(16 / tfm["steady_seconds"], 2)
+    # per layer-image at each one's own max size: tfmem at 66 layers, plain at 18
+    tfm_cost = tfm["steady_seconds"] * 1000 / (66 * 16)
+    plain_cost = summaries[0]["steady_seconds"] * 1000 / (18 * 16)
+    assert tfm_row["steady_ms_per_unit"] == round(tfm_cost, 4)
+    assert tfm_row["vs_plain"] == round(tfm_cost / plain_cost, 2) == 1.5
+    assert tf_row["vs_plain"] == 1.0
+    table = common.markdown_table(summaries, "layers", "images")
+    head, _, *rows = table.splitlines()
+    for column in ("first step s", "re-plans", "steady step s", "steady images/s",
+                   "steady ms per layer-image", "vs plain at plain's max"):
+        assert column in head
+    assert rows[2].startswith(
+        f"| tfmem | 16 | 66 | 30,000 | 31.00 | 0 | {tfm['steady_seconds']:.3f} |")
+    assert "| 1.50x |" in rows[2] and "| 1.00x |" in rows[0]
+
+
+def test_a_summary_without_steady_figures_shows_them_as_not_measured():
+    """Result files written before trials measured a steady state keep rendering: their
+    steady-state cells are "-"."""
+    _, summaries = _summaries()
+    for summary in summaries:
+        for key in ("replans", "steady_seconds", "steady_ms_per_unit", "steady_step_count",
+                    "work_unit"):
+            del summary[key]
+    rows = common.markdown_table(summaries, "layers", "images", "layer-image").splitlines()[2:]
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[5:10] == ["-"] * 5  # re-plans, steady s, steady/s, ms per unit, vs plain
+        assert cells[4] != "-"  # the first step was recorded
+    sys.path.insert(0, str(ROOT / "tools"))
+    import results_tables  # pylint: disable=import-outside-toplevel
+    args, _ = _summaries()
+    data = dict(settings=vars(args), summaries=summaries, seconds=1.0, result="RESULT x")
+    block = results_tables.experiment_block(json.loads(json.dumps(data, default=str)),
+                                            "resnet-old")
+    assert "steady ms per layer-image" in block and "| tfmem | 16 | 66 |" in block
+
+
 def test_markdown_csv_and_plot_written(tmp_path):
     args, summaries = _summaries()
     args.out_dir, args.tag = tmp_path, "fake"
     paths = common.write_reports(resnet.EXPERIMENT, args, summaries, 12.0, out=lambda _: None)
     markdown = (tmp_path / "resnet-fake.md").read_text()
     header = markdown.splitlines()[2]
-    for column in ("system", "batch", "max layers", "parameters", "throughput (images/s)"):
+    for column in ("system", "batch", "max layers", "parameters", "steady images/s",
+                   "steady ms per layer-image", "vs plain at plain's max"):
         assert column in header
     assert "| tfmem | 16 | 66 |" in markdown
     assert "RESULT system=tfmem max=66 ratio=3.67" in markdown
@@ -226,6 +405,7 @@ def test_markdown_csv_and_plot_written(tmp_path):
         rows = list(csv.DictReader(handle))
     assert [r["system"] for r in rows] == ["tf", "grappler", "tfmem"]
     assert rows[2]["max_size"] == "66" and rows[0]["parameters"] == "6000"
+    assert rows[2]["vs_plain"] == "1.5" and rows[2]["replans"] == "0"
     with open(tmp_path / "resnet-fake-trials.csv", newline="") as handle:
         assert len(list(csv.DictReader(handle))) == sum(s["trials"] for s in summaries)
     saved = json.loads((tmp_path / "resnet-fake.json").read_text())
@@ -343,6 +523,10 @@ def test_moe_trials_train_the_same_losses(moe_trials):
     # Same graph, seeds and data: partitioned and swapped, tfmem computes the same step.
     assert tfm_result["losses"] == pytest.approx(tf_result["losses"], rel=1e-5)
     assert info["step_paths"] == ["callables"] * 2  # measured steps (measure "sample")
+    # --steps 2 is a fixed count: fewer steady steps than the 5 a steady state needs
+    assert tfm_result["steps"] == 2 and tfm_result["steady_step_count"] == 1
+    assert tfm_result["steady_seconds"] is None and tfm_result["throughput"] is None
+    assert tfm_result["first_step_seconds"] == tfm_result["step_times"][0]
 
 
 def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):

@@ -60,6 +60,15 @@ def _provenance(info):
     return provenance.describe(info) if info else "provenance not recorded"
 
 
+def _work_unit(script):
+    """The unit of work of experiments/<script>.py (its EXPERIMENT.work_unit), or None."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    try:
+        return importlib.import_module(script).EXPERIMENT.work_unit
+    except (ImportError, AttributeError):
+        return None
+
+
 def experiment_block(data, name):
     """The markdown of an experiment's result file."""
     import common  # pylint: disable=import-outside-toplevel
@@ -85,7 +94,7 @@ def experiment_block(data, name):
     lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
              f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
-             common.markdown_table(summaries, size_name, unit), ""]
+             common.markdown_table(summaries, size_name, unit, _work_unit(script)), ""]
     failures = [f"- {s['system']} at {size_name} {s['first_failing_size']}: {s['failure']}"
                 for s in summaries if s.get("first_failing_size") and s.get("failure")]
     lines += failures + ([""] if failures else [])
