@@ -32,12 +32,13 @@ import tensorflow as tf  # noqa: E402
 
 import tfmem  # noqa: E402
 from tfmem.cli import models  # noqa: E402
-from tfmem.cli.provenance import ROOT, provenance  # noqa: E402
+from tfmem.cli.provenance import provenance  # noqa: E402
 from tfmem.memory import budget  # noqa: E402
 from tfmem.memory.sizing import Sizing  # noqa: E402
 from tfmem.plan.analyse import analyse  # noqa: E402
 
 BATCH = 16
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _timed(function):
@@ -119,7 +120,7 @@ def main(argv=None):
                         help="third-stage blocks of each size (default: about 1k, 10k and "
                              "100k ops)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", default=os.path.join(ROOT, "experiments", "results",
+    parser.add_argument("--json", default=os.path.join(REPOSITORY, "experiments", "results",
                                                       "planning.json"))
     args = parser.parse_args(argv)
     started = provenance("onednn" if os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1" else "eigen")
