@@ -329,7 +329,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                              chunks=True, **options)
             if within_budget(trace):
                 return plan, trace
-    distances = list(range(policy.swap_distance, -1, -1)) if policy.mode == "auto" else [None]
+    distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
     working_sets = {}  # a partition's working set, for every candidate plan that has it
 
@@ -341,21 +341,15 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                               chunks=True, working_sets=working_sets, **options)
 
     def attempt(size):
-        """The best-fitting plan at this partition size, or None.  The shortest distance
-        (the most swapping) is tried first: where even it does not fit, no distance does
-        (a swapped tensor holds no device memory until its upload), so a size that does not
-        fit costs one prediction; where it fits, the longest distance that fits wins."""
+        """The best-fitting plan at this partition size, or None: the longest swap
+        distance that fits (its partitions are simulated once for all distances)."""
         if size not in tried:
             tried[size] = None
-            most_swapped = candidate(size, distances[-1])
-            if within_budget(most_swapped[1]):
-                for distance in distances[:-1]:
-                    fitted = candidate(size, distance)
-                    if within_budget(fitted[1]):
-                        tried[size] = fitted
-                        break
-                else:
-                    tried[size] = most_swapped
+            for distance in distances:
+                fitted = candidate(size, distance)
+                if within_budget(fitted[1]):
+                    tried[size] = fitted
+                    break
         return tried[size]
 
     whole = max(len(view.nodes), 1)
