@@ -9,10 +9,11 @@ kernel scratch is part of the budget figure) is planned in a fresh TFMemSession:
 
 - fixed: `partition_size=200`, `tfs.plan(...)` (analysis, partitioning, the plan);
 - budget: a `device_memory_budget` halfway between the predicted peaks of one op per
-  partition and of the whole step, so that budget mode has to search; its time is split into analysis, sizing (tensor
-  shapes, kernel scratch measured by running kernels), and the search (`budget.fit`).
+  partition and of the whole step, so that budget mode has to search; its time is split
+  into analysis, sizing (tensor shapes, kernel scratch measured by running kernels) and
+  the search (`budget.fit`).
 
-Each figure is the best of `--repeats` runs (wall and CPU seconds).  The growth
+Each figure is the best of `--repeats` runs (wall and CPU seconds); sizing runs once.  The growth
 exponent is the slope of log(seconds) against log(ops) between the smallest and the
 largest size (1.0: linear).  Results go to experiments/results/planning.json with
 their provenance.
@@ -114,6 +115,24 @@ def exponent(rows, key):
     return math.log(large[key] / small[key]) / math.log(large["ops"] / small["ops"])
 
 
+def markdown(data, provenance_text):
+    """The result file's table: seconds per size in both modes, and the growth exponents."""
+    blocks = " ".join(str(row["blocks"]) for row in data["rows"])
+    lines = [f"`python tools/bench_planning.py --blocks {blocks}` ({provenance_text}):", "",
+             "| ops | fixed: plan s | budget: analyse s | sizing s | search s | total s | "
+             "partitions | CPU s fixed / budget |", "|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        lines.append(f"| {row['ops']} | {row['fixed_seconds']:.2f} | "
+                     f"{row['analyse_seconds']:.2f} | {row['sizing_seconds']:.2f} | {row['search_seconds']:.2f} | "
+                     f"{row['budget_seconds']:.2f} | {row['budget_partitions']} | "
+                     f"{row['fixed_cpu_seconds']:.2f} / {row['budget_cpu_seconds']:.2f} |")
+    growth = data["growth_exponent"]
+    lines += ["", "Growth exponent (seconds against ops, smallest to largest size): fixed "
+              f"{growth['fixed_seconds']:.2f}, budget search {growth['search_seconds']:.2f}, "
+              f"budget total {growth['budget_seconds']:.2f}.", ""]
+    return "\n".join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[5, 57, 570],
@@ -139,7 +158,7 @@ def main(argv=None):
     for key, value in growth.items():
         if value is not None:
             print(f"growth exponent of {key}: {value:.2f}")
-    result = dict(provenance=started, rows=rows, growth_exponent=growth)
+    result = dict(kind="planning", provenance=started, rows=rows, growth_exponent=growth)
     with open(args.json, "w") as out:
         json.dump(result, out, indent=1)
     print(f"RESULT planning ops={rows[-1]['ops']} fixed={rows[-1]['fixed_seconds']}s "

@@ -337,6 +337,9 @@ def block(name):
         return trials_block(data)
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
+    if data.get("kind") == "planning":
+        import bench_planning  # pylint: disable=import-outside-toplevel
+        return bench_planning.markdown(data, _provenance(data.get("provenance")))
     return experiment_block(data, name)
 
 
