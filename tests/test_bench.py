@@ -125,3 +125,21 @@ def test_bench_refusals_times_both_refusals():
     names = dict(bench.targets({"refusals": refusals}))
     assert names["budget_refusal_s"] == refusals["budget_refusal"]
     assert "host_guard_refusal_s" in names
+
+
+def test_planning_bench_searches_and_reports_growth(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "tfmem_bench_planning", os.path.join(ROOT, "tools", "bench_planning.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "planning.json"
+    assert module.main(["--blocks", "1", "2", "--repeats", "1", "--json", str(out)]) == 0
+    import json  # pylint: disable=import-outside-toplevel
+    data = json.loads(out.read_text())
+    small, large = data["rows"]
+    assert small["ops"] < large["ops"]
+    for row in data["rows"]:  # the budget lies below the whole step: budget mode searched
+        assert row["budget_partitions"] > 1 and row["fixed_partitions"] >= 1
+        assert row["search_seconds"] > 0 and row["fixed_seconds"] > 0
+    assert data["growth_exponent"]["search_seconds"] is not None
+    assert "| ops |" in module.markdown(data, "provenance")
