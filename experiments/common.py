@@ -138,6 +138,8 @@ class Experiment:
     baseline: str = "tf"
     trial: object = None
     system_notes: object = None
+    # (experiment, args, out) -> None: may move args.cap_base before the cap is derived.
+    choose_cap_base: object = None
 
 
 @dataclasses.dataclass
@@ -965,7 +967,8 @@ def derive_cap(experiment, args, out=None):
     uncapped.device_memory = None
     measured, failed = [], None
     while len(measured) < CAP_TRIALS and failed is None:
-        trial = spawn_trial(experiment, uncapped, "tf", args.cap_base, args.trial_timeout)
+        trial = spawn_trial(experiment, uncapped, experiment.baseline, args.cap_base,
+                             args.trial_timeout)
         if trial.get("ok") and trial.get("peak_bytes"):
             measured.append(trial)
         else:
@@ -1186,6 +1189,8 @@ def _search_and_report(experiment, args):
     started, started_from = time.perf_counter(), tfmem_provenance.source()
     cap_info = None
     if args.device_memory is None:
+        if experiment.choose_cap_base is not None:
+            experiment.choose_cap_base(experiment, args, out=say)
         cap_info = derive_cap(experiment, args, out=say)
         if cap_info["cap_mib"] is None:
             print(f"{experiment.title}: no cap, so no search: {cap_info['error']}")

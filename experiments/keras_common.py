@@ -22,6 +22,7 @@ per sample at its largest size against plain's at plain's largest, the
 losses at a size both trained, and what filled the device at the limit.
 """
 
+import argparse
 import os
 import re
 import statistics
@@ -64,8 +65,9 @@ def system_notes(args):
     return ["systems: plain = model.fit; remat-<mode> = the model built under "
             "keras.RematScope(mode=<mode>) (list_of_layers: the model's blocks, or its "
             "convolutions where it has none); recompute-blocks = tf.recompute_grad around each "
-            "block; tfmem = tfmem.keras.partitioned(model, partition_size=\"auto\"): budget mode, "
-            "the emulated cap as the budget; tfmem+remat-activations = both",
+            "block; tfmem = tfmem.keras.partitioned(model, **" + repr(tfmem_options(args))
+            + ") (partition_size auto: budget mode, the emulated cap as the budget unless "
+            "--budget); tfmem+remat-activations = both",
             "every trial: Adam (1e-3), sparse categorical cross-entropy, jit_compile=False, "
             f"{args.steps} steps of one seeded batch (one epoch each)"]
 
@@ -107,6 +109,17 @@ def steady_times(step_times, partitions):
         if partitions[index] != partitions[index - 1]:
             start = index + 1
     return step_times[start:]
+
+
+def tfmem_options(args):
+    """tfmem.keras.partitioned's keyword arguments for the trial settings in `args`."""
+    options = dict(partition_size=args.partition_size, swap=args.swap,
+                   swap_distance=args.swap_distance, prefetch=args.prefetch)
+    if args.swap_min_bytes is not None:
+        options["swap_min_bytes"] = args.swap_min_bytes
+    if args.budget is not None:
+        options["device_memory_budget"] = args.budget * MIB
+    return options
 
 
 def run_keras_trial(experiment, args):
@@ -156,8 +169,10 @@ def run_keras_trial(experiment, args):
         result["parameters"] = int(model.count_params())
         step = None
         if common.is_tfmem(system):
-            tfmem.keras.partitioned(model, partition_size="auto")
-            result["tfmem"] = dict(partition_size="auto", budget_mib=result["device_memory_mib"])
+            options = tfmem_options(args)
+            tfmem.keras.partitioned(model, **options)
+            result["tfmem"] = dict(options, budget_mib=args.budget or (
+                result["device_memory_mib"] if args.partition_size == "auto" else None))
         result["build_seconds"] = time.perf_counter() - started
 
         class Measure(keras.callbacks.Callback):
@@ -276,7 +291,8 @@ def comparison(summaries, cap_mib=None):
                                           / plain_best["seconds_per_sample"], 2)
             row.update(state_mib=_mib(best.get("state_bytes")),
                        largest_op_mib=_mib(best.get("largest_op_bytes")),
-                       largest_op=best.get("largest_op"), scratch_mib=_mib(best.get("scratch_bytes")))
+                       largest_op=best.get("largest_op"),
+                       scratch_mib=_mib(best.get("scratch_bytes")))
             if cap_mib and best.get("state_bytes"):
                 row["state_share"] = round(best["state_bytes"] / MIB / cap_mib, 2)
         # Losses at the largest size both this system and plain fit trained.
@@ -327,12 +343,62 @@ def report(args, summaries, stem, out=None):  # pylint: disable=unused-argument
         "state: weights + gradients + optimizer slots; largest op: the largest inputs + "
         "outputs of one op in the traced train step (static shapes); kernel scratch: tfmem's "
         "measured largest per partition (tfmem systems only)"]
+    fraction = getattr(args, "state_fraction", None)
+    if fraction:
+        probes = ", ".join(f"{p['size']}: " + (f"{p['share']:.2f}" if p["share"] else p["status"])
+                           for p in getattr(args, "state_probes", []))
+        notes.append(f"setting: state at most {fraction:g} of plain fit's peak at the cap's "
+                     f"base {size_name} {args.cap_base} (state / plain peak per base tried: "
+                     f"{probes})")
+    else:
+        notes.append("setting: the cap's base size as given; state / cap is in the table")
     markdown = "\n".join([f"**Against plain fit (cap {args.device_memory} MiB)**", "",
                           comparison_markdown(rows, size_name), ""]
                          + [f"- {note}" for note in notes]
                          + [f"- {row['system']}: largest op {row['largest_op']}"
                             for row in rows if row["largest_op"]])
     return common.Extra(markdown=markdown, data=dict(comparison=rows))
+
+
+# --------------------------------------------------------------------------
+# the setting: how much of the cap the state fills
+
+
+STATE_PROBES = 6  # doublings of the base size tried for --state-fraction
+
+
+def add_setting_arguments(group):
+    group.add_argument("--state-fraction", type=float, metavar="F",
+                       help="without --device-memory: double --cap-base until the state "
+                            "(weights, gradients, optimizer slots) is at most F of plain fit's "
+                            "peak there, then derive the cap at that size (0.1: state a tenth "
+                            "of the cap, as on the GPUs of the papers; 0.33: a third)")
+
+
+def choose_cap_base(experiment, args, out=None):
+    """--state-fraction: the smallest base size (--cap-base doubled) at which the state is at
+    most that fraction of plain fit's peak; args.cap_base moves there, args.state_probes
+    records the trials."""
+    fraction = getattr(args, "state_fraction", None)
+    args.state_probes = []
+    if not fraction:
+        return
+    uncapped = argparse.Namespace(**vars(args))
+    uncapped.device_memory = None
+    index = experiment.index_of(args.cap_base)
+    for _ in range(STATE_PROBES):
+        size = experiment.sizes(index)
+        trial = common.spawn_trial(experiment, uncapped, BASELINE, size, args.trial_timeout)
+        share = (trial["state_bytes"] / trial["peak_bytes"]
+                 if trial.get("ok") and trial.get("peak_bytes") else None)
+        args.state_probes.append(dict(size=size, share=share, status=trial.get("status")))
+        if out:
+            out(f"state fraction: plain fit at {experiment.size}={size}: "
+                + (f"state {share:.2f} of its peak" if share else common.describe_trial(trial)))
+        if share is None or share <= fraction:
+            break
+        index *= 2
+    args.cap_base = size
 
 
 # --------------------------------------------------------------------------
@@ -347,12 +413,16 @@ def experiment(*, name, title, size, size_help, sizes, index_of, build, data, sc
     build(size, args, recompute_blocks) -> compiled Keras model; data(size, args) -> (x, y);
     remat_layer_names(args) -> the layer names keras.RematScope(mode="list_of_layers") gets.
     """
+    def arguments(group):
+        add_arguments(group)
+        add_setting_arguments(group)
+
     exp = common.Experiment(
         name=name, title=title, size=size, size_help=size_help, sizes=sizes, index_of=index_of,
-        build=build, script=script, add_arguments=add_arguments, model_args=model_args,
+        build=build, script=script, add_arguments=arguments, model_args=model_args,
         defaults=defaults, quick=quick, unit=unit, report=report, systems=systems(blocks),
         labels=dict(LABELS), baseline=BASELINE, trial=run_keras_trial,
-        system_notes=system_notes)
+        system_notes=system_notes, choose_cap_base=choose_cap_base)
     exp.data = data
     exp.remat_layer_names = remat_layer_names
     return exp
