@@ -530,8 +530,9 @@ def describe_trial(result):
     took = f" [{seconds:.0f} s]" if seconds else ""
     if result.get("ok"):
         peak = result.get("peak_bytes")
-        text = (f"{result['system']} {size}: trained {len(result['step_times'])} steps, "
-                f"{result['throughput']:.2f} {result.get('unit', 'examples')}/s"
+        rate = (f"{result['throughput']:.2f} {result.get('unit', 'examples')}/s"
+                if result.get("throughput") else "no step after the first timed")
+        text = (f"{result['system']} {size}: trained {len(result['step_times'])} steps, {rate}"
                 + (f", peak {peak / MIB:.1f} MiB" if peak else ""))
         info = result.get("tfmem") or {}
         if info.get("partitions"):
@@ -754,7 +755,10 @@ def summarise(experiment, args, system, outcome):
     info = (best or {}).get("tfmem") or {}
     return dict(
         experiment=experiment.name, system=system, label=experiment.labels[system],
-        batch_size=args.batch_size, device_memory_mib=args.device_memory,
+        # The best trial's own batch where it has one (a Keras experiment whose size knob
+        # is the batch), else the run's.
+        batch_size=(best or {}).get("batch_size") or args.batch_size,
+        device_memory_mib=args.device_memory,
         size_name=experiment.size, max_size=best["size"] if best else None,
         parameters=best["parameters"] if best else None,
         throughput=best["throughput"] if best else None, unit=experiment.unit,
@@ -779,7 +783,7 @@ def format_summary(summary):
         head = f"{summary['system']}: nothing trained"
     else:
         head = (f"{summary['system']}: max {summary['size_name']} {summary['max_size']} "
-                f"({summary['parameters']:,} parameters, {summary['throughput']:.2f} "
+                f"({summary['parameters']:,} parameters, {summary['throughput'] or 0:.2f} "
                 f"{summary['unit']}/s)")
     after = (f"; {summary['size_name']} {summary['first_failing_size']} failed: "
              f"{summary['limit_text']}" if summary["first_failing_size"] else

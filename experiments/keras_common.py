@@ -15,9 +15,10 @@ A Keras experiment (`keras_resnet50.py`, `keras_unet3d.py`,
 * ``tfmem+remat-activations``: both.
 
 The search, the cap, the child processes and the reports are those of
-`common.py`; this module adds the Keras trial (one `fit` of `--steps`
-epochs of one seeded batch, each epoch one step, so that each logged loss is
-one step's) and the report that sets each system beside plain `fit`: time
+`common.py`; this module adds the Keras trial (one `fit` of one-step epochs
+of one seeded batch, so that each logged loss is one step's: `--steps` of
+them, and more, up to EXTRA_STEPS, until STEADY_STEPS follow tfmem's last
+change of plan) and the report that sets each system beside plain `fit`: time
 per sample at its largest size against plain's at plain's largest, the
 losses at a size both trained, and what filled the device at the limit.
 """
@@ -42,6 +43,7 @@ LABELS = {"plain": "Keras model.fit",
           "tfmem": 'tfmem.keras.partitioned(partition_size="auto")',
           "tfmem+remat-activations": 'tfmem.keras.partitioned + RematScope("activations")'}
 STEADY_STEPS = 5  # steps timed after the first and after tfmem's last change of plan
+EXTRA_STEPS = 10  # at most this many steps beyond --steps, waiting for STEADY_STEPS
 
 
 def systems(blocks=True):
@@ -69,7 +71,8 @@ def system_notes(args):
             + ") (partition_size auto: budget mode, the emulated cap as the budget unless "
             "--budget); tfmem+remat-activations = both",
             "every trial: Adam (1e-3), sparse categorical cross-entropy, jit_compile=False, "
-            f"{args.steps} steps of one seeded batch (one epoch each)"]
+            f"{args.steps} steps of one seeded batch (one epoch each), more (at most "
+            f"{EXTRA_STEPS}) until {STEADY_STEPS} follow tfmem's last change of plan"]
 
 
 # --------------------------------------------------------------------------
@@ -101,6 +104,13 @@ def _working_sets(tf, concrete):
     return best
 
 
+def enough_steps(step_times, partitions, steps):
+    """Whether a trial may stop: `steps` steps run, and STEADY_STEPS after the last change of
+    plan (fewer only where `steps` leaves no room for them)."""
+    wanted = min(STEADY_STEPS, steps - 1)
+    return len(step_times) >= steps and len(steady_times(step_times, partitions)) >= wanted
+
+
 def steady_times(step_times, partitions):
     """The step times after the first step and after the last step whose plan (its partition
     count; None for a plain system) differed from the step before it."""
@@ -123,7 +133,7 @@ def tfmem_options(args):
 
 
 def run_keras_trial(experiment, args):
-    """Build the model for one system and size, fit `--steps` one-batch epochs; a dict."""
+    """Build the model for one system and size, fit one-batch epochs (enough_steps); a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.perf_counter()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -192,8 +202,13 @@ def run_keras_trial(experiment, args):
                 result["step_partitions"].append(
                     last.last_step.partitions if last is not None and last.last_step else None)
 
+            def on_epoch_end(self, epoch, logs=None):
+                # Budget mode may plan again after a measured step: time steps after it.
+                if enough_steps(result["step_times"], result["step_partitions"], args.steps):
+                    self.model.stop_training = True
+
         phase = "training"
-        model.fit(x, y, batch_size=len(x), epochs=args.steps, shuffle=False,
+        model.fit(x, y, batch_size=len(x), epochs=args.steps + EXTRA_STEPS, shuffle=False,
                   verbose=0, callbacks=[Measure()])
         result["status"], result["ok"] = "ok", True
     except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too

@@ -93,6 +93,11 @@ def test_steady_times_start_after_the_last_change_of_plan():
     times = [9.0, 1.0, 5.0, 2.0, 2.0, 2.0]
     assert keras_common.steady_times(times, [None] * 6) == times[1:]
     assert keras_common.steady_times(times, [4, 4, 6, 6, 6, 6]) == [2.0, 2.0, 2.0]
+    assert keras_common.enough_steps(times, [None] * 6, 6)
+    assert not keras_common.enough_steps(times, [4, 4, 6, 6, 6, 6], 6)  # 3 after the change
+    assert keras_common.enough_steps(times + [2.0] * 2, [4, 4, 6, 6, 6, 6, 6, 6], 6)
+    assert keras_common.enough_steps(times[:2], [None] * 2, 2)  # --steps 2: one to time
+    assert not keras_common.enough_steps(times[:2], [3, 5], 2)
 
 
 # --------------------------------------------------------------------------
