@@ -89,11 +89,20 @@ def error_text(err):
     return f"{type(err).__name__}: {common._first_line(err)}"  # pylint: disable=protected-access
 
 
+# Ops whose outputs are their inputs (no memory of their own), and ops that only read or
+# write variables: not an op working set.
+NOT_WORKING_SETS = frozenset({"Identity", "IdentityN", "StopGradient", "NoOp", "ReadVariableOp",
+                              "AssignVariableOp", "Placeholder", "Const"})
+
+
 def _working_sets(tf, concrete):
     """(largest op's inputs + outputs in bytes, its name and type) of a traced step, from the
-    static shapes (tensors of unknown size, resources and variants not counted)."""
+    static shapes (tensors of unknown size, resources and variants not counted; nor ops that
+    forward their inputs, NOT_WORKING_SETS)."""
     best = (0, None, None)
     for op in concrete.graph.get_operations():
+        if op.type in NOT_WORKING_SETS:
+            continue
         total = 0
         for tensor in list(op.inputs) + list(op.outputs):
             if tensor.dtype in (tf.resource, tf.variant) or not tensor.shape.is_fully_defined():

@@ -165,3 +165,16 @@ def test_reports_of_the_trials(trials, tmp_path):
     assert saved["provenance"]["kernel_path"]["plain"] == "oneDNN off"
     assert set(saved["provenance"]["kernel_path"]) == set(keras_transformer.EXPERIMENT.systems)
     assert np.isclose(saved["extra"]["comparison"][0]["ratio"], 1.0)
+
+
+def test_largest_working_set_skips_ops_that_forward_their_inputs():
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    @tf.function
+    def step(a, b):
+        product = tf.matmul(a, b)  # [64, 32] x [32, 16] -> [64, 16]: 12 KiB
+        return tf.identity_n([a, a, a, a, a, a, a, a, product])  # nine inputs, 74 KiB
+
+    concrete = step.get_concrete_function(tf.TensorSpec([64, 32]), tf.TensorSpec([32, 16]))
+    size, name, kind = keras_common._working_sets(tf, concrete)  # pylint: disable=protected-access
+    assert kind == "MatMul" and size == 4 * (64 * 32 + 32 * 16 + 64 * 16), name
