@@ -24,6 +24,7 @@ losses at a size both trained, and what filled the device at the limit.
 """
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -354,8 +355,31 @@ def comparison_markdown(rows, size_name):
     return "\n".join(lines)
 
 
-def report(args, summaries, stem, out=None):  # pylint: disable=unused-argument
-    """The table that sets every system beside plain fit (common.Extra)."""
+def check_losses(experiment, args, summaries, out=None):
+    """A trial at plain fit's largest size for every system that trained but never at a size
+    plain fit trained (the search starts later systems at the largest size so far), so that
+    its losses can be set beside plain's; added to the system's trials."""
+    plain = {s["system"]: s for s in summaries}.get(BASELINE)
+    if plain is None or not plain["max_size"]:
+        return
+    trained = {t["size"] for t in plain["all_trials"] if t.get("ok")}
+    for summary in summaries:
+        if not summary["max_size"] or any(t.get("ok") and t["size"] in trained
+                                          for t in summary["all_trials"]):
+            continue
+        trial = common.spawn_trial(experiment, args, summary["system"], plain["max_size"],
+                                   args.trial_timeout)
+        trial["losses_check"] = True
+        summary["all_trials"].append(trial)
+        if out:
+            out(f"losses: {common.describe_trial(trial)}")
+
+
+def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable=unused-argument
+    """The table that sets every system beside plain fit (common.Extra); with `experiment`,
+    first the trials check_losses needs."""
+    if experiment is not None:
+        check_losses(experiment, args, summaries, out)
     rows = comparison(summaries, args.device_memory)
     size_name = summaries[0]["size_name"] if summaries else "size"
     notes = [
@@ -363,7 +387,8 @@ def report(args, summaries, stem, out=None):  # pylint: disable=unused-argument
         f"last change of plan) at the system's largest {size_name}; x plain's: against plain "
         f"fit's at plain's largest",
         f"losses: the per-step losses of the largest {size_name} both the system and plain fit "
-        "trained, compared exactly",
+        "trained (a system whose search started above plain's largest gets one more trial "
+        "there), compared exactly",
         "state: weights + gradients + optimizer slots; largest op: the largest inputs + "
         "outputs of one op in the traced train step (static shapes); kernel scratch: tfmem's "
         "measured largest per partition (tfmem systems only)"]
@@ -444,9 +469,10 @@ def experiment(*, name, title, size, size_help, sizes, index_of, build, data, sc
     exp = common.Experiment(
         name=name, title=title, size=size, size_help=size_help, sizes=sizes, index_of=index_of,
         build=build, script=script, add_arguments=arguments, model_args=model_args,
-        defaults=defaults, quick=quick, unit=unit, report=report, systems=systems(blocks),
+        defaults=defaults, quick=quick, unit=unit, systems=systems(blocks),
         labels=dict(LABELS), baseline=BASELINE, trial=run_keras_trial,
         system_notes=system_notes, choose_cap_base=choose_cap_base)
     exp.data = data
+    exp.report = functools.partial(report, experiment=exp)
     exp.remat_layer_names = remat_layer_names
     return exp

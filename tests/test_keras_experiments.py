@@ -178,3 +178,27 @@ def test_largest_working_set_skips_ops_that_forward_their_inputs():
     concrete = step.get_concrete_function(tf.TensorSpec([64, 32]), tf.TensorSpec([32, 16]))
     size, name, kind = keras_common._working_sets(tf, concrete)  # pylint: disable=protected-access
     assert kind == "MatMul" and size == 4 * (64 * 32 + 32 * 16 + 64 * 16), name
+
+
+def test_a_system_never_run_at_a_size_plain_trained_gets_a_trial_there(monkeypatch):
+    args = common.parse_args(keras_transformer.EXPERIMENT, TRIAL)
+    spawned = []
+
+    def fake_trial(experiment, trial_args, system, size, timeout):
+        spawned.append((system, size))
+        return dict(system=system, size=size, ok=True, status="ok", losses=[1.0, 0.5])
+
+    def summary(system, sizes):
+        trials = [dict(system=system, size=size, ok=ok, status="ok" if ok else "oom",
+                       losses=[1.0, 0.5] if ok else []) for size, ok in sizes]
+        best = max((size for size, ok in sizes if ok), default=None)
+        return dict(system=system, max_size=best, all_trials=trials)
+
+    monkeypatch.setattr(common, "spawn_trial", fake_trial)
+    summaries = [summary("plain", [(112, True), (128, False)]),
+                 summary("recompute-blocks", [(112, True), (224, True)]),
+                 summary("tfmem", [(224, True), (448, False)]),
+                 summary("remat-full", [(224, False)])]
+    keras_common.check_losses(keras_transformer.EXPERIMENT, args, summaries)
+    assert spawned == [("tfmem", 112)]  # recompute-blocks ran at 112; remat-full trained none
+    assert summaries[2]["all_trials"][-1]["losses_check"] is True
