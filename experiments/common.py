@@ -65,6 +65,7 @@ LIMITS = {"oom": "device memory (ResourceExhaustedError)",
           "host-memory": "host memory (tfmem refused the plan)",
           "timeout": "time (trial time limit)",
           "error": "FAILURE of the run (not a size limit)",
+          "unsupported": "the system refused the model (its error is the result)",
           "search-time": "time (search time limit)",
           "max-size": "the --max-size limit",
           "max-trials": "the --max-trials limit"}
@@ -76,6 +77,12 @@ SIZE_LIMITS = ("oom", "budget", "host-memory", "timeout")
 PLAIN_SYSTEMS = ("tf", "grappler")  # run without oneDNN: its kernels crashed at a full cap
 
 
+def is_tfmem(system):
+    """True for a system that trains through tfmem ("tfmem", or "tfmem+..." combined with
+    another technique); every other system is a baseline, run without oneDNN."""
+    return system.split("+")[0] == "tfmem"
+
+
 def is_size_limit(result):
     """True when a failed trial's outcome may end a search as the system's limit.
 
@@ -84,7 +91,7 @@ def is_size_limit(result):
     crashes is a failure of the run.
     """
     status = result.get("status")
-    return status in SIZE_LIMITS or (status == "crash" and result.get("system") in PLAIN_SYSTEMS)
+    return status in SIZE_LIMITS or (status == "crash" and not is_tfmem(result.get("system", "")))
 
 
 @dataclasses.dataclass
@@ -127,6 +134,16 @@ class Experiment:
     # one unit of work: the size knob's unit times one example, e.g. "layer-image"
     work_unit: str = "size-example"
     report: object = None
+    # Experiments of other systems (the Keras ones): their names and labels, the one the
+    # RESULT line divides by, the trial that runs in a child process (experiment, args) ->
+    # result dict, and the systems notes of the report (args) -> list of lines.
+    systems: tuple = SYSTEMS
+    labels: dict = dataclasses.field(default_factory=lambda: dict(SYSTEM_LABELS))
+    baseline: str = "tf"
+    trial: object = None
+    system_notes: object = None
+    # (experiment, args, out) -> None: may move args.cap_base before the cap is derived.
+    choose_cap_base: object = None
 
 
 @dataclasses.dataclass
@@ -178,7 +195,7 @@ def build_parser(experiment):
                     f"--{size} that trains under the cap, per system, one process per trial. "
                     "--quick: the find-max run with small defaults, its table and a RESULT line.")
     run = parser.add_argument_group("what to run")
-    run.add_argument("--system", action="append", choices=SYSTEMS,
+    run.add_argument("--system", action="append", choices=experiment.systems,
                      help="tf (plain TensorFlow), grappler (TensorFlow with Grappler's memory "
                           f"optimizer at {GRAPPLER_MEMORY_OPTIMIZATION}) or tfmem; repeat for "
                           "several (--find-max: default all three)")
@@ -552,7 +569,8 @@ def describe_trial(result):
             text += f", {result['replans']} re-plans"
         text += (f", steady {result['steady_seconds']:.3f} s" if result.get("steady_seconds")
                  else ", steady state not measured" if "steady_seconds" in result
-                 else f", {result['throughput']:.2f} {result.get('unit', 'examples')}/s")
+                 else f", {result['throughput']:.2f} {result.get('unit', 'examples')}/s"
+                 if result.get("throughput") else ", no step after the first timed")
         text += f", peak {peak / MIB:.1f} MiB" if peak else ""
         info = result.get("tfmem") or {}
         if info.get("partitions"):
@@ -595,7 +613,7 @@ def spawn_trial(experiment, args, system, size, timeout):
            f"--{experiment.size.replace('_', '-')}", str(size)] + trial_options(experiment, args)
     # The cap (or, without one, the same BFC allocator far above the step, so that
     # figures exist on every kernel path) and the kernel path, both set explicitly.
-    onednn = bool(args.onednn) and system not in PLAIN_SYSTEMS
+    onednn = bool(args.onednn) and is_tfmem(system)
     env = child_env.child_env(cap_mib=args.device_memory, onednn=onednn)
     started = time.perf_counter()
     base = dict(experiment=experiment.name, system=system, size_name=experiment.size,
@@ -738,7 +756,7 @@ def find_max(trial, start, sizes, max_index=None, tolerance=0.0, max_trials=40,
 
 def search_systems(experiment, args, out=None):
     """find_max for every requested system; a list of per-system summaries."""
-    systems = args.system or list(SYSTEMS)
+    systems = args.system or list(experiment.systems)
     first = experiment.index_of(args.start) if args.start else 1
     max_index = experiment.index_of(args.max_size) if args.max_size else None
     summaries, best_so_far = [], 0
@@ -766,15 +784,19 @@ def summarise(experiment, args, system, outcome):
     failed = by_index.get(outcome["failed_at"]) if outcome["failed_at"] else None
     failure = outcome.get("failure")
     if failure is not None:  # a failure of the run, not a limit: it says so first
-        limit, failed = "error", failure
+        limit, failed = ("unsupported" if failure.get("status") == "unsupported"
+                         else "error"), failure
     elif failed is not None:
         limit = failed["status"]
     else:
         limit = outcome["stopped"]
     info = (best or {}).get("tfmem") or {}
     return dict(
-        experiment=experiment.name, system=system, label=SYSTEM_LABELS[system],
-        batch_size=args.batch_size, device_memory_mib=args.device_memory,
+        experiment=experiment.name, system=system, label=experiment.labels[system],
+        # The best trial's own batch where it has one (a Keras experiment whose size knob
+        # is the batch), else the run's.
+        batch_size=(best or {}).get("batch_size") or args.batch_size,
+        device_memory_mib=args.device_memory,
         size_name=experiment.size, max_size=best["size"] if best else None,
         parameters=best["parameters"] if best else None,
         throughput=best["throughput"] if best else None, unit=experiment.unit,
@@ -791,7 +813,7 @@ def summarise(experiment, args, system, outcome):
         work_unit=experiment.work_unit,
         first_failing_size=failed["size"] if failed else None,
         limit=limit, limit_text=LIMITS.get(limit, limit or ""),
-        failure=(failed or {}).get("error"), run_failed=failure is not None,
+        failure=(failed or {}).get("error"), run_failed=limit == "error",
         partitions=info.get("partitions"), swapped_out_mib=(
             round(info["swapped_out_bytes"] / MIB, 1) if info.get("swapped_out_bytes") is not None
             else None),
@@ -985,13 +1007,13 @@ def write_plot(summaries, path, title):
     return None
 
 
-def result_line(summaries, reason=None):
-    """RESULT system=tfmem max=<size> ratio=<tfmem max / tf max>[ reason="..."].
+def result_line(summaries, reason=None, baseline="tf"):
+    """RESULT system=tfmem max=<size> ratio=<tfmem max / baseline max>[ reason="..."].
 
     `reason`: why the run has no trustworthy result (a failure of the run), if so.
     """
     by_system = {s["system"]: s for s in summaries}
-    tfm, plain = by_system.get("tfmem"), by_system.get("tf")
+    tfm, plain = by_system.get("tfmem"), by_system.get(baseline)
     best = tfm["max_size"] if tfm else None
     ratio = (f"{best / plain['max_size']:.2f}" if best and plain and plain["max_size"]
              else "n/a")
@@ -1034,7 +1056,8 @@ def derive_cap(experiment, args, out=None):
     uncapped.device_memory = None
     measured, failed = [], None
     while len(measured) < CAP_TRIALS and failed is None:
-        trial = spawn_trial(experiment, uncapped, "tf", args.cap_base, args.trial_timeout)
+        trial = spawn_trial(experiment, uncapped, experiment.baseline, args.cap_base,
+                             args.trial_timeout)
         if trial.get("ok") and trial.get("peak_bytes"):
             measured.append(trial)
         else:
@@ -1099,12 +1122,12 @@ def cap_peak_text(cap_info):
     return f"{cap_info['plain_peak_mib']} MiB"
 
 
-def provenance(args, started_from=None):
+def provenance(args, started_from=None, systems=SYSTEMS):
     """What produced a result: commit (`started_from`: the code the run started from),
-    TensorFlow version, kernel paths, cores, date."""
-    return tfmem_provenance.provenance(dict(
-        tf=child_env.kernel_path(False), grappler=child_env.kernel_path(False),
-        tfmem=child_env.kernel_path(bool(args.onednn))), started_from)
+    TensorFlow version, each system's kernel path, cores, date."""
+    return tfmem_provenance.provenance(
+        {system: child_env.kernel_path(bool(args.onednn) and is_tfmem(system))
+         for system in systems}, started_from)
 
 
 def provenance_note(info):
@@ -1151,7 +1174,7 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
     """Markdown, CSV, trials CSV, JSON and PNG under args.out_dir; returns the paths.
     `started_from`: the provenance source() read when the search started."""
     stem = output_stem(experiment, args)
-    origin = provenance(args, started_from)
+    origin = provenance(args, started_from, experiment.systems)
     cap = f"{args.device_memory} MiB" if args.device_memory else "no cap"
     title = f"{experiment.title}: largest {experiment.size} under {cap}, batch {args.batch_size}"
     model = ", ".join(f"{name.replace('_', ' ')} {getattr(args, name)}"
@@ -1165,11 +1188,12 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
              f"{args.steady_steps}), throughput = batch / steady step, ms per "
              f"{experiment.work_unit} = steady step / ({experiment.size} x batch), and that "
              "over plain TensorFlow's at plain's own max size",
-             f"systems: tf = TensorFlow defaults; grappler = memory_optimization "
-             f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
-             f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
-             f"{step_path_text(vars(args))}",
-             session_config_note(args.session_config), allocator_note(args.allocator),
+             *(experiment.system_notes(args) if experiment.system_notes else (
+                 f"systems: tf = TensorFlow defaults; grappler = memory_optimization "
+                 f"{GRAPPLER_MEMORY_OPTIMIZATION}; tfmem = TFMemSession {tfmem_mode}, swap "
+                 f"{args.swap}, swap_distance {args.swap_distance}, prefetch {args.prefetch}, "
+                 f"{step_path_text(vars(args))}", session_config_note(args.session_config))),
+             allocator_note(args.allocator),
              f"search: exponential then binary on {experiment.size}, one process per trial, "
              f"trial time limit {args.trial_timeout:.0f} s, tolerance {args.tolerance:g}; "
              f"whole run {seconds:.0f} s",
@@ -1181,7 +1205,7 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
         if summary["first_failing_size"]:
             notes.append(f"{summary['system']} at {experiment.size} "
                          f"{summary['first_failing_size']}: {summary['failure']}")
-    notes.append(result_line(summaries, run_failure(summaries)))
+    notes.append(result_line(summaries, run_failure(summaries), experiment.baseline))
     note = write_plot(summaries, f"{stem}.png", title)
     if note:
         notes.append(note)
@@ -1196,7 +1220,8 @@ def write_reports(experiment, args, summaries, seconds, out=print, extra=None, c
                        settings={k: (str(v) if isinstance(v, Path) else v)
                                  for k, v in vars(args).items()},
                        provenance=origin, cap=cap_info, title=title,
-                       notes=notes, result=result_line(summaries, run_failure(summaries)),
+                       notes=notes, result=result_line(summaries, run_failure(summaries),
+                                                       experiment.baseline),
                        seconds=seconds, summaries=summaries,
                        extra=extra.data if extra is not None else None,
                        extra_markdown=extra.markdown if extra is not None else None),
@@ -1223,7 +1248,7 @@ def main(experiment, argv=None):
             tfmem.emulate_accelerator(args.device_memory)
         elif accelerator.emulated_memory_mib() is None:
             tfmem.emulate_accelerator(child_env.MEASURE_LIMIT_MIB)
-        result = run_trial(experiment, args)
+        result = (experiment.trial or run_trial)(experiment, args)
         result["unit"] = experiment.unit
         print(describe_trial(result), file=sys.stderr)
         print(json.dumps(result), flush=True)
@@ -1265,6 +1290,8 @@ def _search_and_report(experiment, args):
     started, started_from = time.perf_counter(), tfmem_provenance.source()
     cap_info = None
     if args.device_memory is None:
+        if experiment.choose_cap_base is not None:
+            experiment.choose_cap_base(experiment, args, out=say)
         cap_info = derive_cap(experiment, args, out=say)
         if cap_info["cap_mib"] is None:
             print(f"{experiment.title}: no cap, so no search: {cap_info['error']}")
@@ -1294,5 +1321,5 @@ def _search_and_report(experiment, args):
     reason = run_failure(summaries)
     if reason:
         print(f"NO RESULT: {reason}")
-    print(result_line(summaries, reason), flush=True)
+    print(result_line(summaries, reason, experiment.baseline), flush=True)
     return 1 if reason else 0
