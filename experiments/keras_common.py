@@ -34,6 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402  pylint: disable=wrong-import-position
+import steady as steady_figures  # noqa: E402  pylint: disable=wrong-import-position
 
 MIB = common.MIB
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
@@ -244,7 +245,10 @@ def run_keras_trial(experiment, args):
     times = result["step_times"]
     if times:
         result["first_step_seconds"] = times[0]
-        steady = steady_times(times, result["step_partitions"])
+        partitions = result["step_partitions"]
+        planned = [True] + [now != before for before, now in zip(partitions, partitions[1:])]
+        result.update(steady_figures.split(times, planned, steady_steps=STEADY_STEPS))
+        steady = steady_times(times, partitions)
         result["steady_step_times"] = steady
         if steady:
             result["seconds_per_sample"] = statistics.median(steady) / result["batch_size"]

@@ -37,6 +37,8 @@ from tfmem.cli.provenance import provenance  # noqa: E402
 from tfmem.memory import budget  # noqa: E402
 from tfmem.memory.sizing import Sizing  # noqa: E402
 from tfmem.plan.analyse import analyse  # noqa: E402
+from tfmem.plan.build import make_plan  # noqa: E402
+from tfmem.plan.swap import SwapPolicy  # noqa: E402
 
 BATCH = 16
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,9 +78,8 @@ def measure(blocks, repeats):
     feed_shapes = {t.name: v.shape for t, v in feed.items()}
     sizing, sizing_wall, sizing_cpu = _timed(lambda: Sizing.of(model.graph, view, feed_shapes,
                                                                session))
-    def predicted(partition_size):
-        plan = tfmem.TFMemSession(session, partition_size=partition_size,
-                                  swap_distance=0).plan(fetches, feed_dict=feed)
+    def predicted(partition_size):  # as budget mode predicts the view it searches
+        plan = make_plan(view, partition_size, SwapPolicy(swap_distance=0))
         return budget.predict(plan, sizing).peak_device
 
     # Halfway between one op per partition and the whole step: budget mode must search.

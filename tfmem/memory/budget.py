@@ -45,7 +45,7 @@ import re
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
-from tfmem.plan.partition import depth_first_order, partition, slice_order
+from tfmem.plan.partition import depth_first_order, slice_order
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
 from tfmem.memory.simulate import ALIASING, TensorSizes, simulate, state_bytes
