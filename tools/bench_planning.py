@@ -162,9 +162,11 @@ def main(argv=None):
     result = dict(kind="planning", provenance=started, rows=rows, growth_exponent=growth)
     with open(args.json, "w") as out:
         json.dump(result, out, indent=1)
+    exponents = " ".join(f"exponent_{key.split('_')[0]}={growth[key]:.2f}"
+                         for key in ("fixed_seconds", "budget_seconds")
+                         if growth[key] is not None)
     print(f"RESULT planning ops={rows[-1]['ops']} fixed={rows[-1]['fixed_seconds']}s "
-          f"budget={rows[-1]['budget_seconds']}s exponent_fixed={growth['fixed_seconds']:.2f} "
-          f"exponent_budget={growth['budget_seconds']:.2f}")
+          f"budget={rows[-1]['budget_seconds']}s {exponents}".rstrip())
     return 0
 
 
