@@ -128,9 +128,12 @@ def markdown(data, provenance_text):
                      f"{row['budget_seconds']:.2f} | {row['budget_partitions']} | "
                      f"{row['fixed_cpu_seconds']:.2f} / {row['budget_cpu_seconds']:.2f} |")
     growth = data["growth_exponent"]
-    lines += ["", "Growth exponent (seconds against ops, smallest to largest size): fixed "
-              f"{growth['fixed_seconds']:.2f}, budget search {growth['search_seconds']:.2f}, "
-              f"budget total {growth['budget_seconds']:.2f}.", ""]
+    named = (("fixed", "fixed_seconds"), ("budget search", "search_seconds"),
+             ("budget total", "budget_seconds"))
+    if all(growth[key] is not None for _, key in named):
+        lines += ["", "Growth exponent (seconds against ops, smallest to largest size): "
+                  + ", ".join(f"{label} {growth[key]:.2f}" for label, key in named) + "."]
+    lines.append("")
     return "\n".join(lines)
 
 
