@@ -296,76 +296,6 @@ def _drop_unobservable(nodes, keep):
     return kept
 
 
-# Control inputs with at least this many control readers are barriers whose paths
-# `_without_implied_controls` follows (at most _MOST_BARRIERS of them, the most read).
-_BARRIER_READERS = 4
-_MOST_BARRIERS = 4096
-
-
-def _without_implied_controls(nodes):
-    """Drop the control edges another path implies: c -> v where v waits for an op that
-    is c, waits for c by a control edge, or (for a barrier c: an op many ops wait for)
-    runs after c by any path.  v still runs after c, in the step and in every partition
-    copy, so nothing runs differently; the planners and the simulator then walk a step's
-    dependencies once, not a barrier once per op (under `control_dependencies(updates)`
-    every op of a training step's backward pass waits for every update: hundreds of
-    edges per op).  Paths through loop and branch ops do not count (a Merge waits for
-    one input only), and their own edges stay."""
-    readers = {}
-    for node in nodes.values():
-        for src in node.control_inputs:
-            readers[src] = readers.get(src, 0) + 1
-    barriers = sorted((src for src, count in readers.items()
-                       if count >= _BARRIER_READERS and src in nodes),
-                      key=lambda src: (-readers[src], src))[:_MOST_BARRIERS]
-    bit = {src: 1 << i for i, src in enumerate(barriers)}
-    after = _barriers_before(nodes, bit)
-    kept = {}
-    for name, node in nodes.items():
-        kept[name] = node
-        if not node.control_inputs or node.type in optypes.CONTROL_FLOW:
-            continue
-        implied, direct = 0, set(node.data_producers)
-        for producer in node.producers:
-            upstream = nodes.get(producer)
-            if upstream is not None and upstream.type not in optypes.CONTROL_FLOW:
-                implied |= after.get(producer, 0)
-                direct.update(upstream.control_inputs)
-        edges = tuple(c for c in node.control_inputs
-                      if c not in nodes or not (c in direct or bit.get(c, 0) & implied))
-        if edges != node.control_inputs:
-            kept[name] = dataclasses.replace(node, control_inputs=edges)
-    return kept
-
-
-def _barriers_before(nodes, bit):
-    """{op: bitmask of the barriers (`bit`) it runs after by some path}, not through loop or
-    branch ops (theirs read 0); ops on a cycle read 0."""
-    waiting = {name: 0 for name in nodes}
-    readers = {name: [] for name in nodes}
-    for name, node in nodes.items():
-        for src in node.producers:
-            if src in nodes:
-                waiting[name] += 1
-                readers[src].append(name)
-    ready = [name for name, count in waiting.items() if count == 0]
-    after = {}
-    while ready:
-        name = ready.pop()
-        node = nodes[name]
-        if node.type not in optypes.CONTROL_FLOW:
-            mask = 0
-            for src in node.producers:
-                if src in nodes and nodes[src].type not in optypes.CONTROL_FLOW:
-                    mask |= after.get(src, 0) | bit.get(src, 0)
-            after[name] = mask
-        for reader in readers[name]:
-            waiting[reader] -= 1
-            if waiting[reader] == 0:
-                ready.append(reader)
-    return after
-
-
 def _run_together(nodes, sources, fed, frames, draw):
     """The ops that run as the user's ops with the random op `draw`, or None if they cannot.
 
@@ -484,7 +414,6 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     together = _drawing_together(nodes, sources, fed, draws)
     nodes = _keep_fed_waits(_drop_unobservable(nodes, keep | together), nodes, together, fed)
-    nodes = _without_implied_controls(nodes)
     originals = _originals(nodes, sources, fed, control_on_sources, together)
     return GraphView(
         nodes=types.MappingProxyType(nodes),
