@@ -4,12 +4,13 @@ Grappler optimises each partition's function on its own and the plain
 `tf.function` whole; its arithmetic optimizer regroups sums (a tree of adds
 becomes one AddN whose inputs it sorts by name, a common factor is hoisted
 out of a sum of products), which changes float results in the last bits
-when a partition boundary splits the pattern (`tfmem/plan/units.py`, rule 4).
+when a partition boundary splits the pattern (`tfmem/plan/units.py`, rule 5).
 Three training steps (an MLP with three-term residual sums and a convnet
-summing three parallel convolutions, SGD written by hand; a Keras model with BatchNormalization, a residual Add
-and Adam; the MLP computing `x * 0.25` twice, two equal computations Grappler
-deduplicates, keeping a copy a partition would not keep: `tfmem/tf2/dedup.py`)
-run as plain `tf.function` and as `tfmem.function` at several
+summing three parallel convolutions, SGD written by hand; a Keras model with
+BatchNormalization, a residual Add and Adam; a Keras ConvNeXt block, whose
+GELU gradient is a chain of products; the MLP computing `x * 0.25` twice, two
+equal computations Grappler deduplicates, keeping a copy a partition would not
+keep: `tfmem/tf2/dedup.py`) run as plain `tf.function` and as `tfmem.function` at several
 partition sizes, from identical variables; losses and every variable after
 every step must be bit-equal.
 
@@ -26,7 +27,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (200, 50, 20, 5)
-MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops", "keras_sgd")
+MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops", "keras_sgd", "convnext")
 TWO_THREAD_MODELS = ("keras_sgd", "keras", "residual")
 
 SCRIPT = r"""
@@ -142,9 +143,41 @@ def keras_model(seed, optimizer="adam"):
     return step, model.variables + optimizer.variables, (x, y)
 
 
+class LayerScale(keras.layers.Layer):
+    # a learned per-channel multiplier (ConvNeXt's layer scale)
+
+    def build(self, shape):
+        self.gamma = self.add_weight(shape=(shape[-1],),
+                                     initializer=keras.initializers.Constant(0.1))
+
+    def call(self, x):
+        return x * self.gamma
+
+
+def convnext(seed):
+    # One ConvNeXt block: DepthwiseConv2D 7x7, LayerNormalization, Dense 4x, GELU (exact,
+    # Keras's default: its Erfc gradient is a chain of products starting at an op a
+    # control edge leaves, see tfmem/plan/units.py rule 5), Dense, layer scale, residual add
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((16, 16, 3))
+    h = shortcut = keras.layers.Conv2D(16, 2, strides=2)(inputs)
+    h = keras.layers.DepthwiseConv2D(7, padding="same")(h)
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+    h = keras.layers.Dense(64, activation="gelu")(h)
+    h = LayerScale()(keras.layers.Dense(16)(h))
+    h = keras.layers.GlobalAveragePooling2D()(keras.layers.Add()([shortcut, h]))
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    optimizer = keras.optimizers.Adam(1e-2)
+    step = make_step(tf, keras, model, optimizer)
+    r = np.random.default_rng(2)
+    x = tf.constant(r.standard_normal((8, 16, 16, 3)).astype(np.float32))
+    y = tf.constant(r.integers(0, 10, 8).astype(np.int32))
+    return step, model.variables + optimizer.variables, (x, y)
+
+
 BUILD = dict(mlp=mlp, convnet=convnet, residual=residual, keras=keras_model,
              equal_ops=lambda seed: mlp(seed, equal_ops=True),
-             keras_sgd=lambda seed: keras_model(seed, optimizer="sgd"))
+             keras_sgd=lambda seed: keras_model(seed, optimizer="sgd"), convnext=convnext)
 
 
 def differing(variables, others):

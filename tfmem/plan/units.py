@@ -39,6 +39,12 @@ survive one.  Seven rules join ops into one unit:
    continues through the forwards Grappler prunes first (Identity, IdentityN,
    StopGradient); an IdentityN on one joins with all its readers, since a
    partition that returns one of its outputs keeps it and so breaks the chain.
+   A control edge *from* a member does not end its chain: Grappler regroups
+   through it in the whole function.  (Erfc's gradient, in exact GELU, runs
+   under `control_dependencies([grad])`, so an edge starts at the product
+   `grad` that begins the chain `grad * -2/sqrt(pi) * exp(-z*z) * 1/sqrt(2)`;
+   the whole function folds the two constants into one and multiplies in
+   another order.)  A member with control inputs still ends its chain.
    The rule applies only where the arithmetic optimizer runs
    (`view.regrouped_arithmetic`): a session without it (tfmem.Session's
    config) adds an AddN's inputs in input order whichever partition made
@@ -208,7 +214,7 @@ def _join_regrouped_arithmetic(view, uf):
         sole = _sole_reader(view, readers, controlled, name + ":0")
         if sole is not None and sole[0] in trees.parent and \
                 _family(view.nodes[sole[0]]) is _family(node) and \
-                not node.control_inputs and name not in controlled:
+                not node.control_inputs:
             trees.union(sole[0], name)
             forwards[name] = sole[1]
             inner_reads.add((sole[0], sole[2]))
