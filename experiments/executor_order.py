@@ -25,7 +25,7 @@ reversed, first-in-first-out over ready ops (the inline queue with every op
 cheap), and the order TensorFlow ran the ops in that process (by start
 time; ops it did not run, removed by Grappler, as soon as ready).
 Figures include the request's state, less what earlier allocations left.
-Sessions 9 and 19 (issue 10) ran it; nothing here is asserted.
+Nothing here is asserted.
 """
 
 import argparse

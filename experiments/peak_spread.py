@@ -11,9 +11,9 @@ default's 60 processes took 22 min at a load average of 6, --shared-process
 (10 processes) under 4 min.
 
 Issue 10 asks for a predicted device peak within 10 % of TensorFlow's measured
-one.  Sessions 5 and 6 found that the measurement itself is not one number:
-the same plan read 4.0, 5.1 or 5.9 MiB (the oneDNN pool net) and 15.3 to
-19.0 MiB (the Eigen MoE layer) in different processes.  This experiment
+one.  The measurement itself is not one number: the same plan has read 4.0,
+5.1 or 5.9 MiB (the oneDNN pool net) and 15.3 to 19.0 MiB (the Eigen MoE
+layer) in different processes.  This experiment
 measures that spread without tfmem in the way: for each of the simulator
 accuracy suite's models (`MODELS` of experiments/accuracy.py, the measurement
 tests/test_simulate.py runs, read from that file so that both stay the same)
