@@ -48,7 +48,8 @@ from tfmem.errors import BudgetError
 from tfmem.plan.partition import depth_first_order, slice_order
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
-from tfmem.memory.simulate import ALIASING, TensorSizes, simulate, state_bytes
+from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simulate,
+                                   state_bytes)
 from tfmem.memory.sizes import MIB, mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
@@ -303,11 +304,12 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     groups = units(view)
     order = depth_first_order(view, groups)  # every candidate slices this one order
     shapes = sizing.shapes
+    share = CandidateShare(TensorSizes(view, shapes))  # by every candidate plan
     scratch = merged_scratch(sizing.scratch, correction)
     factor = learned_factor(correction)
-    slack = chunk_slack(view, TensorSizes(view, shapes))
+    slack = chunk_slack(view, share.sizes)
     placement = place(view, accelerator)
-    others = max(resident_bytes - state_bytes(view, TensorSizes(view, shapes)), 0)
+    others = max(resident_bytes - state_bytes(view, share.sizes), 0)
     options = sizing.simulate_options()
     # The replay takes what others hold off the device, rounded up to a MiB (a device
     # that later holds a few KiB more, as allocator figures move, still has its plan
@@ -326,19 +328,18 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
             trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                             chunks=True, **options)
+                             chunks=True, share=share, **options)
             if within_budget(trace):
                 return plan, trace
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
-    working_sets = {}  # a partition's working set, for every candidate plan that has it
 
     def candidate(size, distance):
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
         plan = build_plan(view, slice_order(groups, order, size), size, swaps, placement)
         return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                              chunks=True, working_sets=working_sets, **options)
+                              chunks=True, share=share, **options)
 
     def attempt(size):
         """The best-fitting plan at this partition size, or None: the longest swap
@@ -362,8 +363,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                                            dataclasses.replace(policy, swap_distance=0),
                                            placement),
                                 shapes, early_frees=False, scratch=scratch, slack=slack,
-                                chunks=True, **options), factor)
-        name, kind, nbytes = _largest_op(view, TensorSizes(view, shapes), scratch)
+                                chunks=True, share=share, **options), factor)
+        name, kind, nbytes = _largest_op(view, share.sizes, scratch)
         on_device = on_whole_device(budget_bytes, sizing.regions)
         needs = trace.peak_device_requested if on_device else trace.peak_device
         raise BudgetError(

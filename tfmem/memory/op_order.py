@@ -63,10 +63,6 @@ _BACK_EDGES = ("NextIteration", "RefNextIteration")  # a loop's: not waited for
 _VALUE_VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})  # folded too
 
 
-def _producers(node):
-    return node.producers
-
-
 def _edges(view, ops, folded=frozenset()):
     """({op: how many of its producers are in `ops`}, {op: its readers in `ops`}); ops
     `folded` into constants wait for nothing."""
@@ -76,7 +72,7 @@ def _edges(view, ops, folded=frozenset()):
     for name in ops:
         if name in folded:
             continue
-        for src in _producers(view.nodes[name]):
+        for src in view.nodes[name].producers:
             if src in members and view.nodes[src].type not in _BACK_EDGES:
                 waiting[name] += 1
                 readers[src].append(name)
@@ -97,7 +93,7 @@ def folded_constants(view, ops, depth_first=None):
         node = view.nodes[name]
         if node.side_effects or (node.type in INEXPENSIVE and node.type not in _VALUE_VIEWS):
             continue
-        producers = _producers(node)
+        producers = node.producers
         if producers and all(p in folded or getattr(view.sources.get(p), "type", None) == "Const"
                              for p in producers):
             folded.add(name)
@@ -173,7 +169,7 @@ def _executor_order(view, ops, folded, node_id, reversed_readers):
     for name in ops:
         if name in folded:
             continue
-        for src in _producers(view.nodes[name]):
+        for src in view.nodes[name].producers:
             if src not in waiting:
                 outside.setdefault(src, []).append(name)
                 waiting[name] += 1
@@ -206,7 +202,7 @@ def _node_ids(view, ops, originals):
     members = set(ops)
     waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
     for name in ops:
-        producers = _producers(view.nodes[name])
+        producers = view.nodes[name].producers
         inside = [p for p in producers
                   if p in members and view.nodes[p].type not in _BACK_EDGES]
         fed = any(p not in members and p not in view.sources for p in producers)

@@ -142,7 +142,6 @@ class TensorSizes:
 
     def __init__(self, view, shapes):
         self._view = view
-        self._given = shapes
         self._shapes = shapes or {}
         self.unknown = set()
         self._known = {}  # tensor -> bytes: every candidate plan asks for the same tensors
@@ -445,15 +444,13 @@ def _buffer_holders(view, plan, partition, size):
     return holders
 
 
-_LAST_SIZES = [None]  # the TensorSizes of the last (view, shapes) simulated
-
-
-def _sizes(view, shapes):
-    """TensorSizes of `view` at `shapes`, shared by the candidate plans of one search."""
-    last = _LAST_SIZES[0]
-    if last is None or last._view is not view or last._given is not shapes:
-        last = _LAST_SIZES[0] = TensorSizes(view, shapes)
-    return last
+@dataclasses.dataclass
+class CandidateShare:
+    """What the simulations of one search's candidate plans (one view, shapes and options)
+    share: the tensors' sizes, and the working set of every partition met before (see
+    `_working_set_of`)."""
+    sizes: TensorSizes
+    working_sets: dict = dataclasses.field(default_factory=dict)
 
 
 def state_bytes(view, size):
@@ -464,7 +461,7 @@ def state_bytes(view, size):
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
              workspaces=None, signatures=None, concurrent_ops=1, regions=Regions(),
-             working_sets=None):
+             share=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
@@ -483,11 +480,11 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     `chunks`, each `device_peak` is the larger of the two figures (budget mode's
     bound: the replayed order is one the executor may take, not the only one).
 
-    `working_sets`: a dict shared by the simulations of one search's candidate plans
-    (same view, shapes and options), where a partition met again is not simulated again.
+    `share`: a `CandidateShare` of the search this plan is a candidate of, whose sizes are
+    used and where a partition met again is not simulated again.
     """
     view = plan.view
-    size = _sizes(view, shapes)
+    size = share.sizes if share is not None else TensorSizes(view, shapes)
     schedule = Schedule(plan)
     state = state_bytes(view, size)
     log = AllocationLog()
@@ -514,7 +511,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if key in live and early_frees:
                 log.rename(key, key[0])
         peak = before + _working_set_of(view, partition, size, keep_until_end, freed_inside,
-                                        scratch or {}, log, working_sets,
+                                        scratch or {}, log,
+                                        share.working_sets if share is not None else None,
                                         forwardable=forwardable,
                                         workspaces=workspaces or Workspaces(),
                                         signatures=signatures, concurrent_ops=concurrent_ops)

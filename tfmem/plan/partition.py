@@ -36,9 +36,7 @@ def _unit_inputs(view, unit_of, unit):
     """Units this unit consumes, in the order its ops name them, without repeats."""
     seen, ordered = {unit_of[unit[0]]}, []
     for name in unit:
-        node = view.nodes[name]
-        sources = [split_tensor_name(t)[0] for t in node.inputs]
-        for src in sources + list(node.control_inputs):
+        for src in view.nodes[name].producers:
             src_unit = unit_of.get(src)
             if src_unit is not None and src_unit not in seen:
                 seen.add(src_unit)

@@ -28,7 +28,6 @@ table (one table below).  Dequeues are not updates: an input pipeline's
 dequeue feeds the whole step, which would then all be "after an update".
 """
 
-from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import build_plan, validate
 from tfmem.plan.units import units as units_of
 
@@ -51,8 +50,7 @@ def is_update(op_type):
 def _consumers(view):
     readers = {}
     for node in view.nodes.values():
-        sources = [split_tensor_name(t)[0] for t in node.inputs] + list(node.control_inputs)
-        for src in sources:
+        for src in node.producers:
             readers.setdefault(src, set()).add(node.name)
     return readers
 
