@@ -73,11 +73,11 @@ def test_a_runner_that_dies_leaves_calibration_in_this_process(monkeypatch, capl
                         [sys.executable, "-c", "import sys; sys.stdin.readline()"])
     monkeypatch.setattr(kernel_runner, "_RUNNER", None)
     with caplog.at_level(logging.WARNING, logger=kernel_runner.__name__):
-        scratch, extra = kernel_runner.run_alone(graph, [name], 1)
+        scratch, extra, early = kernel_runner.run_alone(graph, [name], 1)
     assert "the kernel runner failed" in caplog.text
     assert kernel_runner._RUNNER is False  # pylint: disable=protected-access
-    here, here_extra = kernel_runner.measure_here(graph, [name], 1)
-    assert set(scratch) == set(here) == {name} and extra == here_extra
+    here, here_extra, here_early = kernel_runner.measure_here(graph, [name], 1)
+    assert set(scratch) == set(here) == {name} and extra == here_extra and early == here_early
     assert scratch[name] > 0
     # Later calibrations go straight to this process, without a warning each time.
     caplog.clear()
@@ -91,6 +91,6 @@ def test_a_runner_that_cannot_start_leaves_calibration_in_this_process(monkeypat
     monkeypatch.setattr(kernel_runner, "_COMMAND", [os.path.join(ROOT, "no-such-python")])
     monkeypatch.setattr(kernel_runner, "_RUNNER", None)
     with caplog.at_level(logging.WARNING, logger=kernel_runner.__name__):
-        scratch, _ = kernel_runner.run_alone(graph, [name], 1)
+        scratch = kernel_runner.run_alone(graph, [name], 1)[0]
     assert "could not start the kernel runner" in caplog.text
     assert scratch[name] > 0

@@ -208,3 +208,32 @@ def convnet(channels=(13, 29, 47), image=36, strides=(1, 2, 1), kernel=(5, 3, 3)
         return {x: rng.randn(batch, image, image, 3).astype(np.float32),
                 y: rng.randint(0, classes, batch)}
     return _finish(g, (x, y), loss, 0.05, feed)
+
+
+def vgg(widths=(24, 24, 40, 40, 72, 72), image=48, classes=10, seed=0):
+    """A VGG-like net: 3x3 convolutions with biases and ReLU, a 2x2 max pooling after each
+    pair, a dense layer to `classes` logits (oneDNN fuses each convolution, bias and ReLU
+    into one kernel, and its pooling gradients allocate scratch before their outputs)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [None, image, image, 3], name="images")
+        y = tf1.placeholder(tf.int64, [None], name="labels")
+        h = x
+        for i, width in enumerate(widths):
+            w = tf1.get_variable(f"conv{i}", [3, 3, h.shape[-1], width],
+                                 initializer=tf1.glorot_uniform_initializer(seed=seed + i))
+            b = tf1.get_variable(f"bias{i}", [width], initializer=tf1.zeros_initializer())
+            h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "SAME"), b))
+            if i % 2 == 1:
+                h = tf.nn.max_pool2d(h, 2, 2, "SAME")
+        flat = tf.reshape(h, [-1, int(np.prod(h.shape[1:]))])
+        w = tf1.get_variable("fc", [flat.shape[-1], classes],
+                             initializer=tf1.glorot_uniform_initializer(seed=seed))
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=y, logits=tf.matmul(flat, w)))
+
+    def feed(batch, data_seed=0):
+        rng = np.random.RandomState(data_seed)
+        return {x: rng.randn(batch, image, image, 3).astype(np.float32),
+                y: rng.randint(0, classes, batch)}
+    return _finish(g, (x, y), loss, 0.05, feed)

@@ -37,14 +37,17 @@ import threading
 log = logging.getLogger(__name__)
 
 _COMMAND = [sys.executable, "-m", "tfmem.memory.kernel_runner"]
+# The suffix of an op that runs with a calibrated op, after it, to hold its inputs.
+HELD = "_inputs_held"
 
 
 def run_alone(graph, names, threads):
-    """({op: scratch bytes}, {op: bytes of outputs past the op's own}) for the ops `names`
-    of `graph`, each run alone once; an op whose kernel refuses its (zero) inputs measures
-    0 in both.  Runs in the kernel runner when it can, else in this process."""
+    """({op: scratch bytes}, {op: bytes of outputs past the op's own}, {op: scratch bytes
+    allocated before its outputs}) for the ops `names` of `graph`, each run alone once; an
+    op whose kernel refuses its (zero) inputs measures 0 in all.  Runs in the kernel
+    runner when it can, else in this process."""
     if not names:
-        return {}, {}
+        return {}, {}, {}
     runner = _runner()
     if runner is not None:
         figures = runner.run(graph.as_graph_def(), names, threads)
@@ -61,7 +64,7 @@ def measure_here(graph, names, threads):
     from tfmem.memory import scratch  # pylint: disable=import-outside-toplevel
 
     options = config_pb2.RunOptions(trace_level=config_pb2.RunOptions.SOFTWARE_TRACE)
-    scratch_bytes, extra = {}, {}
+    scratch_bytes, extra, early = {}, {}, {}
     # BaseSession: a plain session even where tfmem.autowrap replaced tf.compat.v1.Session
     # (a wrapped one would calibrate its own kernels again, without end).
     session = tf_session.BaseSession(graph=graph, config=scratch.session_config(threads))
@@ -70,17 +73,26 @@ def measure_here(graph, names, threads):
             op = graph.get_operation_by_name(name)
             metadata = config_pb2.RunMetadata()
             try:
-                session.run(op, options=options, run_metadata=metadata)
+                session.run([op] + _held(graph, name), options=options, run_metadata=metadata)
             except tf.errors.OpError as err:  # zeros are not valid input for every kernel
                 log.debug("kernel scratch of %s not measured: %s", op.type,
                           str(err).splitlines()[0])
-                scratch_bytes[name] = extra[name] = 0
+                scratch_bytes[name] = extra[name] = early[name] = 0
                 continue
             scratch_bytes[name] = scratch.op_scratch(metadata, name)
             extra[name] = scratch.extra_output_bytes(metadata, op)
+            early[name] = scratch.scratch_before_outputs(metadata, name)
     finally:
         session.close()
-    return scratch_bytes, extra
+    return scratch_bytes, extra, early
+
+
+def _held(graph, name):
+    """The op that holds op `name`'s inputs until it has run, if its graph has one."""
+    try:
+        return [graph.get_operation_by_name(name + HELD)]
+    except KeyError:
+        return []
 
 
 class _Runner:
@@ -117,7 +129,7 @@ class _Runner:
         if "error" in answer:
             self._fail(answer["error"])
             return None
-        return answer["scratch"], answer["extra"]
+        return answer["scratch"], answer["extra"], answer["early"]
 
     def _fail(self, error):
         global _RUNNER  # pylint: disable=global-statement
@@ -181,8 +193,8 @@ def _serve():
             graph = tf.Graph()
             with graph.as_default():
                 tf.graph_util.import_graph_def(graph_def, name="")
-            scratch_bytes, extra = measure_here(graph, request["ops"], request["threads"])
-            reply = {"scratch": scratch_bytes, "extra": extra}
+            scratch_bytes, extra, early = measure_here(graph, request["ops"], request["threads"])
+            reply = {"scratch": scratch_bytes, "extra": extra, "early": early}
         except Exception as err:  # pylint: disable=broad-except
             reply = {"error": f"{type(err).__name__}: {err}"}
         sys.stdout.write(json.dumps(reply) + "\n")

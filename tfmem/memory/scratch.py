@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "TFMEM_SCRATCH_CACHE"
 # Cache keys of a configuration's extra output bytes (see workspace.py): this prefix + its key.
 OUTPUTS = "outputs:"
+# Cache keys of the bytes of a configuration's scratch allocated before its outputs.
+EARLY = "early:"
 _VALUE_LIMIT = 64  # integer inputs up to this many elements are passed by value
 # Ops whose kernels allocate their outputs and nothing else (or return views).
 _NO_SCRATCH = frozenset({
@@ -93,7 +95,8 @@ class ScratchCache:
     def update(self, measured):
         with self._lock:
             self._bytes.update(measured)
-            self.measured += sum(1 for key in measured if not key.startswith(OUTPUTS))
+            self.measured += sum(1 for key in measured
+                                 if not key.startswith((OUTPUTS, EARLY)))
             if measured:
                 self._save()
 
@@ -247,24 +250,41 @@ def copy_kernel(node_def, name, inputs):
 
 
 def _measure(configs, threads):
-    """{key: scratch bytes, OUTPUTS + key: extra output bytes} for [(key, node_def,
-    specs)], each op run alone once by the kernel runner."""
+    """{key: scratch bytes, OUTPUTS + key: extra output bytes, EARLY + key: scratch bytes
+    allocated before the outputs} for [(key, node_def, specs)], each op run alone once by
+    the kernel runner."""
     graph = tf.Graph()
     ops = {}
     with graph.as_default():
         for number, (key, node_def, specs) in enumerate(configs):
+            inputs = [input_value(s) for s in specs]
             try:
-                op = copy_kernel(node_def, f"kernel{number}", [input_value(s) for s in specs])
+                op = copy_kernel(node_def, f"kernel{number}", inputs)
             except ValueError as err:  # an input value shape inference did not know
                 log.debug("kernel scratch of %s not measured: %s", node_def.op, err)
                 continue
+            _hold_inputs(op, inputs)
             ops[key] = op.name
-    scratch_bytes, extra = kernel_runner.run_alone(graph, list(ops.values()), threads)
+    scratch_bytes, extra, early = kernel_runner.run_alone(graph, list(ops.values()), threads)
     measured = {}
     for key, name in ops.items():
         measured[key] = scratch_bytes[name]
         measured[OUTPUTS + key] = extra[name]
+        measured[EARLY + key] = early[name]
     return measured
+
+
+def _hold_inputs(op, inputs):
+    """Readers that run after `op` (`kernel_runner.HELD` names them) of its inputs shaped
+    like one of its outputs, so that its kernel allocates its outputs instead of writing
+    them into an input, as the simulator has it (in a step, a max pooling gradient's
+    input is the activation its gradient reads next).  Other inputs stay free to take
+    the kernel's scratch, as those dying at the op do in a step."""
+    outputs = {(o.dtype, tuple(o.shape.as_list())) for o in op.outputs if o.shape.rank is not None}
+    held = [t for t in inputs if (t.dtype, tuple(t.shape.as_list())) in outputs]
+    if held:
+        with tf.control_dependencies([op]):
+            tf.group(*[tf.identity(t) for t in held], name=op.name + kernel_runner.HELD)
 
 
 def op_scratch(metadata, name):
@@ -272,6 +292,50 @@ def op_scratch(metadata, name):
     return max((max(m.peak_bytes - m.live_bytes for m in n.memory) if n.memory else 0
                 for d in metadata.step_stats.dev_stats for n in d.node_stats
                 if n.node_name == name), default=0)
+
+
+def scratch_before_outputs(metadata, name):
+    """The bytes of scratch op `name` allocated before its first output and still held
+    when that output was allocated, from the allocation records of its step statistics.
+
+    The order decides which free chunk of a BFC allocator each buffer gets: oneDNN's
+    max pooling gradient, run without its forward op's workspace, allocates twice its
+    pooled input before its output, and the output then takes a chunk almost twice its
+    size.  The first record of an output's chunk bytes is the output; frees pair with
+    allocations of the same bytes, the latest first.  With no output allocated (one
+    written into an input), nothing is known to come before it: 0."""
+    for dev in metadata.step_stats.dev_stats:
+        for node in dev.node_stats:
+            if node.node_name != name:
+                continue
+            outputs = {o.tensor_description.allocation_description.allocated_bytes
+                       for o in node.output}
+            for memory in node.memory:
+                early = _held_at_first_output(
+                    [r.alloc_bytes for r in memory.allocation_records], outputs)
+                if early is not None:
+                    return early
+    return 0
+
+
+def _held_at_first_output(records, outputs):
+    """`scratch_before_outputs` of one allocator's records (bytes allocated, or freed when
+    negative, in order) and its outputs' chunk bytes: None when no output is recorded."""
+    first = next((i for i, nbytes in enumerate(records) if nbytes > 0 and nbytes in outputs),
+                 None)
+    if first is None:
+        return None
+    freed_at = {}  # allocation's record -> the record that freed it
+    unfreed = {}  # bytes -> the records of allocations of that size not yet freed
+    for index, nbytes in enumerate(records):
+        if nbytes > 0:
+            unfreed.setdefault(nbytes, []).append(index)
+        elif unfreed.get(-nbytes):
+            freed_at[unfreed[-nbytes].pop()] = index
+    # Held across the output's allocation and freed later: scratch (never freed: a
+    # kernel's cache, not scratch).
+    return sum(records[i] for i in range(first)
+               if records[i] > 0 and freed_at.get(i, first) > first)
 
 
 def extra_output_bytes(metadata, op):
@@ -304,14 +368,15 @@ def write_stale_cache(path, graph, view, feed_shapes, session=None):
 
 def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None):
     """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
-    the scratch graph) of the request's calibratable ops: `calibrate`'s figures, the
-    bytes of outputs their kernels return past the op's own (see workspace.py), and
-    what workspace.py needs to measure pairs in the same configurations."""
+    the scratch graph, {op name: scratch bytes allocated before its outputs}) of the
+    request's calibratable ops: `calibrate`'s figures, the bytes of outputs their kernels
+    return past the op's own (see workspace.py), what workspace.py needs to measure
+    pairs in the same configurations, and `scratch_before_outputs`."""
     cache = default_cache() if cache is None else cache
     threads = threads_of(session)
     candidates = [name for name, node in view.nodes.items() if _calibratable(node)]
     if not candidates:
-        return {}, {}, {}, None
+        return {}, {}, {}, None, {}
     scratch_graph = import_request(graph, view, feed_shapes)
     keys, missing = {}, {}
     limit = _input_limit()
@@ -322,16 +387,20 @@ def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None):
             continue
         key = kernel_key(op.type, op.node_def, specs, threads)
         keys[name] = key
-        if (cache.get(key) is None or cache.get(OUTPUTS + key) is None) and key not in missing:
+        if key not in missing and any(cache.get(prefix + key) is None
+                                      for prefix in ("", OUTPUTS, EARLY)):
             missing[key] = (key, op.node_def, specs)
     if missing:
         measured = _measure(list(missing.values()), threads)
         cache.update(measured)
-        scratch_figures = [v for k, v in measured.items() if not k.startswith(OUTPUTS)]
+        scratch_figures = [v for k, v in measured.items()
+                           if not k.startswith((OUTPUTS, EARLY))]
         log.info("measured the scratch memory of %d kernel configurations (%d with scratch, "
                  "largest %.1f MiB)", len(scratch_figures), sum(1 for v in scratch_figures if v),
                  max(scratch_figures, default=0) / (1 << 20))
     scratch = {name: cache.get(key) for name, key in keys.items() if cache.get(key)}
     extra = {name: cache.get(OUTPUTS + key) for name, key in keys.items()
              if cache.get(OUTPUTS + key)}
-    return scratch, extra, keys, scratch_graph
+    early = {name: cache.get(EARLY + key) for name, key in keys.items()
+             if cache.get(EARLY + key)}
+    return scratch, extra, keys, scratch_graph, early

@@ -303,7 +303,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
               workspaces=Workspaces(), signatures=None, concurrent_ops=1,
-              forwardable=frozenset()):
+              forwardable=frozenset(), early_scratch=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -324,7 +324,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     A kernel's extra outputs (`workspaces`, see workspace) live from its op to the
     last reader paired with it in the partition, whose scratch is then the paired one.
     With `concurrent_ops` above one, an op's scratch is held beside that of the ops
-    that may run at the same time (see concurrency).
+    that may run at the same time (see concurrency).  The part of an op's scratch its
+    kernel allocates before its outputs (`early_scratch`, see
+    scratch.scratch_before_outputs) is logged before them, the rest after.
     """
     merged = dedup.duplicates(view, order, signatures, keep_until_end)
     root = _buffers(view, order, size, merged)
@@ -349,6 +351,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
         node = view.nodes[name]
         read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))  # buffers it reads
         dying = [b for b in read if b in live and last_read.get(b) == step and b not in kept]
+        early = min(early_scratch.get(name, 0), scratch.get(name, 0)) if early_scratch else 0
+        if events is not None and early:
+            events.allocate((name, "early scratch"), early)
         for tensor in node.output_names:
             if tensor in root:  # a view: no allocation of its own
                 continue
@@ -375,7 +380,8 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
             if events is not None:
                 events.allocate((name, "workspace"), workspaces.extra[name])
         if events is not None and scratch.get(name):
-            events.scratch(scratch[name], *beside.get(name, ()))
+            events.scratch(scratch[name] - early, *beside.get(name, ()))
+            events.release((name, "early scratch"))
         peak = max(peak, current + scratch.get(name, 0) + overlap.get(name, 0))
         dying += [(op, "workspace") for op in workspaces_dying.get(step, ())]
         for buffer in dying:
@@ -461,13 +467,14 @@ def state_bytes(view, size):
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
              workspaces=None, signatures=None, concurrent_ops=1, regions=Regions(),
-             share=None):
+             share=None, early_scratch=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
     `workspaces` (workspace.Workspaces), `signatures` (dedup.signatures),
-    `concurrent_ops` (how many kernels may run at once, see concurrency) and `regions`
-    (the allocator layout the chunk replay starts from) come with the scratch in a
+    `concurrent_ops` (how many kernels may run at once, see concurrency), `regions`
+    (the allocator layout the chunk replay starts from) and `early_scratch` ({op name:
+    bytes of its scratch allocated before its outputs}) come with the scratch in a
     `Sizing` (`**sizing.simulate_options()`).
 
     With `early_frees`, a device copy whose deleter runs in a partition is freed
@@ -515,7 +522,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                                         share.working_sets if share is not None else None,
                                         forwardable=forwardable,
                                         workspaces=workspaces or Workspaces(),
-                                        signatures=signatures, concurrent_ops=concurrent_ops)
+                                        signatures=signatures, concurrent_ops=concurrent_ops,
+                                        early_scratch=early_scratch)
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)

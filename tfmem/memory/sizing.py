@@ -7,6 +7,8 @@ more things that only TensorFlow knows, both fixed by the shapes fed:
     scratch     each kernel's scratch bytes at those shapes (`scratch.calibrate`)
     workspaces  outputs kernels return past the op's own, and the scratch that saves
                 their readers (`workspace.measure`: oneDNN's max pooling)
+    early       the part of each kernel's scratch it allocates before its outputs
+                (`scratch.scratch_before_outputs`: where in the allocator they land)
     signatures  what makes ops equal for Grappler's merge of equal ops (`dedup`)
     regions     how the device's allocator holds memory (`emulated.allocator_regions`:
                 its cap, and whether it took the cap as one region)
@@ -33,18 +35,20 @@ class Sizing:
     signatures: dict = dataclasses.field(default_factory=dict)
     concurrent_ops: int = 1  # kernels that may run at once (see concurrency)
     regions: Regions = Regions()  # the allocator layout the chunk replay starts from
+    early_scratch: dict = dataclasses.field(default_factory=dict)  # {op: bytes before outputs}
 
     @classmethod
     def of(cls, graph, view, feed_shapes, session=None, concurrent_ops=1):
         """The sizing of the request `view` of `graph` at `feed_shapes` ({fed tensor name:
         shape}); kernel scratch measured under `session`'s threads (see scratch);
         `concurrent_ops`: how many kernels the device may run at once."""
-        scratch, workspaces = workspace.measure(graph, view, feed_shapes, session)
+        scratch, workspaces, early = workspace.measure(graph, view, feed_shapes, session)
         return cls(resolve_shapes(graph, view, feed_shapes), scratch, workspaces,
                    dedup.signatures(graph, view, session), concurrent_ops,
-                   emulated.allocator_regions())
+                   emulated.allocator_regions(), early)
 
     def simulate_options(self):
         """The keyword arguments of `simulate` this sizing fixes besides shapes and scratch."""
         return dict(workspaces=self.workspaces, signatures=self.signatures,
-                    concurrent_ops=self.concurrent_ops, regions=self.regions)
+                    concurrent_ops=self.concurrent_ops, regions=self.regions,
+                    early_scratch=self.early_scratch)

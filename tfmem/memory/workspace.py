@@ -46,14 +46,15 @@ class Workspaces:
 
 
 def measure(graph, view, feed_shapes, session=None, cache=None):
-    """({op name: scratch bytes}, Workspaces) of the request: `scratch.calibrate`'s
-    figures, and the workspaces and paired scratch of the ops whose kernels return
-    extra outputs (measured once per configuration pair, cached like the scratch)."""
+    """({op name: scratch bytes}, Workspaces, {op name: scratch bytes allocated before its
+    outputs}) of the request: `scratch.calibrate`'s figures, the workspaces and paired
+    scratch of the ops whose kernels return extra outputs (measured once per
+    configuration pair, cached like the scratch), and `scratch.scratch_before_outputs`."""
     cache = kernels.default_cache() if cache is None else cache
-    scratch, extra, keys, scratch_graph = kernels.calibrate_kernels(
+    scratch, extra, keys, scratch_graph, early = kernels.calibrate_kernels(
         graph, view, feed_shapes, session, cache)
     if not extra:
-        return scratch, Workspaces()
+        return scratch, Workspaces(), early
     pairs = {}  # reader -> (forward, pair key, forward's output index, reader's input index)
     for name, key in keys.items():
         for position, tensor in enumerate(view.nodes[name].inputs):
@@ -70,7 +71,7 @@ def measure(graph, view, feed_shapes, session=None, cache=None):
     # (the pooling gradient); the others (the next layer, a ShapeN) only read the output.
     paired = {reader: (forward, cache.get(k) or 0) for reader, (forward, k, _, _) in pairs.items()
               if (cache.get(k) or 0) < scratch.get(reader, 0)}
-    return scratch, Workspaces(dict(extra), paired)
+    return scratch, Workspaces(dict(extra), paired), early
 
 
 def _measure_pairs(scratch_graph, pairs, threads):
@@ -93,8 +94,8 @@ def _measure_pairs(scratch_graph, pairs, threads):
             if op is not None:
                 readers[key] = op
     measured = {key: 0 for key in pairs}
-    scratch_bytes, _ = kernel_runner.run_alone(graph, [op.name for op in readers.values()],
-                                               threads)
+    scratch_bytes = kernel_runner.run_alone(graph, [op.name for op in readers.values()],
+                                            threads)[0]
     measured.update({key: scratch_bytes[op.name] for key, op in readers.items()})
     return measured
 
