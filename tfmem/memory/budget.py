@@ -5,10 +5,13 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 
 1. the whole step as one partition: if it fits, the step runs at plain
    TensorFlow's speed;
-2. otherwise halve the partition size until a plan fits, then search between
-   that size and the one above it for the largest that fits; at each size,
-   try the user's swap distance first and shorter distances (more swapping)
-   after;
+2. otherwise slice the step into partitions of about equal ops, doubling
+   their number until a plan fits, then bisect between that number and half
+   of it for the fewest that fits.  Only the fewest partitions matter (each
+   costs a `Session.run`); equal ones leave each the most room below the
+   budget.  At each size, try the user's swap distance first and shorter
+   distances (more swapping) after.  A candidate is rejected at its first
+   partition over the budget, unsimulated after it;
 3. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -177,15 +180,18 @@ def scaled(trace, factor):
     partition fitting)."""
     if factor == 1.0:
         return trace
-
-    def grow(peak, before):
-        return before + math.ceil((peak - before) * factor) if peak > before else peak
-
     return dataclasses.replace(trace, partitions=tuple(
-        dataclasses.replace(p, device_peak=grow(p.device_peak, p.device_before),
-                            device_peak_requested=grow(p.device_peak_requested, p.device_before),
-                            device_peak_chunks=grow(p.device_peak_chunks, p.device_before))
+        dataclasses.replace(p, device_peak=_grown(p.device_peak, p.device_before, factor),
+                            device_peak_requested=_grown(p.device_peak_requested,
+                                                         p.device_before, factor),
+                            device_peak_chunks=_grown(p.device_peak_chunks, p.device_before,
+                                                      factor))
         for p in trace.partitions))
+
+
+def _grown(peak, before, factor):
+    """`peak` with its part above `before` (a working set) scaled by `factor`."""
+    return before + math.ceil((peak - before) * factor) if peak > before else peak
 
 
 def _reaching(trace, peak):
@@ -286,7 +292,8 @@ def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
-    """(plan, trace) of the largest partition size whose predicted peak fits the budget.
+    """(plan, trace) of the fewest partitions, of about equal ops, whose predicted peak
+    fits the budget.
 
     `view`: the request as `analyse` returned it; `sizing`: its `Sizing` at the fed
     shapes (tensor shapes and kernel scratch, read from the graph once by the caller).
@@ -323,7 +330,11 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     limit = _limit(budget_bytes, margin, others, sizing.regions)
 
     def within_budget(trace):
-        return _fits(scaled(trace, factor), budget_bytes, limit, others, margin)
+        return trace is not None and _fits(scaled(trace, factor), budget_bytes, limit, others,
+                                           margin)
+
+    def over_budget(partition):  # its bytes requested alone fail `_fits`, in any chunks
+        return _grown(partition.device_peak, partition.device_before, factor) > limit
 
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
@@ -339,7 +350,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
         plan = build_plan(view, slice_order(groups, order, size), size, swaps, placement)
         return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                              chunks=True, share=share, **options)
+                              chunks=True, share=share, give_up=over_budget, **options)
 
     def attempt(size):
         """The best-fitting plan at this partition size, or None: the longest swap
@@ -354,10 +365,15 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         return tried[size]
 
     whole = max(len(view.nodes), 1)
-    size, fits = whole, attempt(whole)
-    while fits is None and size > 1:
-        size = max(size // 2, 1)
-        fits = attempt(size)
+
+    def sliced_into(count):
+        """The partition size that slices the request into about `count` equal partitions."""
+        return -(-whole // count)
+
+    count, fits = 1, attempt(whole)
+    while fits is None and sliced_into(count) > 1:
+        count = min(count * 2, whole)
+        fits = attempt(sliced_into(count))
     if fits is None:
         trace = scaled(simulate(build_plan(view, slice_order(groups, order, 1), 1,
                                            dataclasses.replace(policy, swap_distance=0),
@@ -379,13 +395,13 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
             + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
-    low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit
-    while high - low > 1:
-        middle = (low + high) // 2
-        if attempt(middle) is None:
-            high = middle
+    fewest, most = count // 2, count  # `most` partitions fit, `fewest` do not
+    while most - fewest > 1:
+        middle = (fewest + most) // 2
+        if attempt(sliced_into(middle)) is None:
+            fewest = middle
         else:
-            low = middle
-    plan, trace = tried[low]
+            most = middle
+    plan, trace = tried[sliced_into(most)]
     validate(plan)
     return plan, trace

@@ -467,7 +467,7 @@ def state_bytes(view, size):
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
              workspaces=None, signatures=None, concurrent_ops=1, regions=Regions(),
-             share=None, early_scratch=None):
+             share=None, early_scratch=None, give_up=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
@@ -489,6 +489,11 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
 
     `share`: a `CandidateShare` of the search this plan is a candidate of, whose sizes are
     used and where a partition met again is not simulated again.
+
+    `give_up`: a test of each partition's `PartitionMemory` (its peak in bytes requested)
+    in plan order; the first partition it holds for ends the simulation, which then
+    returns None.  A search rejects a candidate at its first partition over the budget
+    and spends nothing on the partitions after it.
     """
     view = plan.view
     size = share.sizes if share is not None else TensorSizes(view, shapes)
@@ -560,6 +565,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if scratch else 0
         trace.append(PartitionMemory(index, before, peak, after,
                                      sum(host.values()), to_host, to_device, kernel))
+        if give_up is not None and give_up(trace[-1]):
+            return None
     replayed, served = replay(log, regions=regions)
     trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack,
                                  device_peak_requested=p.device_peak,
