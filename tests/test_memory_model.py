@@ -108,8 +108,7 @@ print(json.dumps(figures))
 """
 
 MAX_POOL = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+import json
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 import tfmem
@@ -161,11 +160,30 @@ print(json.dumps(dict(extra_outputs=extra_outputs, rows=rows, gradients=gradient
 """
 
 
-WAVE = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+# DeepSpeech's step (experiments/deepspeech.py, 32 frames, batch 128) as one TFMemSession
+# of `size` ops per partition under tfmem's session config, one thread per pool.
+DEEPSPEECH_SESSION = r"""
+import types
+import tensorflow as tf
+import tfmem
+from experiments import deepspeech
+
+def deepspeech_session(size):
+    args = types.SimpleNamespace(features=26, hidden=128, classes=29, seed=0, batch_size=128,
+                                 learning_rate=0.001)
+    model = deepspeech.build(tf, 32, args)
+    config = tfmem.session_config(tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                                            inter_op_parallelism_threads=1))
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    return model, sess, tfs, model.feed, [model.train_op, model.loss]
+"""
+
+
+WAVE = DEEPSPEECH_SESSION + r"""
+import json
 from tensorflow.core.protobuf import config_pb2
-from executor_order import deepspeech_session
 from tfmem.memory import op_order, simulate as simulator
 
 def measured_step(chained):
@@ -205,11 +223,9 @@ print(json.dumps(dict(measured=measured, predicted=predicted,
 """
 
 
-NUMBERING = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+NUMBERING = DEEPSPEECH_SESSION + r"""
+import json
 from tensorflow.core.protobuf import config_pb2
-from executor_order import deepspeech_session
 from tfmem.memory import op_order
 
 op_order.CHAIN_COPIES = False  # the copies as TensorFlow's executor numbers and runs them

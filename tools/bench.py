@@ -3,7 +3,6 @@ capped training (issue 6).
 
     python tools/bench.py [--quick] [--steps N] [--warmup N] [--json OUT.json]
                           [--skip-fits] [--skip-plan] [--skip-capped] [--profile]
-                          [--measure-cost]
 
 (a) A model that fits: ResNet-56 (`tfmem.cli.models.resnet(blocks=(9, 9, 9))`,
     batch 32).  One graph, two sessions (plain, and the one tfmem wraps),
@@ -45,10 +44,6 @@ capped training (issue 6).
     wall time; the prefetch wait share is last_step.prefetch_wait_time /
     last_step.wall_time.
 
-(e) With --measure-cost: what reading TensorFlow's allocator figures costs,
-    tfmem under a budget with measure="every", "sample" (the default) and
-    "off" against plain TensorFlow in one process (tools/measure_cost.py).
-
 Each goal is printed last as one machine-readable line:
 `TARGET name=value (goal ...) ok|MISSED`.
 
@@ -75,9 +70,6 @@ if ROOT not in sys.path:
 
 import tfmem  # noqa: E402  (imports no TensorFlow: children set the cap first)
 from tfmem.cli import child_env, provenance  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import measure_cost  # noqa: E402  (section (e): what measuring steps costs)
 
 MIB = 1 << 20
 
@@ -871,9 +863,6 @@ def report(results, out=print):
             + ", ".join(f"{key.replace('_', ' ')} "
                         + ("not refused" if value is None else f"after {value:.2f} s")
                         for key, value in refusals.items()))
-    if results.get("measure_cost"):
-        out("")
-        measure_cost.report(results["measure_cost"], out, prefix="(e) ")
     out("")
     for name, value in targets(results):
         out(_target_line(name, value))
@@ -961,9 +950,6 @@ def run_all(args, log=None):
             breakdown_steps=settings["breakdown_steps"],
             partition_size=args.capped_partition_size, log=log)
     results["refusals"] = bench_refusals()
-    if args.measure_cost:
-        results["measure_cost"] = measure_cost.run(steps=settings["steps"],
-                                                   warmup=max(settings["warmup"], 6))
     if args.profile:
         results["profile"] = profile_fits(blocks=tuple(args.blocks), batch=args.batch)
     return results
@@ -1000,9 +986,6 @@ def build_parser():
     parser.add_argument("--tfmem-config", choices=("tfmem", "default"), default="tfmem",
                         help="config of tfmem's session in (a): tfmem.session_config() "
                              "(default) or TensorFlow's default; plain always uses the default")
-    parser.add_argument("--measure-cost", action="store_true",
-                        help="also (e): tfmem under a budget with measure='every', 'sample' "
-                             "and 'off' against plain TensorFlow (tools/measure_cost.py)")
     parser.add_argument("--per-partition-rewrite", action="store_true",
                         help="copy plans with one import per partition (the rewrite before "
                              "plan_import), to compare")

@@ -16,10 +16,6 @@ DeepSpeech, the iteration-time table), the soak's (`soak.json`, written by
 table (`budget.json`, written by `python tools/budget_table.py`) or the TF2
 step-time benchmark's (`tf2_speed.json`, written by
 `python tools/bench_tf2.py --json experiments/results/tf2_speed.json`) or the
-session-graph-per-partition measurement's (`partition_graphs.json`, written by
-`python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`) or the peak
-spread's (`peak_spread.json`, written by
-`python experiments/peak_spread.py --json experiments/results/peak_spread.json`) or the
 simulator accuracy's (`accuracy.json`, written by
 `python experiments/accuracy.py --json experiments/results/accuracy.json`) or the
 benchmark's (`bench-*.json`, written by `python tools/bench.py ... --json OUT`: its own
@@ -197,39 +193,6 @@ def tf2_speed_block(data):
     return "\n".join(lines)
 
 
-def partition_graphs_block(data):
-    """The markdown of experiments/partition_graphs.py's result file (issue 12)."""
-    import partition_graphs  # pylint: disable=import-outside-toplevel
-    return partition_graphs.markdown(data, _provenance(data.get("provenance")))
-
-
-def peak_spread_block(data, name):
-    """The markdown of experiments/peak_spread.py's result file `name`."""
-    import peak_spread  # pylint: disable=import-outside-toplevel
-    flags = (" --quick" if data.get("quick") else "") + (
-        " --shared-process" if data.get("shared_process") else "")
-    if data["processes"] != (3 if data.get("quick") else 5):
-        flags += f" --processes {data['processes']}"
-    if data["steps"] != 6:
-        flags += f" --steps {data['steps']}"
-    if list(data["models"]) != list(peak_spread.suite_models()):
-        flags += " --models " + " ".join(data["models"])
-    if data.get("ordered"):
-        flags += " --ordered"
-    load = "/".join(f"{v:.1f}" for v in data["load_average_start"])
-    return "\n".join([
-        f"`python experiments/peak_spread.py{flags} --json experiments/results/{name}.json` "
-        f"({data['processes']} fresh processes per "
-        + ("kernel path, each running every model in turn" if data.get("shared_process") else
-           "model and kernel path") + ", plain "
-        f"`tf.compat.v1.Session`" + (", each step's ops chained in the simulator's depth-first "
-                                     "order" if data.get("ordered") else "")
-        + f", median of steps 2..{data['steps']} each; load average {load} "
-        f"at the start; whole run {data['seconds']:.0f} s; "
-        f"{_provenance(data.get('provenance'))}):", "",
-        peak_spread.markdown(data["rows"]), "", f"    {data['result']}", ""])
-
-
 def accuracy_block(data):
     """The markdown of experiments/accuracy.py's result file: predicted against measured peaks."""
     import accuracy  # pylint: disable=import-outside-toplevel
@@ -254,28 +217,6 @@ def bench_block(data, name):
         f"`python tools/bench.py {argv} --json experiments/results/{name}.json` "
         f"(whole run {data['total_s']:.0f} s; {_provenance(data.get('provenance'))}):", "",
         "```", *lines, "```", ""])
-
-
-def _seconds(values):
-    return " / ".join(f"{value:.2f}" for value in values) or "-"
-
-
-def trials_block(data):
-    """The markdown of single trials (`run_trial`'s results, each with a `name`)."""
-    rows = [f"{data['how']} ({_provenance(data.get('provenance'))}):", "","| trial | size | cap MiB | steps ran as | measure | step s | outcome | peak MiB "
-            "| trial s | first compile |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for trial in data["trials"]:
-        tfm = trial.get("tfmem") or {}
-        paths = sorted(set(tfm.get("step_paths") or [])) or ["-"]
-        outcome = trial["status"] + (f" in {trial['failed_in']}" if trial.get("failed_in") else "")
-        cap = trial.get("device_memory_mib") or "none"
-        peak = trial.get("peak_bytes")
-        rows.append(" | ".join([
-            f"| {trial['name']}", f"{trial['experiment']} {trial['size_name']} {trial['size']}",
-            str(cap), ", ".join(paths), tfm.get("measure", "-"), _seconds(trial["step_times"]),
-            outcome, f"{peak / MIB:.2f}" if peak else "-", f"{trial['seconds']:.1f}",
-            f"{tfm.get('last_compile') or '-'} |"]))
-    return "\n".join(rows) + "\n"
 
 
 def _tfmem_setting(settings):
@@ -322,19 +263,10 @@ def block(name):
         return soak_block(data)
     if data.get("kind") == "budget-table":
         return budget_block(data)
-    if data.get("kind") == "peak-spread":
-        return peak_spread_block(data, name)
     if data.get("kind") == "tf2-speed":
         return tf2_speed_block(data)
-    if data.get("kind") == "partition-graphs":
-        return partition_graphs_block(data)
-    if data.get("kind") == "partial-runs":  # experiments/partial_runs.py (issue 12)
-        import partial_runs  # pylint: disable=import-outside-toplevel
-        return partial_runs.markdown(data, _provenance(data.get("provenance")))
     if data.get("kind") == "bench":
         return bench_block(data, name)
-    if data.get("kind") == "single-trials":
-        return trials_block(data)
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
     if data.get("kind") == "planning":
