@@ -1,4 +1,4 @@
-"""Smoke tests of the experiments (experiments/common.py, steady.py, resnet.py, ...).
+"""Smoke tests of the experiments (experiments/harness/, resnet.py, ...).
 
 One tiny ResNet trial per system, each in its own process as the search runs
 them (the emulated cap must be set before TensorFlow starts), plus the search
@@ -22,11 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import resnet  # noqa: E402  pylint: disable=wrong-import-position
-import steady  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import deepspeech, moe, resnet
+from experiments.harness import cap, child, experiment, main, options, reports, search, steady
 
 MIB = 1 << 20
 CAP = 256
@@ -42,16 +40,16 @@ TFMEM_PARTITIONED = ["--partition-size", "40", "--swap-min-bytes", "0"]
 @pytest.fixture(scope="module")
 def trials():
     """{system: result} of one 8-layer trial per system, each in a fresh process."""
-    plain = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
-    partitioned = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY + TFMEM_PARTITIONED)
-    with ThreadPoolExecutor(len(common.SYSTEMS)) as pool:
-        futures = {system: pool.submit(common.spawn_trial, resnet.EXPERIMENT,
+    plain = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    partitioned = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY + TFMEM_PARTITIONED)
+    with ThreadPoolExecutor(len(experiment.SYSTEMS)) as pool:
+        futures = {system: pool.submit(child.spawn_trial, resnet.EXPERIMENT,
                                        partitioned if system == "tfmem" else plain, system, 8, 180)
-                   for system in common.SYSTEMS}
+                   for system in experiment.SYSTEMS}
         return {system: future.result() for system, future in futures.items()}
 
 
-@pytest.mark.parametrize("system", common.SYSTEMS)
+@pytest.mark.parametrize("system", experiment.SYSTEMS)
 def test_one_trial_per_system_prints_its_json_result(trials, system):
     result = trials[system]
     assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
@@ -67,7 +65,7 @@ def test_one_trial_per_system_prints_its_json_result(trials, system):
     assert result["state_bytes"] > 4 * result["parameters"]  # weights, momentum, BN averages
 
 
-@pytest.mark.parametrize("system", common.SYSTEMS)
+@pytest.mark.parametrize("system", experiment.SYSTEMS)
 def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system):
     """The first step, the re-plans and the steady state (the median of the steps after the
     last re-plan), from the trial's own step times; it stops once it has 2 steady steps."""
@@ -87,13 +85,13 @@ def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system
 
 def test_systems_are_what_they_say(trials):
     assert trials["tf"]["grappler"] is None and trials["tf"]["tfmem"] is None
-    assert trials["grappler"]["grappler"] == common.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
+    assert trials["grappler"]["grappler"] == experiment.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
     info = trials["tfmem"]["tfmem"]
     assert info["partition_size"] == 40 and info["swap_min_bytes"] == 0
     assert info["partitions"] > 5 and info["swapped_out_bytes"] > 0
     # Plain TensorFlow runs without oneDNN (its kernels crashed at a full cap); tfmem
     # runs the path --onednn asks for (default off).  Both are set, never inherited.
-    for system in common.SYSTEMS:
+    for system in experiment.SYSTEMS:
         assert trials[system]["kernel_path"] == "oneDNN off"
 
 
@@ -106,8 +104,8 @@ def test_same_losses_on_every_system(trials):
 
 
 def test_a_trial_over_its_time_limit_is_a_timeout():
-    args = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
-    result = common.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
+    args = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    result = child.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
     assert result["status"] == "timeout" and not result["ok"]
     assert "within" in result["error"]
 
@@ -153,11 +151,10 @@ def test_a_trial_runs_until_enough_steps_follow_the_last_replan():
 REPLAN_SCRIPT = r"""
 import json, logging, os, sys, tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, sys.argv[1])
 import tfmem
 tfmem.emulate_accelerator(512)
 import tensorflow as tf
-import steady
+from experiments.harness import steady
 from tfmem.cli import models
 from tfmem.memory import scratch
 tf1 = tf.compat.v1
@@ -195,7 +192,7 @@ def test_the_replan_watch_sees_budget_mode_plan_again():
     shape plans and compiles; the steps between plan nothing."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TFMEM_SCRATCH_CACHE", None)
-    proc = subprocess.run([sys.executable, "-c", REPLAN_SCRIPT, str(ROOT / "experiments")],
+    proc = subprocess.run([sys.executable, "-c", REPLAN_SCRIPT],
                           capture_output=True, text=True, timeout=300, check=False, env=env,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -217,33 +214,33 @@ def test_layers_map_to_third_stage_blocks():
 
 
 def test_steps_adapt_unless_fixed_and_reach_the_trial():
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    args = options.parse_args(resnet.EXPERIMENT, ["--quick"])
     assert args.steps is None and args.steady_steps == steady.STEADY_STEPS == 5
-    options = common.trial_options(resnet.EXPERIMENT, args)
-    assert "--steps" not in options
-    assert options[options.index("--steady-steps") + 1] == "5"
-    assert options[options.index("--max-steps") + 1] == str(args.max_steps)
-    fixed = common.trial_options(resnet.EXPERIMENT,
-                                 common.parse_args(resnet.EXPERIMENT, ["--quick", "--steps", "7"]))
+    child_options = options.trial_options(resnet.EXPERIMENT, args)
+    assert "--steps" not in child_options
+    assert child_options[child_options.index("--steady-steps") + 1] == "5"
+    assert child_options[child_options.index("--max-steps") + 1] == str(args.max_steps)
+    fixed = options.trial_options(resnet.EXPERIMENT,
+                                 options.parse_args(resnet.EXPERIMENT, ["--quick", "--steps", "7"]))
     assert fixed[fixed.index("--steps") + 1] == "7"
     with pytest.raises(SystemExit):  # the first step is never steady: max must exceed
-        common.parse_args(resnet.EXPERIMENT, ["--quick", "--steady-steps", "5",
+        options.parse_args(resnet.EXPERIMENT, ["--quick", "--steady-steps", "5",
                                               "--max-steps", "5"])
 
 
 def test_parse_args_defaults_and_quick():
-    quick = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(resnet.EXPERIMENT, ["--quick"])
     # No fixed cap: it is derived from plain TensorFlow's peak at 16 layers on this machine.
     assert quick.find_max and quick.device_memory is None and quick.cap_base == 16
     assert quick.trial_timeout == 60 and quick.batch_size == 16
     assert quick.partition_size == "auto" and quick.onednn == 0
     with pytest.raises(SystemExit):  # a search needs a cap or a size to derive it from
-        common.parse_args(resnet.EXPERIMENT, ["--find-max"])
-    given = common.parse_args(resnet.EXPERIMENT, ["--quick", "--device-memory", "100",
+        options.parse_args(resnet.EXPERIMENT, ["--find-max"])
+    given = options.parse_args(resnet.EXPERIMENT, ["--quick", "--device-memory", "100",
                                                   "--partition-size", "50"])
     assert given.device_memory == 100 and given.partition_size == 50
     with pytest.raises(SystemExit):
-        common.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
+        options.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
 
 
 # --------------------------------------------------------------------------
@@ -266,7 +263,7 @@ def _fake(limit, calls, seconds_per_layer=0.001):
 
 def test_find_max_exponential_then_binary():
     calls = []
-    outcome = common.find_max(_fake(37, calls), 1, resnet.layers_of)
+    outcome = search.find_max(_fake(37, calls), 1, resnet.layers_of)
     assert outcome["best"] == 37 and outcome["failed_at"] == 38
     assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]
     assert len(calls) <= 7 + 6
@@ -274,11 +271,11 @@ def test_find_max_exponential_then_binary():
 
 def test_find_max_failing_start_searches_down_and_tolerance_stops_early():
     calls = []
-    assert common.find_max(_fake(5, calls), 40, resnet.layers_of)["best"] == 5
+    assert search.find_max(_fake(5, calls), 40, resnet.layers_of)["best"] == 5
     calls = []
-    outcome = common.find_max(_fake(100, calls), 1, resnet.layers_of, tolerance=0.1)
+    outcome = search.find_max(_fake(100, calls), 1, resnet.layers_of, tolerance=0.1)
     assert 91 <= outcome["best"] <= 100 and outcome["failed_at"] - outcome["best"] <= 10
-    assert common.find_max(_fake(0, []), 4, resnet.layers_of)["best"] == 0
+    assert search.find_max(_fake(0, []), 4, resnet.layers_of)["best"] == 0
 
 
 def test_find_max_stops_at_a_failure_that_is_not_a_size_limit():
@@ -288,17 +285,17 @@ def test_find_max_stops_at_a_failure_that_is_not_a_size_limit():
         return dict(index=k, size=resnet.layers_of(k), system="tfmem", size_name="layers",
                     ok=ok, status=status, throughput=1.0, parameters=k, peak_bytes=MIB,
                     state_bytes=MIB, error=None if ok else "KeyError: 'x' (a tfmem bug)")
-    outcome = common.find_max(trial, 1, resnet.layers_of)
+    outcome = search.find_max(trial, 1, resnet.layers_of)
     assert outcome["stopped"] == "failure" and outcome["failed_at"] is None
     assert outcome["failure"]["error"].startswith("KeyError")
     assert len(outcome["trials"]) == 3  # 1, 2, then 4 failed: no bisection on a bug
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
-    summary = common.summarise(resnet.EXPERIMENT, args, "tfmem", outcome)
+    args = options.parse_args(resnet.EXPERIMENT, ["--quick"])
+    summary = search.summarise(resnet.EXPERIMENT, args, "tfmem", outcome)
     assert summary["run_failed"] and summary["limit_text"].startswith("FAILURE")
     assert not summary["limit_text"].startswith("device memory")
-    reason = common.run_failure([summary])
+    reason = reports.run_failure([summary])
     assert "KeyError" in reason
-    assert common.result_line([summary], reason).startswith(
+    assert reports.result_line([summary], reason).startswith(
         'RESULT system=tfmem max=10 ratio=n/a reason="tfmem failed at layers=14: KeyError')
 
 
@@ -308,14 +305,14 @@ def test_find_max_stops_at_a_failure_that_is_not_a_size_limit():
     ("tf", "crash", True), ("grappler", "crash", True),  # recorded as a crash, not as memory
     ("tfmem", "crash", False), ("tf", "error", False), ("tfmem", "error", False)])
 def test_only_does_not_fit_outcomes_are_size_limits(system, status, limit):
-    assert common.is_size_limit(dict(system=system, status=status)) is limit
-    assert "device memory" not in common.LIMITS["crash"]
+    assert experiment.is_size_limit(dict(system=system, status=status)) is limit
+    assert "device memory" not in experiment.LIMITS["crash"]
 
 
 def test_find_max_respects_max_size_and_trial_budget():
-    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_index=20)
+    outcome = search.find_max(_fake(1000, []), 1, resnet.layers_of, max_index=20)
     assert outcome["best"] == 20 and outcome["stopped"] == "max-size"
-    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_trials=3)
+    outcome = search.find_max(_fake(1000, []), 1, resnet.layers_of, max_trials=3)
     assert outcome["best"] == 4 and outcome["stopped"] == "max-trials"
 
 
@@ -326,14 +323,14 @@ def test_find_max_respects_max_size_and_trial_budget():
 def _summaries():
     """tf, grappler and tfmem searches on fake trials; tfmem's steady step costs 1.5x plain's
     per layer."""
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    args = options.parse_args(resnet.EXPERIMENT, ["--quick"])
     summaries = []
     for system, limit, per_layer in (("tf", 6, 0.002), ("grappler", 5, 0.002),
                                      ("tfmem", 30, 0.003)):
-        outcome = common.find_max(_fake(limit, [], per_layer), 1, resnet.layers_of)
+        outcome = search.find_max(_fake(limit, [], per_layer), 1, resnet.layers_of)
         for t in outcome["trials"]:
             t["system"] = system
-        summaries.append(common.summarise(resnet.EXPERIMENT, args, system, outcome))
+        summaries.append(search.summarise(resnet.EXPERIMENT, args, system, outcome))
     return args, summaries
 
 
@@ -342,12 +339,12 @@ def test_summary_rows_and_result_line():
     assert [s["max_size"] for s in summaries] == [18, 16, 66]
     assert summaries[0]["first_failing_size"] == 20
     assert summaries[0]["limit_text"].startswith("device memory")
-    assert common.result_line(summaries) == "RESULT system=tfmem max=66 ratio=3.67"
+    assert reports.result_line(summaries) == "RESULT system=tfmem max=66 ratio=3.67"
 
 
 def test_the_table_reports_first_step_replans_and_steady_cost_against_plain():
     _, summaries = _summaries()
-    tf_row, _, tfm_row = common.table_rows(summaries)
+    tf_row, _, tfm_row = reports.table_rows(summaries)
     tfm = summaries[2]
     assert (tfm_row["first_step_seconds"], tfm_row["replans"]) == (31.0, 0)  # index 30
     assert tfm_row["steady_seconds"] == round(tfm["steady_seconds"], 3)
@@ -358,7 +355,7 @@ def test_the_table_reports_first_step_replans_and_steady_cost_against_plain():
     assert tfm_row["steady_ms_per_unit"] == round(tfm_cost, 4)
     assert tfm_row["vs_plain"] == round(tfm_cost / plain_cost, 2) == 1.5
     assert tf_row["vs_plain"] == 1.0
-    table = common.markdown_table(summaries, "layers", "images")
+    table = reports.markdown_table(summaries, "layers", "images")
     head, _, *rows = table.splitlines()
     for column in ("first step s", "re-plans", "steady step s", "steady images/s",
                    "steady ms per layer-image", "vs plain at plain's max"):
@@ -376,13 +373,12 @@ def test_a_summary_without_steady_figures_shows_them_as_not_measured():
         for key in ("replans", "steady_seconds", "steady_ms_per_unit", "steady_step_count",
                     "work_unit"):
             del summary[key]
-    rows = common.markdown_table(summaries, "layers", "images", "layer-image").splitlines()[2:]
+    rows = reports.markdown_table(summaries, "layers", "images", "layer-image").splitlines()[2:]
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert cells[5:10] == ["-"] * 5  # re-plans, steady s, steady/s, ms per unit, vs plain
         assert cells[4] != "-"  # the first step was recorded
-    sys.path.insert(0, str(ROOT / "tools"))
-    import results_tables  # pylint: disable=import-outside-toplevel
+    from tools import results_tables  # pylint: disable=import-outside-toplevel
     args, _ = _summaries()
     data = dict(settings=vars(args), summaries=summaries, seconds=1.0, result="RESULT x")
     block = results_tables.experiment_block(json.loads(json.dumps(data, default=str)),
@@ -393,7 +389,7 @@ def test_a_summary_without_steady_figures_shows_them_as_not_measured():
 def test_markdown_csv_and_plot_written(tmp_path):
     args, summaries = _summaries()
     args.out_dir, args.tag = tmp_path, "fake"
-    paths = common.write_reports(resnet.EXPERIMENT, args, summaries, 12.0, out=lambda _: None)
+    paths = reports.write_reports(resnet.EXPERIMENT, args, summaries, 12.0, out=lambda _: None)
     markdown = (tmp_path / "resnet-fake.md").read_text()
     header = markdown.splitlines()[2]
     for column in ("system", "batch", "max layers", "parameters", "steady images/s",
@@ -432,7 +428,7 @@ def test_reports_of_a_run_where_nothing_trained(tmp_path):
         for t in summary["all_trials"]:
             t["ok"], t["status"] = False, "oom"
     args.out_dir, args.tag = tmp_path, "nothing"
-    common.write_reports(resnet.EXPERIMENT, args, summaries, 1.0, out=lambda _: None)
+    reports.write_reports(resnet.EXPERIMENT, args, summaries, 1.0, out=lambda _: None)
     assert "no plot: no trial trained" in (tmp_path / "resnet-nothing.md").read_text()
 
 
@@ -440,8 +436,8 @@ def test_a_run_that_breaks_ends_with_a_message_and_its_result_line(tmp_path, mon
                                                                    capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("the search broke")
-    monkeypatch.setattr(common, "search_systems", broken)
-    code = common.main(resnet.EXPERIMENT, ["--quick", "--device-memory", "50",
+    monkeypatch.setattr(main, "search_systems", broken)
+    code = main.main(resnet.EXPERIMENT, ["--quick", "--device-memory", "50",
                                            "--out-dir", str(tmp_path)])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 1
@@ -453,27 +449,27 @@ def test_a_runs_trials_share_one_kernel_scratch_file(tmp_path, monkeypatch):
     """Trial processes inherit one file for the run (each kernel measured once per run),
     removed with the run; a file the user named is used as it is."""
     from tfmem.memory import scratch  # pylint: disable=import-outside-toplevel
-    assert common.SCRATCH_CACHE_ENV == scratch.CACHE_ENV
+    assert main.SCRATCH_CACHE_ENV == scratch.CACHE_ENV
     monkeypatch.delenv(scratch.CACHE_ENV, raising=False)
     seen = []
 
-    def search(*args, **kwargs):
-        seen.append(common.os.environ.get(scratch.CACHE_ENV))
+    def stop(*args, **kwargs):
+        seen.append(os.environ.get(scratch.CACHE_ENV))
         raise RuntimeError("stop here")
-    monkeypatch.setattr(common, "search_systems", search)
+    monkeypatch.setattr(main, "search_systems", stop)
     argv = ["--quick", "--device-memory", "50", "--out-dir", str(tmp_path)]
-    common.main(resnet.EXPERIMENT, argv)
+    main.main(resnet.EXPERIMENT, argv)
     assert seen[0] and Path(seen[0]).name == "scratch.json"
-    assert scratch.CACHE_ENV not in common.os.environ and not Path(seen[0]).parent.exists()
+    assert scratch.CACHE_ENV not in os.environ and not Path(seen[0]).parent.exists()
     monkeypatch.setenv(scratch.CACHE_ENV, str(tmp_path / "mine.json"))
-    common.main(resnet.EXPERIMENT, argv)
+    main.main(resnet.EXPERIMENT, argv)
     assert seen[1] == str(tmp_path / "mine.json")
 
 
 def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
-    args = common.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
+    args = options.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
                                                  "--cap-factor", "1.5"] + TINY[2:])
-    info = common.derive_cap(resnet.EXPERIMENT, args)
+    info = cap.derive_cap(resnet.EXPERIMENT, args)
     trial = info["trial"]
     assert trial["ok"] and trial["system"] == "tf" and trial["size"] == 8
     assert trial["device_memory_mib"] is None  # measured without a cap, same allocator
@@ -481,14 +477,13 @@ def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
     assert info["cap_mib"] == math.ceil(trial["peak_bytes"] * 1.5 / MIB)
     assert info["plain_peak_mib"] == round(trial["peak_bytes"] / MIB, 2)
     # the median of as many processes
-    assert len(info["plain_peaks_mib"]) == common.CAP_TRIALS
-    assert info["plain_peak_mib"] == sorted(info["plain_peaks_mib"])[common.CAP_TRIALS // 2]
+    assert len(info["plain_peaks_mib"]) == cap.CAP_TRIALS
+    assert info["plain_peak_mib"] == sorted(info["plain_peaks_mib"])[cap.CAP_TRIALS // 2]
 
 
 # --------------------------------------------------------------------------
 # moe.py: a tiny mixture of experts, plain TensorFlow against tfmem
 
-import moe  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Small partitions and no swap threshold, so tfmem really cuts and swaps this tiny graph.
 MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq-len", "16",
@@ -500,11 +495,11 @@ MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq
 def moe_trials():
     """{system: result} of one 3-expert trial for tf, tfmem and tfmem with --partial-runs
     ("tfmem-prun"), each in a fresh process."""
-    args = common.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
-    prun = common.parse_args(moe.EXPERIMENT, ["--find-max", "--partial-runs"] + MOE_TINY)
+    args = options.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
+    prun = options.parse_args(moe.EXPERIMENT, ["--find-max", "--partial-runs"] + MOE_TINY)
     runs = {"tf": (args, "tf"), "tfmem": (args, "tfmem"), "tfmem-prun": (prun, "tfmem")}
     with ThreadPoolExecutor(3) as pool:
-        futures = {name: pool.submit(common.spawn_trial, moe.EXPERIMENT, run_args, system, 3, 120)
+        futures = {name: pool.submit(child.spawn_trial, moe.EXPERIMENT, run_args, system, 3, 120)
                    for name, (run_args, system) in runs.items()}
         return {name: future.result() for name, future in futures.items()}
 
@@ -540,22 +535,23 @@ def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):
 
 
 def test_partial_runs_option_reaches_the_trial_and_the_report():
-    args = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs"])
+    args = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs"])
     assert args.partial_runs and args.measure == "off"  # measured steps would run callables
-    options = common.trial_options(moe.EXPERIMENT, args)
-    assert "--partial-runs" in options and options[options.index("--measure") + 1] == "off"
-    kept = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--measure", "sample"])
-    assert kept.measure == "sample" and "callables" in common.step_path_text(vars(kept))
-    plain = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    child_options = options.trial_options(moe.EXPERIMENT, args)
+    assert "--partial-runs" in child_options
+    assert child_options[child_options.index("--measure") + 1] == "off"
+    kept = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--measure", "sample"])
+    assert kept.measure == "sample" and "callables" in reports.step_path_text(vars(kept))
+    plain = options.parse_args(moe.EXPERIMENT, ["--quick"])
     assert not plain.partial_runs and plain.measure == "sample"
-    assert "--partial-runs" not in common.trial_options(moe.EXPERIMENT, plain)
-    assert common.step_path_text(vars(args)).startswith("partial runs (measure off")
+    assert "--partial-runs" not in options.trial_options(moe.EXPERIMENT, plain)
+    assert reports.step_path_text(vars(args)).startswith("partial runs (measure off")
     # budget mode measures partial runs by the process figures: it keeps "sample" and learns
-    learns = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
+    learns = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
                                                 "auto"])
-    assert learns.measure == "sample" and "learns" in common.step_path_text(vars(learns))
-    assert common.step_path_text(vars(plain)) == "callables (measure sample)"
-    assert common.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
+    assert learns.measure == "sample" and "learns" in reports.step_path_text(vars(learns))
+    assert reports.step_path_text(vars(plain)) == "callables (measure sample)"
+    assert reports.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
         "python experiments/moe.py --quick --partial-runs"
 
 
@@ -568,22 +564,21 @@ def test_moe_parameters_grow_with_experts():
 
 
 def test_moe_quick_and_defaults():
-    quick = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(moe.EXPERIMENT, ["--quick"])
     assert quick.find_max and quick.device_memory is None and quick.cap_base == 12
     assert quick.batch_size == 8 and quick.partition_size == 200  # the paper's MoE settings
     assert quick.trial_timeout == 60 and quick.start == 4
-    assert "--swap-min-bytes" in common.trial_options(moe.EXPERIMENT, quick)
-    one = common.parse_args(moe.EXPERIMENT, ["--system", "tfmem", "--experts", "12",
+    assert "--swap-min-bytes" in options.trial_options(moe.EXPERIMENT, quick)
+    one = options.parse_args(moe.EXPERIMENT, ["--system", "tfmem", "--experts", "12",
                                              "--partition-size", "auto"])
     assert one.size == 12 and one.partition_size == "auto" and not one.find_max
     with pytest.raises(SystemExit):
-        common.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
+        options.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
 
 
 # --------------------------------------------------------------------------
 # deepspeech.py: a tiny unrolled bidirectional RNN, plain TensorFlow against tfmem
 
-import deepspeech  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # The paper's partition size 5 (the default) on a 4-frame sequence: many partitions.
 DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--features", "6",
@@ -593,9 +588,9 @@ DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--
 @pytest.fixture(scope="module")
 def deepspeech_trials():
     """{system: result} of one 4-frame trial for tf and tfmem, each in a fresh process."""
-    args = common.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
+    args = options.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
     with ThreadPoolExecutor(2) as pool:
-        futures = {system: pool.submit(common.spawn_trial, deepspeech.EXPERIMENT, args, system,
+        futures = {system: pool.submit(child.spawn_trial, deepspeech.EXPERIMENT, args, system,
                                        4, 120) for system in ("tf", "tfmem")}
         return {system: future.result() for system, future in futures.items()}
 
@@ -616,15 +611,15 @@ def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
 
 
 def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
-    quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(deepspeech.EXPERIMENT, ["--quick"])
     assert quick.batch_size == 128 and quick.partition_size == "auto"
     assert quick.time_seq_lens == [16, 32] and quick.swap_min_bytes == 32 << 10
-    assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max", "--device-memory",
+    assert options.parse_args(deepspeech.EXPERIMENT, ["--find-max", "--device-memory",
                                                      "24"]).partition_size == 5
-    assert common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
+    assert options.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
                                                      "none"]).time_seq_lens == []
     with pytest.raises(SystemExit):  # a bad length stops the run before the search
-        common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens", "8,x"])
+        options.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens", "8,x"])
     labels = [label for label, _, _ in deepspeech._timed_runs(quick)]  # pylint: disable=protected-access
     assert labels == ["tf", "grappler", "tfmem", "tfmem ps=5"]  # budget mode and the paper's 5
     rows = [{"seq_len": 8, "tf": 0.1, "tf status": "ok", "grappler": None,

@@ -46,9 +46,7 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /r
                    re.S)
 MIB = 1 << 20
 
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a script: import from the root
 
 
 def _provenance(info):
@@ -60,14 +58,16 @@ def _work_unit(script):
     """The unit of work of experiments/<script>.py (its EXPERIMENT.work_unit), or None."""
     import importlib  # pylint: disable=import-outside-toplevel
     try:
-        return importlib.import_module(script).EXPERIMENT.work_unit
+        return importlib.import_module(f"experiments.{script}").EXPERIMENT.work_unit
     except (ImportError, AttributeError):
         return None
 
 
 def experiment_block(data, name):
     """The markdown of an experiment's result file."""
-    import common  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from experiments.harness.cap import cap_peak_text
+    from experiments.harness.reports import markdown_table, result_line, step_path_text
     settings, summaries = data["settings"], data["summaries"]
     size_name = summaries[0]["size_name"] if summaries else "size"
     unit = summaries[0]["unit"] if summaries else "examples"
@@ -77,24 +77,24 @@ def experiment_block(data, name):
     cap = data.get("cap")
     if cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
-                    f"{cap['base_size']} measured on the machine ({common.cap_peak_text(cap)}, "
+                    f"{cap['base_size']} measured on the machine ({cap_peak_text(cap)}, "
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
     else:
         cap_text = f"cap {settings.get('device_memory')} MiB (given)"
-    steps = (f"tfmem: {common.step_path_text(settings)}; "
+    steps = (f"tfmem: {step_path_text(settings)}; "
              if "partial_runs" in settings else "")
-    if settings.get("session_config", "default") != "default":  # experiments/common.py
+    if settings.get("session_config", "default") != "default":  # experiments/harness/options.py
         steps += f"every session: {settings['session_config']} config (Grappler off); "
-    if settings.get("allocator", "grown") != "grown":  # experiments/common.allocator_note
+    if settings.get("allocator", "grown") != "grown":  # experiments/harness/reports.allocator_note
         steps += "every trial's cap reserved as one region first; "
     lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
              f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
-             common.markdown_table(summaries, size_name, unit, _work_unit(script)), ""]
+             markdown_table(summaries, size_name, unit, _work_unit(script)), ""]
     failures = [f"- {s['system']} at {size_name} {s['first_failing_size']}: {s['failure']}"
                 for s in summaries if s.get("first_failing_size") and s.get("failure")]
     lines += failures + ([""] if failures else [])
-    lines += [f"    {data.get('result') or common.result_line(summaries)}", ""]
+    lines += [f"    {data.get('result') or result_line(summaries)}", ""]
     if data.get("extra_markdown"):
         extra = data["extra_markdown"].strip().splitlines()
         if extra and extra[0].startswith("#"):
@@ -145,7 +145,7 @@ def soak_block(data):
 
 def budget_block(data):
     """The markdown of tools/budget_table.py's result file."""
-    import budget_table  # pylint: disable=import-outside-toplevel
+    from tools import budget_table  # pylint: disable=import-outside-toplevel
     caps = " ".join(str(c) for c in data["caps"])
     return "\n".join([
         f"`python tools/budget_table.py --caps {caps} --steps {data['steps']}` (margin "
@@ -195,7 +195,7 @@ def tf2_speed_block(data):
 
 def accuracy_block(data):
     """The markdown of experiments/accuracy.py's result file: predicted against measured peaks."""
-    import accuracy  # pylint: disable=import-outside-toplevel
+    from experiments import accuracy  # pylint: disable=import-outside-toplevel
     return "\n".join([
         f"`python experiments/accuracy.py --json experiments/results/accuracy.json` (steps 2-"
         f"{data['steps']} judged; {_provenance(data.get('provenance'))}):", "",
@@ -204,7 +204,7 @@ def accuracy_block(data):
 
 def bench_block(data, name):
     """The markdown of tools/bench.py's result file: its own report, as it printed it."""
-    import bench  # pylint: disable=import-outside-toplevel
+    from tools import bench  # pylint: disable=import-outside-toplevel
     lines = []
     bench.report(data, out=lambda text="": lines.extend(str(text).split("\n")))
     argv, skip = [], False
@@ -270,7 +270,7 @@ def block(name):
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
     if data.get("kind") == "planning":
-        import bench_planning  # pylint: disable=import-outside-toplevel
+        from tools import bench_planning  # pylint: disable=import-outside-toplevel
         return bench_planning.markdown(data, _provenance(data.get("provenance")))
     return experiment_block(data, name)
 
