@@ -75,9 +75,8 @@ def train(kind):
 
 
 def train_tf2(kind):
-    sys.path.insert(0, "tools")  # the child runs from the repository's root
     import numpy as np
-    from bench_tf2 import build_mlp
+    from tfmem.cli.tf2_models import build_mlp
     fn, x = build_mlp(tf, np, seed=0, layers=12)
     step = tf.function(fn) if kind == "plain" else tfmem.function(
         fn, device_memory_budget=f"{CAP}MiB")

@@ -20,7 +20,6 @@ import contextlib
 import traceback
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,10 +28,8 @@ import tensorflow as tf
 import tfmem
 from tfmem.plan import updates
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-
-import local_cluster  # noqa: E402  pylint: disable=wrong-import-position
-from local_cluster import LocalCluster  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import local_cluster
+from experiments.local_cluster import LocalCluster
 
 tf1 = tf.compat.v1
 WORKER = "/job:worker/task:0"
@@ -64,9 +61,8 @@ def _in_private_network(*checks):
     namespace, on a cluster of its own; return {check name: None if it passed, else
     the process's output}."""
     names = [check.__name__ for check in checks]
-    here = str(Path(__file__).resolve().parent)
-    code = (f"import sys; sys.path[:0] = [{here!r}]; import test_distributed; "
-            f"test_distributed.run_checks({names!r})")
+    # the child imports this module from the tests' folder, on the PYTHONPATH below
+    code = f"import test_distributed; test_distributed.run_checks({names!r})"
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(sys.path))
     status, output = local_cluster.run_private([sys.executable, "-c", code], CHECK_TIMEOUT, env)

@@ -46,7 +46,6 @@ def build(tf):
 
 PRELUDE = r"""
 import json, os, sys
-sys.path.insert(0, os.getcwd())
 import tfmem
 tfmem.emulate_accelerator(4096)
 import tensorflow as tf

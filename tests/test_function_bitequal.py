@@ -37,8 +37,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import make_step  # the Keras training step the TF2 benchmark times
+from tfmem.cli.tf2_models import make_step  # the Keras training step tools/bench_tf2.py times
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[3]))
 tf.config.threading.set_inter_op_parallelism_threads(2)
 

@@ -45,8 +45,7 @@ tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
 import keras
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_convnet, build_mlp, build_resnet, make_step
+from tfmem.cli.tf2_models import build_convnet, build_mlp, build_resnet, make_step
 from tfmem.run import accelerator
 from tfmem.memory import scratch
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -27,8 +27,7 @@ if sys.argv[1] != "0":
 import numpy as np
 import tensorflow as tf
 from tfmem.run import accelerator
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_mlp
+from tfmem.cli.tf2_models import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 memory = lambda: accelerator.device_memory("CPU:0")

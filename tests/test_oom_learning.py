@@ -185,8 +185,7 @@ if stage != "reference":  # one region of the cap (and the layout both runs shar
     tfmem.reserve_emulated_memory()
 from tfmem.run import accelerator
 from tfmem.memory import scratch
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_convnet
+from tfmem.cli.tf2_models import build_convnet
 step, variables, (x, y) = build_convnet(tf, np, 0)
 out = {}
 left_path = cache_path + ".left.npz"

@@ -10,7 +10,6 @@ run no step.
 """
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -26,9 +25,8 @@ from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import accuracy as measurement  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import accuracy as measurement
+
 
 tf1 = tf.compat.v1
 

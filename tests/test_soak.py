@@ -22,10 +22,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from tools import soak
 
-import soak  # noqa: E402  pylint: disable=wrong-import-position
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MIB = 1 << 20
 CAP_MIB = 16  # plain TensorFlow's peak for this step is about 14 MiB, tfmem's about 11
