@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "experiments" / "README.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 # The headline table's rows: (result file stem, what the experiment grows).
 HEADLINE = (("resnet-memory", "ResNet depth"), ("resnet-memory-oneregion", "ResNet depth"),
             ("moe-memory", "MoE experts per layer"), ("moe-budget-memory", "MoE experts per layer"),
