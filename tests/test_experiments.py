@@ -642,8 +642,8 @@ def test_readme_result_tables_match_the_result_files():
     assert "resnet-quick" in proc.stdout
     assert "README.md: 1 generated block(s): headline" in proc.stdout  # the headline table
     assert "docs/results.md" in proc.stdout  # every experiment's own table
-    assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table (issue 15)
-    assert "accuracy" in proc.stdout  # experiments/accuracy.py's simulator accuracy (issue 10)
+    assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table
+    assert "accuracy" in proc.stdout  # experiments/accuracy.py's simulator accuracy
 
 
 def test_every_result_file_records_what_produced_it():

@@ -1,6 +1,6 @@
 """Out of memory inside a partition raises DeviceMemoryError, frees the step, and says what fits.
 
-Two levels, as in test_failures:
+Two levels, as in test_failed_steps_release:
 
 * in this process, a py_func raising MemoryError("OOM ...") stands in for an
   allocation failure (TensorFlow maps MemoryError to ResourceExhaustedError):

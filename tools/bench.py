@@ -1,5 +1,5 @@
 """Benchmark of tfmem's step time, per-partition overhead, planning time and
-capped training (issue 6).
+capped training.
 
     python tools/bench.py [--quick] [--steps N] [--warmup N] [--json OUT.json]
                           [--skip-fits] [--skip-plan] [--skip-capped] [--profile]

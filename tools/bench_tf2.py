@@ -1,4 +1,4 @@
-"""Benchmark: `tfmem.function` against `tf.function` on a training step that fits (issue 15).
+"""Benchmark: `tfmem.function` against `tf.function` on a training step that fits.
 
     python tools/bench_tf2.py [--quick] [--steps N] [--warmup N] [--blocks 3 3 3]
                               [--batch 32] [--partition-sizes 200 auto] [--intra 1]
@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from tfmem.cli.tf2_models import build_resnet, make_step  # noqa: E402  (imports no TensorFlow)
 
-GOALS = {"200": 1.15, "auto": 1.02}  # issue 15: tfmem / tf.function step time when it fits
+GOALS = {"200": 1.15, "auto": 1.02}  # tfmem / tf.function step time when it fits
 
 
 def _parse():

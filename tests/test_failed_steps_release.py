@@ -371,7 +371,7 @@ def _worker():
                TF_CPP_MIN_LOG_LEVEL="2")
     here = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys; sys.path.insert(0, {here!r}); "
-            "import test_failures; test_failures._bfc_worker()")
+            "import test_failed_steps_release; test_failed_steps_release._bfc_worker()")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     yield proc
