@@ -15,7 +15,7 @@ A Keras experiment (`keras_resnet50.py`, `keras_unet3d.py`,
 * ``tfmem+remat-activations``: both.
 
 The search, the cap, the child processes and the reports are those of
-`common.py`; this module adds the Keras trial (one `fit` of one-step epochs
+`harness/`; this module adds the Keras trial (one `fit` of one-step epochs
 of one seeded batch, so that each logged loss is one step's: `--steps` of
 them, and more, up to EXTRA_STEPS, until STEADY_STEPS follow tfmem's last
 change of plan) and the report that sets each system beside plain `fit`: time

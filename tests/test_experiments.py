@@ -118,7 +118,7 @@ def test_single_trial_command_line_exit_code_and_json():
 
 
 # --------------------------------------------------------------------------
-# steady.py: which steps are steady, and seeing a re-plan through TFMemSession's listener
+# harness/steady.py: which steps are steady, and seeing a re-plan through TFMemSession's listener
 
 
 def test_the_steady_state_is_the_median_after_the_last_replan():
