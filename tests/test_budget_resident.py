@@ -118,6 +118,7 @@ def runs():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_plan_the_device_outgrew_is_planned_again_before_the_next_step(runs):
     assert "tfmem_error" not in runs, runs["tfmem_error"]
     tfmem_run = runs["tfmem"]
@@ -129,6 +130,7 @@ def test_a_plan_the_device_outgrew_is_planned_again_before_the_next_step(runs):
     assert tfmem_run["held_before_step_1"] >= OTHER_MIB * MIB
 
 
+@pytest.mark.slow
 def test_the_steps_after_stay_under_the_cap_and_train_like_plain(runs):
     tfmem_run = runs.get("tfmem")
     assert tfmem_run, runs.get("tfmem_error")
@@ -136,6 +138,7 @@ def test_the_steps_after_stay_under_the_cap_and_train_like_plain(runs):
     assert np.array_equal(np.array(tfmem_run["losses"]), np.array(runs["plain"]["losses"]))
 
 
+@pytest.mark.slow
 def test_tfmem_function_plans_again_too(runs):
     tf2 = runs.get("tf2")
     assert tf2, runs.get("tf2_error")

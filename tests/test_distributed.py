@@ -118,6 +118,7 @@ def test_the_cluster_refuses_to_start_outside_a_private_network():
     assert not cluster._procs  # pylint: disable=protected-access  # nothing was started
 
 
+@pytest.mark.slow
 def test_partitioned_steps_equal_a_plain_distributed_session(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_partitioned_steps_equal_a_plain_distributed_session)
 
@@ -126,6 +127,7 @@ def test_auto_partition_size_needs_a_budget_for_a_remote_worker(shared_cluster):
     _passes(shared_cluster, check_auto_partition_size_needs_a_budget_for_a_remote_worker)
 
 
+@pytest.mark.slow
 def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument,redefined-outer-name
     """On a cluster of its own: the check kills the worker."""
     check = check_a_worker_dying_mid_step_leaves_no_half_applied_update
@@ -248,6 +250,7 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     tfs.close()
 
 
+@pytest.mark.slow
 def test_concurrent_steps_of_one_plan_equal_plain(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_concurrent_steps_of_one_plan_equal_plain)
 
@@ -408,10 +411,12 @@ def check_a_failing_step_removes_only_its_own_staged_tensors(cluster):
     tfs.close()
 
 
+@pytest.mark.slow
 def test_steps_of_one_plan_overlap_while_one_waits(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_steps_of_one_plan_overlap_while_one_waits)
 
 
+@pytest.mark.slow
 def test_a_failing_step_removes_only_its_own_staged_tensors(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_a_failing_step_removes_only_its_own_staged_tensors)
 

@@ -50,6 +50,7 @@ def trials():
 
 
 @pytest.mark.parametrize("system", experiment.SYSTEMS)
+@pytest.mark.slow
 def test_one_trial_per_system_prints_its_json_result(trials, system):
     result = trials[system]
     assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
@@ -66,6 +67,7 @@ def test_one_trial_per_system_prints_its_json_result(trials, system):
 
 
 @pytest.mark.parametrize("system", experiment.SYSTEMS)
+@pytest.mark.slow
 def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system):
     """The first step, the re-plans and the steady state (the median of the steps after the
     last re-plan), from the trial's own step times; it stops once it has 2 steady steps."""
@@ -83,6 +85,7 @@ def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system
     assert result["work_unit"] == "layer-image"
 
 
+@pytest.mark.slow
 def test_systems_are_what_they_say(trials):
     assert trials["tf"]["grappler"] is None and trials["tf"]["tfmem"] is None
     assert trials["grappler"]["grappler"] == experiment.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
@@ -95,6 +98,7 @@ def test_systems_are_what_they_say(trials):
         assert trials[system]["kernel_path"] == "oneDNN off"
 
 
+@pytest.mark.slow
 def test_same_losses_on_every_system(trials):
     # Same graph, seeds and data: tfmem's partitioned, swapped step computes what
     # plain TensorFlow computes.
@@ -186,6 +190,7 @@ print(json.dumps(dict(planned=watch.planned, compiled=watch.compiled, logs=logs)
 """
 
 
+@pytest.mark.slow
 def test_the_replan_watch_sees_budget_mode_plan_again():
     """A real budget-mode session: the step after one that learned plans again (here the
     same plan, predicted anew: nothing compiled), as tfmem's own log says; a new feed
@@ -243,6 +248,7 @@ def test_parse_args_defaults_and_quick():
         options.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
 
 
+@pytest.mark.slow
 def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
     args = options.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
                                                  "--cap-factor", "1.5"] + TINY[2:])
@@ -281,6 +287,7 @@ def moe_trials():
         return {name: future.result() for name, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_moe_trials_train_the_same_losses(moe_trials):
     tf_result, tfm_result = moe_trials["tf"], moe_trials["tfmem"]
     for result in (tf_result, tfm_result):
@@ -301,6 +308,7 @@ def test_moe_trials_train_the_same_losses(moe_trials):
     assert tfm_result["first_step_seconds"] == tfm_result["step_times"][0]
 
 
+@pytest.mark.slow
 def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):
     tf_result, prun = moe_trials["tf"], moe_trials["tfmem-prun"]
     assert prun["status"] == "ok", prun.get("error") or prun.get("stderr_tail")
@@ -372,6 +380,7 @@ def deepspeech_trials():
         return {system: future.result() for system, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
     tf_result, tfm_result = deepspeech_trials["tf"], deepspeech_trials["tfmem"]
     for result in (tf_result, tfm_result):

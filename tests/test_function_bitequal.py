@@ -237,12 +237,14 @@ def runs_two_threads():
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("model", MODELS)
+@pytest.mark.slow
 def test_partitioned_steps_are_bit_equal_to_tf_function(runs, model, size):
     _check(runs[f"{model}@{size}"], model, size)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("model", TWO_THREAD_MODELS)
+@pytest.mark.slow
 def test_bit_equal_with_two_intra_op_threads(runs_two_threads, model, size):
     """Eigen splits reductions by the thread count; the plain run stays deterministic
     (checked), and so must the partitioned one's agreement with it."""

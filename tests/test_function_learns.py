@@ -191,6 +191,7 @@ def measured(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     learn = measured["learn"]
     budget = LEARN_BUDGET_MIB * MIB
@@ -215,6 +216,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
 
 
 @pytest.mark.parametrize("model", ["mlp", "convnet", "keras"])
+@pytest.mark.slow
 def test_budget_mode_stays_within_its_budget(measured, model):
     run = measured["bounded"][model]
     assert run["partitions"] > 1  # the budget made it partition
@@ -267,6 +269,7 @@ def test_learning_uses_the_peaks_it_knows_and_only_what_went_over():
     assert not learning.learn_from_step(fresh, trace, over, resident, {}, predict)
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_under_a_users_higher_peak_with_profile_peaks(measured):
     """(c): every step stays under the user's 96 MiB peak, so the process peak says
     nothing; the profiler's figures show the first step over its prediction, and budget

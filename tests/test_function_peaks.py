@@ -111,6 +111,7 @@ def measured(request):
     return out
 
 
+@pytest.mark.slow
 def test_every_partition_of_a_steady_step_gets_its_peak(measured):
     """Under the user's higher peak, without a reset: a figure for every partition of
     every step (where the process-peak reader gets None), and the user's peak is intact."""
@@ -129,6 +130,7 @@ def test_every_partition_of_a_steady_step_gets_its_peak(measured):
         assert unprofiled == [None] * len(unprofiled)  # the gap profile_peaks closes
 
 
+@pytest.mark.slow
 def test_each_partition_peak_equals_tensorflows_figure_for_that_call(measured):
     for step in measured["checked"]:
         assert len(step["tf"]) == len(step["tfmem"]) > 1

@@ -48,6 +48,7 @@ TINY = {
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.slow
 def test_tfmem_and_recomputed_blocks_train_as_plain_fit(name):
     build, data = TINY[name]
     x, y = data()
@@ -112,6 +113,7 @@ def trials():
         return args, {system: future.result() for system, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_trials_in_child_processes(trials):
     _, results = trials
     plain, remat, tfm = results["plain"], results["remat-full"], results["tfmem"]
@@ -129,6 +131,7 @@ def test_trials_in_child_processes(trials):
     assert "custom_gradient" in remat["error"]
 
 
+@pytest.mark.slow
 def test_reports_of_the_trials(trials, tmp_path):
     args, results = trials
     args.out_dir, args.tag = tmp_path, "tiny"

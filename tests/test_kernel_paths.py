@@ -69,6 +69,7 @@ def _runs(stdout):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda path: f"onednn{path}")
+@pytest.mark.slow
 def test_real_program_trains_as_plain_on_both_kernel_paths(program_runs, path):
     done = program_runs[path]
     assert done.returncode == 0, (f"{child_env.ONEDNN}={path}: the program failed\n"
@@ -87,6 +88,7 @@ def test_real_program_trains_as_plain_on_both_kernel_paths(program_runs, path):
                                            err_msg=f"size {size}, step {step}, {tag}")
 
 
+@pytest.mark.slow
 def test_equivalence_and_properties_on_the_other_kernel_path():
     other = "0" if child_env.onednn_from_env() else "1"
     done = subprocess.run(

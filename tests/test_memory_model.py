@@ -296,6 +296,7 @@ def _child(script, onednn):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_equal_ops_are_merged_as_grappler_merges_them():
     """Two equal transposes of a 2 MiB input, both read at the peak: TensorFlow runs one
     when Grappler merges them (the default) and two when the session turns the merge
@@ -323,6 +324,7 @@ def test_equal_ops_are_merged_as_grappler_merges_them():
 
 @pytest.mark.parametrize("onednn", [False, True])
 @pytest.mark.parametrize("reader", ["sum", "sine"])
+@pytest.mark.slow
 def test_two_kept_views_of_one_buffer_hold_it_once(onednn, reader):
     """Partition 0 computes tanh (4 MiB) and a Reshape of it, both kept for partition
     1, where an Identity and a cosine read them: one buffer, so partition 1 holds 4 MiB
@@ -340,6 +342,7 @@ def test_two_kept_views_of_one_buffer_hold_it_once(onednn, reader):
         figures
 
 
+@pytest.mark.slow
 def test_onednn_max_pooling_workspace_and_paired_gradient_scratch():
     """oneDNN's max pooling: the workspace tfmem measures is the second output TensorFlow's
     step statistics show for the plain step's MaxPool; the gradient's scratch is what the
@@ -407,6 +410,7 @@ def test_merging_equal_ops_never_adds_memory_and_stays_within_a_partition():
     assert saved == 16 * slice_bytes  # the backward direction's 16 slices
 
 
+@pytest.mark.slow
 def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
     """DeepSpeech at 32 frames (the experiment's model) as one partition, one thread per
     pool, both kernel paths: its step allocates about a quarter more than a depth-first
@@ -430,6 +434,7 @@ def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
             (onednn, figures)
 
 
+@pytest.mark.slow
 def test_the_executor_emulation_numbers_and_folds_the_graph_as_tensorflow_does():
     """The emulated executor's inputs, checked against the graph TensorFlow ran
     (`output_partition_graphs`, the Eigen path, DeepSpeech as one partition): its node

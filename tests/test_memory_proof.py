@@ -60,6 +60,7 @@ def _describe(run):
             f"error {run['error']}")
 
 
+@pytest.mark.slow
 def test_every_run_has_its_kernel_path_set_explicitly(result):
     assert result["onednn"] is (result["path"] == "1")
     for key in ("plain", "tfmem_capped", "tfmem_uncapped"):
