@@ -123,6 +123,7 @@ def test_partitioned_steps_equal_a_plain_distributed_session(shared_cluster):  #
     _passes(shared_cluster, check_partitioned_steps_equal_a_plain_distributed_session)
 
 
+@pytest.mark.slow
 def test_auto_partition_size_needs_a_budget_for_a_remote_worker(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_auto_partition_size_needs_a_budget_for_a_remote_worker)
 

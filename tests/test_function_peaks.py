@@ -137,6 +137,7 @@ def test_each_partition_peak_equals_tensorflows_figure_for_that_call(measured):
         assert step["tfmem"] == step["tf"], step
 
 
+@pytest.mark.slow
 def test_a_users_profiler_session_is_left_alone(measured):
     assert measured["user_profile_has_partitions"]
     assert measured["under_user_profiler"] == [None] * len(measured["under_user_profiler"])

@@ -21,6 +21,9 @@ import pytest
 import tfmem
 from tfmem.cli import child_env, proof
 
+# every test reads the memory proof's four processes per kernel path
+pytestmark = pytest.mark.slow
+
 RTOL = 1e-4
 ATOL = 1e-6
 MIB = 1 << 20
@@ -60,7 +63,6 @@ def _describe(run):
             f"error {run['error']}")
 
 
-@pytest.mark.slow
 def test_every_run_has_its_kernel_path_set_explicitly(result):
     assert result["onednn"] is (result["path"] == "1")
     for key in ("plain", "tfmem_capped", "tfmem_uncapped"):
