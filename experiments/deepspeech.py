@@ -28,9 +28,14 @@ import csv
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.child import spawn_trial
+from experiments.harness.experiment import Experiment, Extra, Model, SYSTEMS
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
+from experiments.harness.reports import pyplot
+from experiments.harness.trial import describe_trial
 
 PAPER_PARTITION_SIZE = 5  # the paper's partition size for this experiment
 
@@ -125,7 +130,7 @@ def build(tf, seq_len, args):
     rng = np.random.RandomState(seed)
     feed = {frames: rng.standard_normal((seq_len, batch, features)).astype(np.float32),
             labels: rng.randint(0, classes, (seq_len, batch)).astype(np.int64)}
-    return common.Model(graph, loss, train_op, init, feed, count, batch)
+    return Model(graph, loss, train_op, init, feed, count, batch)
 
 
 PAPER_TIMES = {100: (1.15, 1.56), 200: (2.3, 3.03), 400: (4.64, 6.03)}  # s: plain TF, TFMem
@@ -134,11 +139,11 @@ PAPER_TIMES = {100: (1.15, 1.56), 200: (2.3, 3.03), 400: (4.64, 6.03)}  # s: pla
 def _lengths(text):
     """--time-seq-lens: comma-separated lengths, or none (checked when parsed, not after
     the search)."""
-    return [] if text in ("", "none") else [common.positive_int(n) for n in text.split(",")]
+    return [] if text in ("", "none") else [positive_int(n) for n in text.split(",")]
 
 
 def _iteration_time(trial):
-    """The trial's steady-state step (steady.py: the median of the steps after its last
+    """The trial's steady-state step (harness/steady.py: the median of the steps after its last
     re-plan), or None when the trial failed or did not reach the steady state."""
     return trial.get("steady_seconds") if trial.get("ok") else None
 
@@ -152,7 +157,7 @@ def _timed_runs(args):
     """
     timed = copy.copy(args)
     timed.steps = args.time_steps
-    runs = [(system, system, timed) for system in args.system or common.SYSTEMS]
+    runs = [(system, system, timed) for system in args.system or SYSTEMS]
     size = args.time_partition_size
     if "tfmem" in [r[0] for r in runs] and size not in (None, "none", str(args.partition_size)):
         fixed = copy.copy(timed)
@@ -174,13 +179,13 @@ def iteration_times(args, summaries, stem, out=print):
     for seq_len in args.time_seq_lens:
         row = dict(seq_len=seq_len)
         for label, system, run_args in runs:
-            trial = common.spawn_trial(EXPERIMENT, run_args, system, seq_len, args.trial_timeout)
+            trial = spawn_trial(EXPERIMENT, run_args, system, seq_len, args.trial_timeout)
             row[label] = _iteration_time(trial)
             row[f"{label} status"] = trial.get("status")
             if system == "tfmem":
                 row[f"{label} partitions"] = (trial.get("tfmem") or {}).get("partitions")
             out(f"iteration time ({label}): "
-                f"{common.describe_trial(dict(trial, unit=EXPERIMENT.unit))}")
+                f"{describe_trial(dict(trial, unit=EXPERIMENT.unit))}")
         rows.append(row)
     markdown = _iteration_markdown(rows, labels, args)
     paths = [f"{stem}-iteration.csv"]
@@ -194,7 +199,7 @@ def iteration_times(args, summaries, stem, out=print):
         markdown += f"\n- {note}\n"
     else:
         paths.append(f"{stem}-iteration.png")
-    return common.Extra(markdown=markdown, data=rows, paths=tuple(paths))
+    return Extra(markdown=markdown, data=rows, paths=tuple(paths))
 
 
 def _iteration_markdown(rows, labels, args):
@@ -235,7 +240,7 @@ def _iteration_markdown(rows, labels, args):
 
 def _iteration_plot(rows, labels, path, args):
     """Sequence length against iteration time; None when written, else why not."""
-    plt = common.pyplot()
+    plt = pyplot()
     if plt is None:
         return "no iteration-time plot: matplotlib is not installed"
     fig, axis = plt.subplots(figsize=(7, 4.5))
@@ -257,11 +262,11 @@ def _iteration_plot(rows, labels, path, args):
 
 
 def add_arguments(group):
-    group.add_argument("--features", type=common.positive_int,
+    group.add_argument("--features", type=positive_int,
                        help="input features per frame (default 26, DeepSpeech's MFCCs)")
-    group.add_argument("--hidden", type=common.positive_int,
+    group.add_argument("--hidden", type=positive_int,
                        help="units of every hidden layer (default 128; DeepSpeech: 2048)")
-    group.add_argument("--classes", type=common.positive_int,
+    group.add_argument("--classes", type=positive_int,
                        help="output classes per frame (default 29: letters, space, "
                             "apostrophe, blank)")
     group.add_argument("--learning-rate", type=float, help="(default 0.001)")
@@ -269,14 +274,14 @@ def add_arguments(group):
     group.add_argument("--time-seq-lens", type=_lengths, metavar="N,N,...",
                        help="--find-max / --quick: after the search, time one trial per system "
                             "at each of these lengths (default 25,50,100; none: skip)")
-    group.add_argument("--time-steps", type=common.positive_int,
+    group.add_argument("--time-steps", type=positive_int,
                        help="steps of each timed trial (default 10)")
     group.add_argument("--time-partition-size", metavar="N|auto|none",
                        help="also time tfmem at this partition size (default 5, the paper's; "
                             "none: only the search's settings)")
 
 
-EXPERIMENT = common.Experiment(
+EXPERIMENT = Experiment(
     name="deepspeech",
     title="DeepSpeech (graph mode, bidirectional RNN unrolled over the sequence)",
     size="seq_len",
@@ -308,4 +313,4 @@ EXPERIMENT = common.Experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

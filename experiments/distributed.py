@@ -48,9 +48,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: import from the root
 
-from local_cluster import (LocalCluster, NoPrivateNetwork, enter_private_network,  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.local_cluster import (LocalCluster, NoPrivateNetwork, enter_private_network,  # noqa: E402  pylint: disable=wrong-import-position
                            exit_when_orphaned_or_after, in_private_network)
 
 MIB = 1 << 20

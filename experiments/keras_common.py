@@ -15,7 +15,7 @@ A Keras experiment (`keras_resnet50.py`, `keras_unet3d.py`,
 * ``tfmem+remat-activations``: both.
 
 The search, the cap, the child processes and the reports are those of
-`common.py`; this module adds the Keras trial (one `fit` of one-step epochs
+`harness/`; this module adds the Keras trial (one `fit` of one-step epochs
 of one seeded batch, so that each logged loss is one step's: `--steps` of
 them, and more, up to EXTRA_STEPS, until STEADY_STEPS follow tfmem's last
 change of plan) and the report that sets each system beside plain `fit`: time
@@ -28,15 +28,14 @@ import functools
 import os
 import re
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from experiments.harness import steady as steady_figures
+from experiments.harness.child import spawn_trial
+from experiments.harness.experiment import MIB, Experiment, Extra, is_tfmem
+from experiments.harness.reports import cell
+from experiments.harness.trial import describe_trial, first_line, report_phase
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import steady as steady_figures  # noqa: E402  pylint: disable=wrong-import-position
-
-MIB = common.MIB
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 BASELINE = "plain"
 LABELS = {"plain": "Keras model.fit",
@@ -88,7 +87,7 @@ def error_text(err):
     lines = [line for line in lines if line]
     if lines and lines[0].startswith("Exception encountered when calling") and len(lines) > 1:
         return f"{type(err).__name__}: {lines[0]} {lines[1]}"
-    return f"{type(err).__name__}: {common._first_line(err)}"  # pylint: disable=protected-access
+    return f"{type(err).__name__}: {first_line(err)}"
 
 
 # Ops whose outputs are their inputs (no memory of their own), and ops that only read or
@@ -174,7 +173,7 @@ def run_keras_trial(experiment, args):
                   seconds_per_sample=None, largest_op_bytes=None, largest_op=None,
                   scratch_bytes=None, build_seconds=None, first_step_seconds=None,
                   seconds=None, remat_mode=remat_mode(system), tfmem=None)
-    common._phase("building", started)  # pylint: disable=protected-access
+    report_phase("building", started)
     phase = "building"
     try:
         mode = remat_mode(system)
@@ -189,7 +188,7 @@ def run_keras_trial(experiment, args):
         result["batch_size"] = len(x)
         result["parameters"] = int(model.count_params())
         step = None
-        if common.is_tfmem(system):
+        if is_tfmem(system):
             options = tfmem_options(args)
             tfmem.keras.partitioned(model, **options)
             result["tfmem"] = dict(options, budget_mib=args.budget or (
@@ -200,7 +199,7 @@ def run_keras_trial(experiment, args):
             """Per step: the allocator's peak from the step's start, its time and loss."""
 
             def on_train_batch_begin(self, batch, logs=None):
-                common._phase(f"step {len(result['step_times'])}", started)  # pylint: disable=protected-access
+                report_phase(f"step {len(result['step_times'])}", started)
                 accelerator.reset_peak("CPU:0")
                 self.began = time.perf_counter()  # pylint: disable=attribute-defined-outside-init
 
@@ -224,7 +223,7 @@ def run_keras_trial(experiment, args):
         result["status"], result["ok"] = "ok", True
     except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too
         result["status"] = "oom"
-        result["error"] = f"{type(err).__name__}: {common._first_line(err.message)}"  # pylint: disable=protected-access
+        result["error"] = f"{type(err).__name__}: {first_line(err.message)}"
     except tfmem.BudgetError as err:
         result["status"], result["error"] = "budget", str(err)
     except tfmem.HostMemoryError as err:
@@ -232,7 +231,7 @@ def run_keras_trial(experiment, args):
     except Exception as err:  # pylint: disable=broad-except
         # A Keras rematerialisation mode that cannot run this model is a result; anything
         # else (tfmem refusing the model included) is a failure of the run.
-        result["status"] = "unsupported" if remat_mode(system) and not common.is_tfmem(
+        result["status"] = "unsupported" if remat_mode(system) and not is_tfmem(
             system) else "error"
         result["error"] = error_text(err)
     if not result["ok"]:
@@ -272,7 +271,7 @@ def run_keras_trial(experiment, args):
         largest, name, kind = _working_sets(tf, concrete)
         result["largest_op_bytes"], result["largest_op"] = largest, f"{name} ({kind})"
     result["seconds"] = time.perf_counter() - started
-    common._phase("done", started)  # pylint: disable=protected-access
+    report_phase("done", started)
     return result
 
 
@@ -355,7 +354,7 @@ def comparison_markdown(rows, size_name):
                  None if row["seconds_per_sample"] is None else f"{row['seconds_per_sample']:.4f}",
                  row["time_ratio"], losses, row["state_mib"], row["state_share"],
                  row["largest_op_mib"], row["scratch_mib"], row["peak_mib"]]
-        lines.append("| " + " | ".join(common._cell(c) for c in cells) + " |")  # pylint: disable=protected-access
+        lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -371,16 +370,16 @@ def check_losses(experiment, args, summaries, out=None):
         if not summary["max_size"] or any(t.get("ok") and t["size"] in trained
                                           for t in summary["all_trials"]):
             continue
-        trial = common.spawn_trial(experiment, args, summary["system"], plain["max_size"],
+        trial = spawn_trial(experiment, args, summary["system"], plain["max_size"],
                                    args.trial_timeout)
         trial["losses_check"] = True
         summary["all_trials"].append(trial)
         if out:
-            out(f"losses: {common.describe_trial(trial)}")
+            out(f"losses: {describe_trial(trial)}")
 
 
 def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable=unused-argument
-    """The table that sets every system beside plain fit (common.Extra); with `experiment`,
+    """The table that sets every system beside plain fit (Extra); with `experiment`,
     first the trials check_losses needs."""
     if experiment is not None:
         check_losses(experiment, args, summaries, out)
@@ -410,7 +409,7 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
                          + [f"- {note}" for note in notes]
                          + [f"- {row['system']}: largest op {row['largest_op']}"
                             for row in rows if row["largest_op"]])
-    return common.Extra(markdown=markdown, data=dict(comparison=rows))
+    return Extra(markdown=markdown, data=dict(comparison=rows))
 
 
 # --------------------------------------------------------------------------
@@ -441,13 +440,13 @@ def choose_cap_base(experiment, args, out=None):
     index = experiment.index_of(args.cap_base)
     for _ in range(STATE_PROBES):
         size = experiment.sizes(index)
-        trial = common.spawn_trial(experiment, uncapped, BASELINE, size, args.trial_timeout)
+        trial = spawn_trial(experiment, uncapped, BASELINE, size, args.trial_timeout)
         share = (trial["state_bytes"] / trial["peak_bytes"]
                  if trial.get("ok") and trial.get("peak_bytes") else None)
         args.state_probes.append(dict(size=size, share=share, status=trial.get("status")))
         if out:
             out(f"state fraction: plain fit at {experiment.size}={size}: "
-                + (f"state {share:.2f} of its peak" if share else common.describe_trial(trial)))
+                + (f"state {share:.2f} of its peak" if share else describe_trial(trial)))
         if share is None or share <= fraction:
             break
         index *= 2
@@ -461,7 +460,7 @@ def choose_cap_base(experiment, args, out=None):
 def experiment(*, name, title, size, size_help, sizes, index_of, build, data, script,
                add_arguments, model_args, defaults, quick, unit, blocks=True,
                remat_layer_names=None):
-    """A common.Experiment of Keras systems.
+    """A Experiment of Keras systems.
 
     build(size, args, recompute_blocks) -> compiled Keras model; data(size, args) -> (x, y);
     remat_layer_names(args) -> the layer names keras.RematScope(mode="list_of_layers") gets.
@@ -470,7 +469,7 @@ def experiment(*, name, title, size, size_help, sizes, index_of, build, data, sc
         add_arguments(group)
         add_setting_arguments(group)
 
-    exp = common.Experiment(
+    exp = Experiment(
         name=name, title=title, size=size, size_help=size_help, sizes=sizes, index_of=index_of,
         build=build, script=script, add_arguments=arguments, model_args=model_args,
         defaults=defaults, quick=quick, unit=unit, systems=systems(blocks),

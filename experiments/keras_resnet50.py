@@ -14,10 +14,11 @@ convolutions).
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import keras_common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
+from experiments import keras_common
 
 
 def _batch_index(batch):
@@ -44,8 +45,8 @@ def convolutions(args):
 
 
 def add_arguments(group):
-    group.add_argument("--image", type=common.positive_int, help="image side (default 64)")
-    group.add_argument("--classes", type=common.positive_int, help="(default 10)")
+    group.add_argument("--image", type=positive_int, help="image side (default 64)")
+    group.add_argument("--classes", type=positive_int, help="(default 10)")
     group.add_argument("--seed", type=int, help="(default 0)")
 
 
@@ -64,4 +65,4 @@ EXPERIMENT = keras_common.experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

@@ -13,10 +13,11 @@ knob.  Systems: keras_common.py.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import keras_common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
+from experiments import keras_common
 
 STEP = 16  # the search moves in sequences of 16 tokens
 
@@ -44,10 +45,10 @@ def blocks(args):
 
 
 def add_arguments(group):
-    group.add_argument("--d-model", type=common.positive_int, help="(default 64)")
-    group.add_argument("--heads", type=common.positive_int, help="(default 4)")
-    group.add_argument("--layers", type=common.positive_int, help="encoder blocks (default 4)")
-    group.add_argument("--vocab", type=common.positive_int, help="(default 256)")
+    group.add_argument("--d-model", type=positive_int, help="(default 64)")
+    group.add_argument("--heads", type=positive_int, help="(default 4)")
+    group.add_argument("--layers", type=positive_int, help="encoder blocks (default 4)")
+    group.add_argument("--vocab", type=positive_int, help="(default 256)")
     group.add_argument("--seed", type=int, help="(default 0)")
 
 
@@ -66,4 +67,4 @@ EXPERIMENT = keras_common.experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

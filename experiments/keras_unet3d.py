@@ -13,10 +13,11 @@ keras_common.py.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import keras_common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
+from experiments import keras_common
 
 STEP = 4  # the side is a multiple of 2 ** (levels - 1); levels is 3
 
@@ -43,7 +44,7 @@ def blocks(args):  # pylint: disable=unused-argument
 
 
 def add_arguments(group):
-    group.add_argument("--filters", type=common.positive_int,
+    group.add_argument("--filters", type=positive_int,
                        help="filters at the top level, doubling per level (default 8)")
     group.add_argument("--seed", type=int, help="(default 0)")
 
@@ -62,4 +63,4 @@ EXPERIMENT = keras_common.experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

@@ -38,9 +38,11 @@ leave, so the tokens decide how far swapping activations can go.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.experiment import Experiment, Extra, Model
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
 
 
 def experts_of(experts):
@@ -129,20 +131,20 @@ def build(tf, experts, args):
     rng = np.random.RandomState(seed)
     data = rng.randint(0, vocab, (batch, seq)).astype(np.int64)
     feed = {tokens: data, labels: (7 * data + 3) % vocab}
-    return common.Model(graph, loss, train_op, init, feed, count, batch)
+    return Model(graph, loss, train_op, init, feed, count, batch)
 
 
 def add_arguments(group):
-    group.add_argument("--layers", type=common.positive_int,
+    group.add_argument("--layers", type=positive_int,
                        help="encoder layers, each with an MoE feed-forward layer (default 2)")
-    group.add_argument("--d-model", type=common.positive_int, help="(default 64)")
-    group.add_argument("--d-ff", type=common.positive_int,
+    group.add_argument("--d-model", type=positive_int, help="(default 64)")
+    group.add_argument("--d-ff", type=positive_int,
                        help="hidden units of each expert (default 128)")
-    group.add_argument("--heads", type=common.positive_int, help="attention heads (default 4)")
-    group.add_argument("--seq-len", type=common.positive_int, help="tokens per sentence "
+    group.add_argument("--heads", type=positive_int, help="attention heads (default 4)")
+    group.add_argument("--seq-len", type=positive_int, help="tokens per sentence "
                        "(default 128)")
-    group.add_argument("--vocab", type=common.positive_int, help="(default 256)")
-    group.add_argument("--top-k", type=common.positive_int,
+    group.add_argument("--vocab", type=positive_int, help="(default 256)")
+    group.add_argument("--top-k", type=positive_int,
                        help="experts each token is routed to (default 2)")
     group.add_argument("--learning-rate", type=float, help="momentum SGD (default 0.01)")
     group.add_argument("--seed", type=int, help="(default 0)")
@@ -181,13 +183,13 @@ def placement_report(args, summaries, stem, out=print):
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join("-" if row.get(k) is None else str(row[k]) for k in head) + " |"
               for row in rows]
-    return common.Extra("\n".join(lines) + "\n", data=dict(placement=rows))
+    return Extra("\n".join(lines) + "\n", data=dict(placement=rows))
 
 
 MIB = 1 << 20
 
 
-EXPERIMENT = common.Experiment(
+EXPERIMENT = Experiment(
     name="moe",
     title="Mixture of experts (Transformer encoder, MoE feed-forward layers)",
     size="experts",
@@ -216,4 +218,4 @@ EXPERIMENT = common.Experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

@@ -26,9 +26,11 @@ so L is even and at least 8: ResNet-8 is (1, 1, 1), ResNet-56 is (1, 1, 25).
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script: import from the root
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
+from experiments.harness.experiment import Experiment, Model
+from experiments.harness.main import main
+from experiments.harness.options import positive_int
 
 FIXED_STAGES = (1, 1)  # blocks of the first two stages; the third grows
 
@@ -118,20 +120,20 @@ def build(tf, layers, args):
     rng = np.random.RandomState(seed)
     feed = {images: rng.standard_normal((batch, image, image, 3)).astype(np.float32),
             labels: rng.randint(0, classes, batch).astype(np.int64)}
-    return common.Model(graph, loss, train_op, init, feed, count, batch)
+    return Model(graph, loss, train_op, init, feed, count, batch)
 
 
 def add_arguments(group):
-    group.add_argument("--width", type=common.positive_int,
+    group.add_argument("--width", type=positive_int,
                        help="channels of the first stage (then 2x, 4x; default 16)")
-    group.add_argument("--image", type=common.positive_int,
+    group.add_argument("--image", type=positive_int,
                        help="image side in pixels (default 64)")
-    group.add_argument("--classes", type=common.positive_int,
+    group.add_argument("--classes", type=positive_int,
                        help="(default 10)")
     group.add_argument("--seed", type=int, help="(default 0)")
 
 
-EXPERIMENT = common.Experiment(
+EXPERIMENT = Experiment(
     name="resnet",
     title="ResNet (graph mode, third stage deepened)",
     size="layers",
@@ -155,4 +157,4 @@ EXPERIMENT = common.Experiment(
 
 
 if __name__ == "__main__":
-    raise SystemExit(common.main(EXPERIMENT))
+    raise SystemExit(main(EXPERIMENT))

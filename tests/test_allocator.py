@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from hypothesis import given, settings, strategies as st
+import pytest
 
 from tfmem.memory.allocator import AllocationLog, BFCModel, Regions, replay, rounded
 
@@ -89,6 +90,7 @@ CAPPED = [("a", int(1.5 * MIB)), ("b", 3 * MIB), ("c", 5 * MIB), ("d", 7 * MIB),
           ("b", None), ("e", 2 * MIB), ("a", None), ("f", 1 * MIB)]
 
 
+@pytest.mark.slow
 def test_replay_under_a_cap_gives_tensorflows_figures_with_and_without_the_reservation():
     grown_regions, grown = _tensorflow_figures(CAPPED, cap_mib=24)
     reserved_regions, reserved = _tensorflow_figures(CAPPED, cap_mib=24, reserve=True)

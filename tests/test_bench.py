@@ -5,20 +5,12 @@ The capped part starts fresh processes (and TensorFlow's BFC allocator waits
 checked, on a synthetic child result.
 """
 
-import importlib.util
-import os
+import json
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("tfmem_bench",
-                                                  os.path.join(ROOT, "tools", "bench.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tools import bench, bench_planning
+from tools.bench_sections import capped, first_step, fits, planning, refusals, shared
 
 
 def _trace(swap_out_us, upload_us):
@@ -33,26 +25,24 @@ def _trace(swap_out_us, upload_us):
 
 
 def test_bench_smoke_reports_ratio_fields():
-    bench = _bench()
-    fits = bench.bench_fits(blocks=(1, 1, 1), batch=4, width=4, image=8,
-                            partition_sizes=(20, "auto"), steps=2, warmup=0,
-                            breakdown_steps=1)
-    plan = bench.bench_plan(n_ops=400)
-    results = dict(env=bench.environment("test"), fits=fits, plan=plan)
+    fitted = fits.run(blocks=(1, 1, 1), batch=4, width=4, image=8,
+                      partition_sizes=(20, "auto"), steps=2, warmup=0, breakdown_steps=1)
+    plan = planning.run(n_ops=400)
+    results = dict(env=bench.environment("test"), fits=fitted, plan=plan)
     lines = []
     bench.report(results, out=lines.append)
     text = "\n".join(lines)
 
-    by_size = {c["partition_size"]: c for c in fits["configs"]}
+    by_size = {c["partition_size"]: c for c in fitted["configs"]}
     assert set(by_size) == {20, "auto"}
     assert by_size["auto"]["partitions"] == 1  # the budget is far above the step
     assert by_size[20]["partitions"] > 1
-    for config in fits["configs"]:
+    for config in fitted["configs"]:
         for key in ("ratio", "paired_ratio", "cpu_ratio", "plain_ms", "tfmem_ms",
                     "overhead_ms_per_partition", "overhead_excl_transfers_ms_per_partition"):
             assert config[key] is not None, key
         assert len(config["plain_times_ms"]) == len(config["tfmem_times_ms"]) == 2
-    assert fits["plain_first_step_s"] > 0 and fits["tfmem_config"] == "tfmem"
+    assert fitted["plain_first_step_s"] > 0 and fitted["tfmem_config"] == "tfmem"
     compile_parts = by_size[20]["compile"]
     assert compile_parts["graph_ops_after"] > compile_parts["graph_ops_before"]
     assert by_size[20]["first_step_s"] >= compile_parts["callables_s"] > 0
@@ -64,15 +54,14 @@ def test_bench_smoke_reports_ratio_fields():
 
 
 def test_capped_summary_from_traces():
-    bench = _bench()
     trace = _trace(swap_out_us=100, upload_us=200)
-    tracks = bench.trace_durations(trace)
+    tracks = shared.trace_durations(trace)
     assert tracks["swap-out"] == (1, pytest.approx(100e-6))
     assert tracks["prefetch"] == (1, pytest.approx(200e-6))
     run = dict(step_times=[0.5, 0.4, 0.6], waits=[0.01, 0.02, 0.03], walls=[0.5, 0.4, 0.6],
                traced=[dict(wall=0.001, wait=0.0001,
                             tracks={k: list(v) for k, v in tracks.items()})])
-    summary = bench.summarize_capped(run, batch=100)
+    summary = capped.summarize(run, batch=100)
     assert summary["throughput"] == 100 / 0.5
     assert abs(summary["transfer_share"] - 0.3) < 1e-9
     assert abs(summary["prefetch_wait_share"] - 0.05) < 1e-9
@@ -93,9 +82,8 @@ def test_capped_summary_from_traces():
 def test_first_step_table_on_two_graph_sizes():
     """Rows per config and size; the copies of each plan land in the graph the row names:
     the user's for a wrapped session, tfmem.Session's own (no filler in it) for "tfmem"."""
-    bench = _bench()
-    first = bench.bench_first_step(graph_ops=(400, 1500), partition_sizes=(50,),
-                                   configs=("tfmem", "default"), layers=2, batch=4)
+    first = first_step.run(graph_ops=(400, 1500), partition_sizes=(50,),
+                           configs=("tfmem", "default"), layers=2, batch=4)
     rows = first["rows"]
     assert [(r["config"], r["graph_ops"]) for r in rows] == [
         ("tfmem", 400), ("tfmem", 1500), ("default", 400), ("default", 1500)]
@@ -119,22 +107,16 @@ def test_first_step_table_on_two_graph_sizes():
 def test_bench_refusals_times_both_refusals():
     """The benchmark times both refusals (budget mode's and the host-memory guard's); the
     budget tests check what is refused, not how fast."""
-    bench = _bench()
-    refusals = bench.bench_refusals()
-    assert refusals["budget_refusal"] is not None and refusals["budget_refusal"] > 0
-    names = dict(bench.targets({"refusals": refusals}))
-    assert names["budget_refusal_s"] == refusals["budget_refusal"]
+    refused = refusals.run()
+    assert refused["budget_refusal"] is not None and refused["budget_refusal"] > 0
+    names = dict(bench.targets({"refusals": refused}))
+    assert names["budget_refusal_s"] == refused["budget_refusal"]
     assert "host_guard_refusal_s" in names
 
 
 def test_planning_bench_searches_and_reports_growth(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "tfmem_bench_planning", os.path.join(ROOT, "tools", "bench_planning.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     out = tmp_path / "planning.json"
-    assert module.main(["--blocks", "1", "2", "--repeats", "1", "--json", str(out)]) == 0
-    import json  # pylint: disable=import-outside-toplevel
+    assert bench_planning.main(["--blocks", "1", "2", "--repeats", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     small, large = data["rows"]
     assert small["ops"] < large["ops"]
@@ -142,4 +124,4 @@ def test_planning_bench_searches_and_reports_growth(tmp_path):
         assert row["budget_partitions"] > 1 and row["fixed_partitions"] >= 1
         assert row["search_seconds"] > 0 and row["fixed_seconds"] > 0
     assert data["growth_exponent"]["search_seconds"] is not None
-    assert "| ops |" in module.markdown(data, "provenance")
+    assert "| ops |" in bench_planning.markdown(data, "provenance")

@@ -502,6 +502,7 @@ def capped():
     return out
 
 
+@pytest.mark.slow
 def test_the_process_ran_under_the_cap(capped):
     assert capped["cap_mib"] == CAP_MIB
     plain = capped["plain"]
@@ -510,6 +511,7 @@ def test_the_process_ran_under_the_cap(capped):
     assert BUDGET_MIB * MIB < min(plain["peaks"])
 
 
+@pytest.mark.slow
 def test_tfmem_measures_what_tensorflow_measures(capped):
     """tfmem's step peak (from step statistics) is TensorFlow's allocator peak, which
     the script reads after resetting it before every step."""
@@ -519,6 +521,7 @@ def test_tfmem_measures_what_tensorflow_measures(capped):
             assert abs(ours - tensorflows) <= 0.02 * tensorflows, (key, run)
 
 
+@pytest.mark.slow
 def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
     auto = capped["auto"]
     assert auto["partition_size"] == "auto"
@@ -540,6 +543,7 @@ def test_auto_under_the_cap_runs_one_partition_like_plain(capped):
     assert abs(predicted - measured) <= 0.15 * measured, (predicted, auto["peaks"])
 
 
+@pytest.mark.slow
 def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
     run = capped["budget"]
     assert run["planned_partitions"] > 1
@@ -555,6 +559,7 @@ def test_a_budget_below_the_plain_peak_splits_and_stays_under_it(capped):
         f"tfmem peaks {[p / MIB for p in run['peaks']]} MiB over a {BUDGET_MIB} MiB budget")
 
 
+@pytest.mark.slow
 def test_memory_resident_for_other_requests_is_taken_off_the_budget(capped):
     run = capped["resident"]
     whole = max(capped["auto"]["peaks"])
@@ -565,6 +570,7 @@ def test_memory_resident_for_other_requests_is_taken_off_the_budget(capped):
     assert RESIDENT_MIB * MIB < max(run["peaks"]) <= RESIDENT_BUDGET_MIB * MIB, run["peaks"]
 
 
+@pytest.mark.slow
 def test_a_budget_just_above_the_prediction_still_holds(capped):
     """At the edge: a budget 64 KiB above the one-partition prediction / (1 - margin)
     plans one partition, and its measured peak stays within it; 64 KiB below splits."""
@@ -582,6 +588,7 @@ def test_a_budget_just_above_the_prediction_still_holds(capped):
             f"{budget_bytes / MIB:.2f} MiB budget")
 
 
+@pytest.mark.slow
 def test_memory_report_under_the_cap(capped):
     run = capped["budget"]
     assert "run a step first" in run["report_before"]
@@ -632,6 +639,7 @@ def test_memory_report_under_the_cap(capped):
     assert report["predicted_host_peak"][1] > 0
 
 
+@pytest.mark.slow
 def test_a_budget_nothing_fits_raises_before_running(capped):
     tiny = capped["tiny"]
     assert capped["tiny_init"] == "BudgetError"
@@ -649,6 +657,7 @@ def test_a_budget_nothing_fits_raises_before_running(capped):
     assert float(largest.group(3)) > 0
 
 
+@pytest.mark.slow
 def test_host_guard_refuses_a_plan_the_host_cannot_hold(capped):
     guard = capped["host"]
     needed = guard["peak_host"]

@@ -75,9 +75,8 @@ def train(kind):
 
 
 def train_tf2(kind):
-    sys.path.insert(0, "tools")  # the child runs from the repository's root
     import numpy as np
-    from bench_tf2 import build_mlp
+    from tfmem.cli.tf2_models import build_mlp
     fn, x = build_mlp(tf, np, seed=0, layers=12)
     step = tf.function(fn) if kind == "plain" else tfmem.function(
         fn, device_memory_budget=f"{CAP}MiB")
@@ -119,6 +118,7 @@ def runs():
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_plan_the_device_outgrew_is_planned_again_before_the_next_step(runs):
     assert "tfmem_error" not in runs, runs["tfmem_error"]
     tfmem_run = runs["tfmem"]
@@ -130,6 +130,7 @@ def test_a_plan_the_device_outgrew_is_planned_again_before_the_next_step(runs):
     assert tfmem_run["held_before_step_1"] >= OTHER_MIB * MIB
 
 
+@pytest.mark.slow
 def test_the_steps_after_stay_under_the_cap_and_train_like_plain(runs):
     tfmem_run = runs.get("tfmem")
     assert tfmem_run, runs.get("tfmem_error")
@@ -137,6 +138,7 @@ def test_the_steps_after_stay_under_the_cap_and_train_like_plain(runs):
     assert np.array_equal(np.array(tfmem_run["losses"]), np.array(runs["plain"]["losses"]))
 
 
+@pytest.mark.slow
 def test_tfmem_function_plans_again_too(runs):
     tf2 = runs.get("tf2")
     assert tf2, runs.get("tf2_error")

@@ -1,8 +1,8 @@
 """Chained copies: each partition's copies run in the order the simulator counts.
 
 TensorFlow's executor picks among ready ops by what it measured and by hash
-orders, so one plan's peak moved by up to 14 % from process to process
-(experiments/peak_spread.py).  TFMemSession chains each partition's copies in
+orders, so one plan's peak can move from process to process
+(docs/how-it-works.md, "The memory model").  TFMemSession chains each partition's copies in
 its depth-first order (op_order.chained_order) and the simulator counts that
 order only.  These tests check the order the step statistics show, with two
 inter-op threads free to run ready ops at once, that results stay bit-equal to

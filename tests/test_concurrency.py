@@ -249,6 +249,7 @@ def measured():
 
 
 @pytest.mark.parametrize("front_end", ["session", "function"])
+@pytest.mark.slow
 def test_the_prediction_rises_with_the_second_thread_as_the_measured_peak_does(
         measured, front_end):
     """Two threads let both gradients hold their ~25 MiB of scratch at once: TensorFlow's
@@ -270,6 +271,7 @@ def test_the_prediction_rises_with_the_second_thread_as_the_measured_peak_does(
     assert 0.6 * measured_rise <= predicted_rise <= 1.1 * measured_rise
 
 
+@pytest.mark.slow
 def test_tfmem_function_predicts_as_many_kernels_as_eager_threads(measured):
     for threads in (1, 2):
         figures = measured[threads]["function"]

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # Batch 4096 through partitions of 4 ops: plain TensorFlow needs about 9.5 MiB
 # for this step (and the tfmem session's variables share the process), tfmem
 # about 7 MiB.
@@ -14,6 +16,7 @@ CAPPED = ["--no-proof", "--device-memory", "8", "--steps", "3", "--batch-size", 
           "--partition-size", "4"]
 
 
+@pytest.mark.slow
 def test_capped_demo_compares_losses_when_plain_runs_out_at_step_0():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
     proc = subprocess.run([sys.executable, "-m", "tfmem", "demo"] + CAPPED, env=env,

@@ -20,7 +20,6 @@ import contextlib
 import traceback
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,10 +28,8 @@ import tensorflow as tf
 import tfmem
 from tfmem.plan import updates
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments"))
-
-import local_cluster  # noqa: E402  pylint: disable=wrong-import-position
-from local_cluster import LocalCluster  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import local_cluster
+from experiments.local_cluster import LocalCluster
 
 tf1 = tf.compat.v1
 WORKER = "/job:worker/task:0"
@@ -64,9 +61,8 @@ def _in_private_network(*checks):
     namespace, on a cluster of its own; return {check name: None if it passed, else
     the process's output}."""
     names = [check.__name__ for check in checks]
-    here = str(Path(__file__).resolve().parent)
-    code = (f"import sys; sys.path[:0] = [{here!r}]; import test_distributed; "
-            f"test_distributed.run_checks({names!r})")
+    # the child imports this module from the tests' folder, on the PYTHONPATH below
+    code = f"import test_distributed; test_distributed.run_checks({names!r})"
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(sys.path))
     status, output = local_cluster.run_private([sys.executable, "-c", code], CHECK_TIMEOUT, env)
@@ -122,14 +118,17 @@ def test_the_cluster_refuses_to_start_outside_a_private_network():
     assert not cluster._procs  # pylint: disable=protected-access  # nothing was started
 
 
+@pytest.mark.slow
 def test_partitioned_steps_equal_a_plain_distributed_session(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_partitioned_steps_equal_a_plain_distributed_session)
 
 
+@pytest.mark.slow
 def test_auto_partition_size_needs_a_budget_for_a_remote_worker(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_auto_partition_size_needs_a_budget_for_a_remote_worker)
 
 
+@pytest.mark.slow
 def test_a_worker_dying_mid_step_leaves_no_half_applied_update(private_network):  # pylint: disable=unused-argument,redefined-outer-name
     """On a cluster of its own: the check kills the worker."""
     check = check_a_worker_dying_mid_step_leaves_no_half_applied_update
@@ -252,6 +251,7 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     tfs.close()
 
 
+@pytest.mark.slow
 def test_concurrent_steps_of_one_plan_equal_plain(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_concurrent_steps_of_one_plan_equal_plain)
 
@@ -412,10 +412,12 @@ def check_a_failing_step_removes_only_its_own_staged_tensors(cluster):
     tfs.close()
 
 
+@pytest.mark.slow
 def test_steps_of_one_plan_overlap_while_one_waits(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_steps_of_one_plan_overlap_while_one_waits)
 
 
+@pytest.mark.slow
 def test_a_failing_step_removes_only_its_own_staged_tensors(shared_cluster):  # pylint: disable=redefined-outer-name
     _passes(shared_cluster, check_a_failing_step_removes_only_its_own_staged_tensors)
 

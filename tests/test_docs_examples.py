@@ -57,6 +57,7 @@ def test_the_readme_stays_a_front_door():
 
 
 @pytest.mark.parametrize("code", runnable_examples())
+@pytest.mark.slow
 def test_example_runs(code, tmp_path):
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

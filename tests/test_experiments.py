@@ -1,15 +1,15 @@
-"""Smoke tests of the experiments (experiments/common.py, steady.py, resnet.py, ...).
+"""The experiments' trials: resnet.py, moe.py and deepspeech.py through the harness.
 
 One tiny ResNet trial per system, each in its own process as the search runs
-them (the emulated cap must be set before TensorFlow starts), plus the search
-and the report writers on fake results.  tfmem runs the tiny ResNet in small
+them (the emulated cap must be set before TensorFlow starts), the options that
+reach a trial, the steady state, the cap derived from plain TensorFlow's peak,
+and tiny MoE and DeepSpeech trials.  tfmem runs the tiny ResNet in small
 partitions, so its losses are those of a partitioned, swapped step.  (Its
 peak is not compared with plain TensorFlow's here: without oneDNN, one
 convolution gradient's im2col buffer, up to 30 MB whatever the batch, sets
 both peaks of so small a model.)  The three trials run concurrently.
 """
 
-import csv
 import json
 import math
 import os
@@ -22,11 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
 
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import resnet  # noqa: E402  pylint: disable=wrong-import-position
-import steady  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import deepspeech, moe, resnet
+from experiments.harness import cap, child, experiment, options, reports, steady
 
 MIB = 1 << 20
 CAP = 256
@@ -42,16 +40,17 @@ TFMEM_PARTITIONED = ["--partition-size", "40", "--swap-min-bytes", "0"]
 @pytest.fixture(scope="module")
 def trials():
     """{system: result} of one 8-layer trial per system, each in a fresh process."""
-    plain = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
-    partitioned = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY + TFMEM_PARTITIONED)
-    with ThreadPoolExecutor(len(common.SYSTEMS)) as pool:
-        futures = {system: pool.submit(common.spawn_trial, resnet.EXPERIMENT,
+    plain = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    partitioned = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY + TFMEM_PARTITIONED)
+    with ThreadPoolExecutor(len(experiment.SYSTEMS)) as pool:
+        futures = {system: pool.submit(child.spawn_trial, resnet.EXPERIMENT,
                                        partitioned if system == "tfmem" else plain, system, 8, 180)
-                   for system in common.SYSTEMS}
+                   for system in experiment.SYSTEMS}
         return {system: future.result() for system, future in futures.items()}
 
 
-@pytest.mark.parametrize("system", common.SYSTEMS)
+@pytest.mark.parametrize("system", experiment.SYSTEMS)
+@pytest.mark.slow
 def test_one_trial_per_system_prints_its_json_result(trials, system):
     result = trials[system]
     assert result["status"] == "ok", result.get("error") or result.get("stderr_tail")
@@ -67,7 +66,8 @@ def test_one_trial_per_system_prints_its_json_result(trials, system):
     assert result["state_bytes"] > 4 * result["parameters"]  # weights, momentum, BN averages
 
 
-@pytest.mark.parametrize("system", common.SYSTEMS)
+@pytest.mark.parametrize("system", experiment.SYSTEMS)
+@pytest.mark.slow
 def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system):
     """The first step, the re-plans and the steady state (the median of the steps after the
     last re-plan), from the trial's own step times; it stops once it has 2 steady steps."""
@@ -85,18 +85,20 @@ def test_a_trial_runs_until_its_steady_state_and_reports_it_apart(trials, system
     assert result["work_unit"] == "layer-image"
 
 
+@pytest.mark.slow
 def test_systems_are_what_they_say(trials):
     assert trials["tf"]["grappler"] is None and trials["tf"]["tfmem"] is None
-    assert trials["grappler"]["grappler"] == common.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
+    assert trials["grappler"]["grappler"] == experiment.GRAPPLER_MEMORY_OPTIMIZATION == "HEURISTICS"
     info = trials["tfmem"]["tfmem"]
     assert info["partition_size"] == 40 and info["swap_min_bytes"] == 0
     assert info["partitions"] > 5 and info["swapped_out_bytes"] > 0
     # Plain TensorFlow runs without oneDNN (its kernels crashed at a full cap); tfmem
     # runs the path --onednn asks for (default off).  Both are set, never inherited.
-    for system in common.SYSTEMS:
+    for system in experiment.SYSTEMS:
         assert trials[system]["kernel_path"] == "oneDNN off"
 
 
+@pytest.mark.slow
 def test_same_losses_on_every_system(trials):
     # Same graph, seeds and data: tfmem's partitioned, swapped step computes what
     # plain TensorFlow computes.
@@ -106,8 +108,8 @@ def test_same_losses_on_every_system(trials):
 
 
 def test_a_trial_over_its_time_limit_is_a_timeout():
-    args = common.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
-    result = common.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
+    args = options.parse_args(resnet.EXPERIMENT, ["--find-max"] + TINY)
+    result = child.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
     assert result["status"] == "timeout" and not result["ok"]
     assert "within" in result["error"]
 
@@ -120,7 +122,7 @@ def test_single_trial_command_line_exit_code_and_json():
 
 
 # --------------------------------------------------------------------------
-# steady.py: which steps are steady, and seeing a re-plan through TFMemSession's listener
+# harness/steady.py: which steps are steady, and seeing a re-plan through TFMemSession's listener
 
 
 def test_the_steady_state_is_the_median_after_the_last_replan():
@@ -153,11 +155,10 @@ def test_a_trial_runs_until_enough_steps_follow_the_last_replan():
 REPLAN_SCRIPT = r"""
 import json, logging, os, sys, tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, sys.argv[1])
 import tfmem
 tfmem.emulate_accelerator(512)
 import tensorflow as tf
-import steady
+from experiments.harness import steady
 from tfmem.cli import models
 from tfmem.memory import scratch
 tf1 = tf.compat.v1
@@ -189,13 +190,14 @@ print(json.dumps(dict(planned=watch.planned, compiled=watch.compiled, logs=logs)
 """
 
 
+@pytest.mark.slow
 def test_the_replan_watch_sees_budget_mode_plan_again():
     """A real budget-mode session: the step after one that learned plans again (here the
     same plan, predicted anew: nothing compiled), as tfmem's own log says; a new feed
     shape plans and compiles; the steps between plan nothing."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TFMEM_SCRATCH_CACHE", None)
-    proc = subprocess.run([sys.executable, "-c", REPLAN_SCRIPT, str(ROOT / "experiments")],
+    proc = subprocess.run([sys.executable, "-c", REPLAN_SCRIPT],
                           capture_output=True, text=True, timeout=300, check=False, env=env,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -217,263 +219,40 @@ def test_layers_map_to_third_stage_blocks():
 
 
 def test_steps_adapt_unless_fixed_and_reach_the_trial():
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    args = options.parse_args(resnet.EXPERIMENT, ["--quick"])
     assert args.steps is None and args.steady_steps == steady.STEADY_STEPS == 5
-    options = common.trial_options(resnet.EXPERIMENT, args)
-    assert "--steps" not in options
-    assert options[options.index("--steady-steps") + 1] == "5"
-    assert options[options.index("--max-steps") + 1] == str(args.max_steps)
-    fixed = common.trial_options(resnet.EXPERIMENT,
-                                 common.parse_args(resnet.EXPERIMENT, ["--quick", "--steps", "7"]))
+    child_options = options.trial_options(resnet.EXPERIMENT, args)
+    assert "--steps" not in child_options
+    assert child_options[child_options.index("--steady-steps") + 1] == "5"
+    assert child_options[child_options.index("--max-steps") + 1] == str(args.max_steps)
+    fixed = options.trial_options(resnet.EXPERIMENT,
+                                 options.parse_args(resnet.EXPERIMENT, ["--quick", "--steps", "7"]))
     assert fixed[fixed.index("--steps") + 1] == "7"
     with pytest.raises(SystemExit):  # the first step is never steady: max must exceed
-        common.parse_args(resnet.EXPERIMENT, ["--quick", "--steady-steps", "5",
+        options.parse_args(resnet.EXPERIMENT, ["--quick", "--steady-steps", "5",
                                               "--max-steps", "5"])
 
 
 def test_parse_args_defaults_and_quick():
-    quick = common.parse_args(resnet.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(resnet.EXPERIMENT, ["--quick"])
     # No fixed cap: it is derived from plain TensorFlow's peak at 16 layers on this machine.
     assert quick.find_max and quick.device_memory is None and quick.cap_base == 16
     assert quick.trial_timeout == 60 and quick.batch_size == 16
     assert quick.partition_size == "auto" and quick.onednn == 0
     with pytest.raises(SystemExit):  # a search needs a cap or a size to derive it from
-        common.parse_args(resnet.EXPERIMENT, ["--find-max"])
-    given = common.parse_args(resnet.EXPERIMENT, ["--quick", "--device-memory", "100",
+        options.parse_args(resnet.EXPERIMENT, ["--find-max"])
+    given = options.parse_args(resnet.EXPERIMENT, ["--quick", "--device-memory", "100",
                                                   "--partition-size", "50"])
     assert given.device_memory == 100 and given.partition_size == 50
     with pytest.raises(SystemExit):
-        common.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
+        options.parse_args(resnet.EXPERIMENT, ["--layers", "8"])  # one trial needs --system
 
 
-# --------------------------------------------------------------------------
-# the search, on a fake trial
-
-
-def _fake(limit, calls, seconds_per_layer=0.001):
-    def trial(k):
-        calls.append(k)
-        size, ok = resnet.layers_of(k), k <= limit
-        steady_seconds = seconds_per_layer * size if ok else None
-        return dict(index=k, size=size, system="tf", size_name="layers",
-                    ok=ok, status="ok" if ok else "oom",
-                    throughput=100.0 / k, parameters=1000 * k, peak_bytes=k * MIB,
-                    state_bytes=k * MIB // 4, error=None if ok else "OOM",
-                    first_step_seconds=1.0 + k, replans=k % 3, steady_seconds=steady_seconds,
-                    steady_ms_per_unit=steady.ms_per_unit(steady_seconds, size, 16))
-    return trial
-
-
-def test_find_max_exponential_then_binary():
-    calls = []
-    outcome = common.find_max(_fake(37, calls), 1, resnet.layers_of)
-    assert outcome["best"] == 37 and outcome["failed_at"] == 38
-    assert calls[:7] == [1, 2, 4, 8, 16, 32, 64]
-    assert len(calls) <= 7 + 6
-
-
-def test_find_max_failing_start_searches_down_and_tolerance_stops_early():
-    calls = []
-    assert common.find_max(_fake(5, calls), 40, resnet.layers_of)["best"] == 5
-    calls = []
-    outcome = common.find_max(_fake(100, calls), 1, resnet.layers_of, tolerance=0.1)
-    assert 91 <= outcome["best"] <= 100 and outcome["failed_at"] - outcome["best"] <= 10
-    assert common.find_max(_fake(0, []), 4, resnet.layers_of)["best"] == 0
-
-
-def test_find_max_stops_at_a_failure_that_is_not_a_size_limit():
-    def trial(k):
-        ok = k < 4
-        status = "ok" if ok else "error"
-        return dict(index=k, size=resnet.layers_of(k), system="tfmem", size_name="layers",
-                    ok=ok, status=status, throughput=1.0, parameters=k, peak_bytes=MIB,
-                    state_bytes=MIB, error=None if ok else "KeyError: 'x' (a tfmem bug)")
-    outcome = common.find_max(trial, 1, resnet.layers_of)
-    assert outcome["stopped"] == "failure" and outcome["failed_at"] is None
-    assert outcome["failure"]["error"].startswith("KeyError")
-    assert len(outcome["trials"]) == 3  # 1, 2, then 4 failed: no bisection on a bug
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
-    summary = common.summarise(resnet.EXPERIMENT, args, "tfmem", outcome)
-    assert summary["run_failed"] and summary["limit_text"].startswith("FAILURE")
-    assert not summary["limit_text"].startswith("device memory")
-    reason = common.run_failure([summary])
-    assert "KeyError" in reason
-    assert common.result_line([summary], reason).startswith(
-        'RESULT system=tfmem max=10 ratio=n/a reason="tfmem failed at layers=14: KeyError')
-
-
-@pytest.mark.parametrize("system, status, limit", [
-    ("tf", "oom", True), ("tfmem", "oom", True), ("tfmem", "budget", True),
-    ("tfmem", "host-memory", True), ("tfmem", "timeout", True),
-    ("tf", "crash", True), ("grappler", "crash", True),  # recorded as a crash, not as memory
-    ("tfmem", "crash", False), ("tf", "error", False), ("tfmem", "error", False)])
-def test_only_does_not_fit_outcomes_are_size_limits(system, status, limit):
-    assert common.is_size_limit(dict(system=system, status=status)) is limit
-    assert "device memory" not in common.LIMITS["crash"]
-
-
-def test_find_max_respects_max_size_and_trial_budget():
-    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_index=20)
-    assert outcome["best"] == 20 and outcome["stopped"] == "max-size"
-    outcome = common.find_max(_fake(1000, []), 1, resnet.layers_of, max_trials=3)
-    assert outcome["best"] == 4 and outcome["stopped"] == "max-trials"
-
-
-# --------------------------------------------------------------------------
-# reports from fake results
-
-
-def _summaries():
-    """tf, grappler and tfmem searches on fake trials; tfmem's steady step costs 1.5x plain's
-    per layer."""
-    args = common.parse_args(resnet.EXPERIMENT, ["--quick"])
-    summaries = []
-    for system, limit, per_layer in (("tf", 6, 0.002), ("grappler", 5, 0.002),
-                                     ("tfmem", 30, 0.003)):
-        outcome = common.find_max(_fake(limit, [], per_layer), 1, resnet.layers_of)
-        for t in outcome["trials"]:
-            t["system"] = system
-        summaries.append(common.summarise(resnet.EXPERIMENT, args, system, outcome))
-    return args, summaries
-
-
-def test_summary_rows_and_result_line():
-    _, summaries = _summaries()
-    assert [s["max_size"] for s in summaries] == [18, 16, 66]
-    assert summaries[0]["first_failing_size"] == 20
-    assert summaries[0]["limit_text"].startswith("device memory")
-    assert common.result_line(summaries) == "RESULT system=tfmem max=66 ratio=3.67"
-
-
-def test_the_table_reports_first_step_replans_and_steady_cost_against_plain():
-    _, summaries = _summaries()
-    tf_row, _, tfm_row = common.table_rows(summaries)
-    tfm = summaries[2]
-    assert (tfm_row["first_step_seconds"], tfm_row["replans"]) == (31.0, 0)  # index 30
-    assert tfm_row["steady_seconds"] == round(tfm["steady_seconds"], 3)
-    assert tfm_row["throughput"] == round(16 / tfm["steady_seconds"], 2)
-    # per layer-image at each one's own max size: tfmem at 66 layers, plain at 18
-    tfm_cost = tfm["steady_seconds"] * 1000 / (66 * 16)
-    plain_cost = summaries[0]["steady_seconds"] * 1000 / (18 * 16)
-    assert tfm_row["steady_ms_per_unit"] == round(tfm_cost, 4)
-    assert tfm_row["vs_plain"] == round(tfm_cost / plain_cost, 2) == 1.5
-    assert tf_row["vs_plain"] == 1.0
-    table = common.markdown_table(summaries, "layers", "images")
-    head, _, *rows = table.splitlines()
-    for column in ("first step s", "re-plans", "steady step s", "steady images/s",
-                   "steady ms per layer-image", "vs plain at plain's max"):
-        assert column in head
-    assert rows[2].startswith(
-        f"| tfmem | 16 | 66 | 30,000 | 31.00 | 0 | {tfm['steady_seconds']:.3f} |")
-    assert "| 1.50x |" in rows[2] and "| 1.00x |" in rows[0]
-
-
-def test_a_summary_without_steady_figures_shows_them_as_not_measured():
-    """Result files written before trials measured a steady state keep rendering: their
-    steady-state cells are "-"."""
-    _, summaries = _summaries()
-    for summary in summaries:
-        for key in ("replans", "steady_seconds", "steady_ms_per_unit", "steady_step_count",
-                    "work_unit"):
-            del summary[key]
-    rows = common.markdown_table(summaries, "layers", "images", "layer-image").splitlines()[2:]
-    for row in rows:
-        cells = [cell.strip() for cell in row.strip("|").split("|")]
-        assert cells[5:10] == ["-"] * 5  # re-plans, steady s, steady/s, ms per unit, vs plain
-        assert cells[4] != "-"  # the first step was recorded
-    sys.path.insert(0, str(ROOT / "tools"))
-    import results_tables  # pylint: disable=import-outside-toplevel
-    args, _ = _summaries()
-    data = dict(settings=vars(args), summaries=summaries, seconds=1.0, result="RESULT x")
-    block = results_tables.experiment_block(json.loads(json.dumps(data, default=str)),
-                                            "resnet-old")
-    assert "steady ms per layer-image" in block and "| tfmem | 16 | 66 |" in block
-
-
-def test_markdown_csv_and_plot_written(tmp_path):
-    args, summaries = _summaries()
-    args.out_dir, args.tag = tmp_path, "fake"
-    paths = common.write_reports(resnet.EXPERIMENT, args, summaries, 12.0, out=lambda _: None)
-    markdown = (tmp_path / "resnet-fake.md").read_text()
-    header = markdown.splitlines()[2]
-    for column in ("system", "batch", "max layers", "parameters", "steady images/s",
-                   "steady ms per layer-image", "vs plain at plain's max"):
-        assert column in header
-    assert "| tfmem | 16 | 66 |" in markdown
-    assert "RESULT system=tfmem max=66 ratio=3.67" in markdown
-    with open(tmp_path / "resnet-fake.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    assert [r["system"] for r in rows] == ["tf", "grappler", "tfmem"]
-    assert rows[2]["max_size"] == "66" and rows[0]["parameters"] == "6000"
-    assert rows[2]["vs_plain"] == "1.5" and rows[2]["replans"] == "0"
-    with open(tmp_path / "resnet-fake-trials.csv", newline="") as handle:
-        assert len(list(csv.DictReader(handle))) == sum(s["trials"] for s in summaries)
-    saved = json.loads((tmp_path / "resnet-fake.json").read_text())
-    assert saved["summaries"][2]["max_size"] == 66
-    origin = saved["provenance"]
-    assert len(origin["commit"]) == 40 and origin["tensorflow"].startswith("2.")
-    assert origin["kernel_path"] == {"tf": "oneDNN off", "grappler": "oneDNN off",
-                                     "tfmem": "oneDNN off"}
-    assert origin["cpu_count"] >= 1 and origin["date"].startswith("20")
-    assert saved["result"] == "RESULT system=tfmem max=66 ratio=3.67"
-    assert f"produced by commit {origin['commit'][:12]}" in markdown
-    try:
-        import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except ImportError:
-        assert "matplotlib" in markdown and not (tmp_path / "resnet-fake.png").exists()
-    else:
-        assert (tmp_path / "resnet-fake.png").stat().st_size > 1000
-        assert str(tmp_path / "resnet-fake.png") in paths
-
-
-def test_reports_of_a_run_where_nothing_trained(tmp_path):
-    args, summaries = _summaries()
-    for summary in summaries:
-        for t in summary["all_trials"]:
-            t["ok"], t["status"] = False, "oom"
-    args.out_dir, args.tag = tmp_path, "nothing"
-    common.write_reports(resnet.EXPERIMENT, args, summaries, 1.0, out=lambda _: None)
-    assert "no plot: no trial trained" in (tmp_path / "resnet-nothing.md").read_text()
-
-
-def test_a_run_that_breaks_ends_with_a_message_and_its_result_line(tmp_path, monkeypatch,
-                                                                   capsys):
-    def broken(*args, **kwargs):
-        raise RuntimeError("the search broke")
-    monkeypatch.setattr(common, "search_systems", broken)
-    code = common.main(resnet.EXPERIMENT, ["--quick", "--device-memory", "50",
-                                           "--out-dir", str(tmp_path)])
-    out = capsys.readouterr().out.strip().splitlines()
-    assert code == 1
-    assert out[-1] == 'RESULT system=tfmem max=none ratio=n/a reason="the run stopped: ' \
-                      'RuntimeError: the search broke"'
-
-
-def test_a_runs_trials_share_one_kernel_scratch_file(tmp_path, monkeypatch):
-    """Trial processes inherit one file for the run (each kernel measured once per run),
-    removed with the run; a file the user named is used as it is."""
-    from tfmem.memory import scratch  # pylint: disable=import-outside-toplevel
-    assert common.SCRATCH_CACHE_ENV == scratch.CACHE_ENV
-    monkeypatch.delenv(scratch.CACHE_ENV, raising=False)
-    seen = []
-
-    def search(*args, **kwargs):
-        seen.append(common.os.environ.get(scratch.CACHE_ENV))
-        raise RuntimeError("stop here")
-    monkeypatch.setattr(common, "search_systems", search)
-    argv = ["--quick", "--device-memory", "50", "--out-dir", str(tmp_path)]
-    common.main(resnet.EXPERIMENT, argv)
-    assert seen[0] and Path(seen[0]).name == "scratch.json"
-    assert scratch.CACHE_ENV not in common.os.environ and not Path(seen[0]).parent.exists()
-    monkeypatch.setenv(scratch.CACHE_ENV, str(tmp_path / "mine.json"))
-    common.main(resnet.EXPERIMENT, argv)
-    assert seen[1] == str(tmp_path / "mine.json")
-
-
+@pytest.mark.slow
 def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
-    args = common.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
+    args = options.parse_args(resnet.EXPERIMENT, ["--find-max", "--cap-base", "8",
                                                  "--cap-factor", "1.5"] + TINY[2:])
-    info = common.derive_cap(resnet.EXPERIMENT, args)
+    info = cap.derive_cap(resnet.EXPERIMENT, args)
     trial = info["trial"]
     assert trial["ok"] and trial["system"] == "tf" and trial["size"] == 8
     assert trial["device_memory_mib"] is None  # measured without a cap, same allocator
@@ -481,14 +260,13 @@ def test_the_cap_is_derived_from_plain_tensorflow_on_this_machine():
     assert info["cap_mib"] == math.ceil(trial["peak_bytes"] * 1.5 / MIB)
     assert info["plain_peak_mib"] == round(trial["peak_bytes"] / MIB, 2)
     # the median of as many processes
-    assert len(info["plain_peaks_mib"]) == common.CAP_TRIALS
-    assert info["plain_peak_mib"] == sorted(info["plain_peaks_mib"])[common.CAP_TRIALS // 2]
+    assert len(info["plain_peaks_mib"]) == cap.CAP_TRIALS
+    assert info["plain_peak_mib"] == sorted(info["plain_peaks_mib"])[cap.CAP_TRIALS // 2]
 
 
 # --------------------------------------------------------------------------
 # moe.py: a tiny mixture of experts, plain TensorFlow against tfmem
 
-import moe  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # Small partitions and no swap threshold, so tfmem really cuts and swaps this tiny graph.
 MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq-len", "16",
@@ -500,15 +278,16 @@ MOE_TINY = ["--device-memory", str(CAP), "--steps", "2", "--layers", "1", "--seq
 def moe_trials():
     """{system: result} of one 3-expert trial for tf, tfmem and tfmem with --partial-runs
     ("tfmem-prun"), each in a fresh process."""
-    args = common.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
-    prun = common.parse_args(moe.EXPERIMENT, ["--find-max", "--partial-runs"] + MOE_TINY)
+    args = options.parse_args(moe.EXPERIMENT, ["--find-max"] + MOE_TINY)
+    prun = options.parse_args(moe.EXPERIMENT, ["--find-max", "--partial-runs"] + MOE_TINY)
     runs = {"tf": (args, "tf"), "tfmem": (args, "tfmem"), "tfmem-prun": (prun, "tfmem")}
     with ThreadPoolExecutor(3) as pool:
-        futures = {name: pool.submit(common.spawn_trial, moe.EXPERIMENT, run_args, system, 3, 120)
+        futures = {name: pool.submit(child.spawn_trial, moe.EXPERIMENT, run_args, system, 3, 120)
                    for name, (run_args, system) in runs.items()}
         return {name: future.result() for name, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_moe_trials_train_the_same_losses(moe_trials):
     tf_result, tfm_result = moe_trials["tf"], moe_trials["tfmem"]
     for result in (tf_result, tfm_result):
@@ -529,6 +308,7 @@ def test_moe_trials_train_the_same_losses(moe_trials):
     assert tfm_result["first_step_seconds"] == tfm_result["step_times"][0]
 
 
+@pytest.mark.slow
 def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):
     tf_result, prun = moe_trials["tf"], moe_trials["tfmem-prun"]
     assert prun["status"] == "ok", prun.get("error") or prun.get("stderr_tail")
@@ -540,22 +320,23 @@ def test_moe_trial_with_partial_runs_runs_every_step_as_one(moe_trials):
 
 
 def test_partial_runs_option_reaches_the_trial_and_the_report():
-    args = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs"])
+    args = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs"])
     assert args.partial_runs and args.measure == "off"  # measured steps would run callables
-    options = common.trial_options(moe.EXPERIMENT, args)
-    assert "--partial-runs" in options and options[options.index("--measure") + 1] == "off"
-    kept = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--measure", "sample"])
-    assert kept.measure == "sample" and "callables" in common.step_path_text(vars(kept))
-    plain = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    child_options = options.trial_options(moe.EXPERIMENT, args)
+    assert "--partial-runs" in child_options
+    assert child_options[child_options.index("--measure") + 1] == "off"
+    kept = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--measure", "sample"])
+    assert kept.measure == "sample" and "callables" in reports.step_path_text(vars(kept))
+    plain = options.parse_args(moe.EXPERIMENT, ["--quick"])
     assert not plain.partial_runs and plain.measure == "sample"
-    assert "--partial-runs" not in common.trial_options(moe.EXPERIMENT, plain)
-    assert common.step_path_text(vars(args)).startswith("partial runs (measure off")
+    assert "--partial-runs" not in options.trial_options(moe.EXPERIMENT, plain)
+    assert reports.step_path_text(vars(args)).startswith("partial runs (measure off")
     # budget mode measures partial runs by the process figures: it keeps "sample" and learns
-    learns = common.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
+    learns = options.parse_args(moe.EXPERIMENT, ["--quick", "--partial-runs", "--partition-size",
                                                 "auto"])
-    assert learns.measure == "sample" and "learns" in common.step_path_text(vars(learns))
-    assert common.step_path_text(vars(plain)) == "callables (measure sample)"
-    assert common.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
+    assert learns.measure == "sample" and "learns" in reports.step_path_text(vars(learns))
+    assert reports.step_path_text(vars(plain)) == "callables (measure sample)"
+    assert reports.command_line(moe.EXPERIMENT, ["--quick", "--partial-runs"]) == \
         "python experiments/moe.py --quick --partial-runs"
 
 
@@ -568,22 +349,21 @@ def test_moe_parameters_grow_with_experts():
 
 
 def test_moe_quick_and_defaults():
-    quick = common.parse_args(moe.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(moe.EXPERIMENT, ["--quick"])
     assert quick.find_max and quick.device_memory is None and quick.cap_base == 12
     assert quick.batch_size == 8 and quick.partition_size == 200  # the paper's MoE settings
     assert quick.trial_timeout == 60 and quick.start == 4
-    assert "--swap-min-bytes" in common.trial_options(moe.EXPERIMENT, quick)
-    one = common.parse_args(moe.EXPERIMENT, ["--system", "tfmem", "--experts", "12",
+    assert "--swap-min-bytes" in options.trial_options(moe.EXPERIMENT, quick)
+    one = options.parse_args(moe.EXPERIMENT, ["--system", "tfmem", "--experts", "12",
                                              "--partition-size", "auto"])
     assert one.size == 12 and one.partition_size == "auto" and not one.find_max
     with pytest.raises(SystemExit):
-        common.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
+        options.parse_args(moe.EXPERIMENT, ["--system", "tf", "--experts", "0"])
 
 
 # --------------------------------------------------------------------------
 # deepspeech.py: a tiny unrolled bidirectional RNN, plain TensorFlow against tfmem
 
-import deepspeech  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 # The paper's partition size 5 (the default) on a 4-frame sequence: many partitions.
 DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--features", "6",
@@ -593,13 +373,14 @@ DS_TINY = ["--device-memory", str(CAP), "--steps", "2", "--batch-size", "8", "--
 @pytest.fixture(scope="module")
 def deepspeech_trials():
     """{system: result} of one 4-frame trial for tf and tfmem, each in a fresh process."""
-    args = common.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
+    args = options.parse_args(deepspeech.EXPERIMENT, ["--find-max"] + DS_TINY)
     with ThreadPoolExecutor(2) as pool:
-        futures = {system: pool.submit(common.spawn_trial, deepspeech.EXPERIMENT, args, system,
+        futures = {system: pool.submit(child.spawn_trial, deepspeech.EXPERIMENT, args, system,
                                        4, 120) for system in ("tf", "tfmem")}
         return {system: future.result() for system, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
     tf_result, tfm_result = deepspeech_trials["tf"], deepspeech_trials["tfmem"]
     for result in (tf_result, tfm_result):
@@ -616,15 +397,15 @@ def test_deepspeech_trials_train_the_same_losses(deepspeech_trials):
 
 
 def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
-    quick = common.parse_args(deepspeech.EXPERIMENT, ["--quick"])
+    quick = options.parse_args(deepspeech.EXPERIMENT, ["--quick"])
     assert quick.batch_size == 128 and quick.partition_size == "auto"
     assert quick.time_seq_lens == [16, 32] and quick.swap_min_bytes == 32 << 10
-    assert common.parse_args(deepspeech.EXPERIMENT, ["--find-max", "--device-memory",
+    assert options.parse_args(deepspeech.EXPERIMENT, ["--find-max", "--device-memory",
                                                      "24"]).partition_size == 5
-    assert common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
+    assert options.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens",
                                                      "none"]).time_seq_lens == []
     with pytest.raises(SystemExit):  # a bad length stops the run before the search
-        common.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens", "8,x"])
+        options.parse_args(deepspeech.EXPERIMENT, ["--quick", "--time-seq-lens", "8,x"])
     labels = [label for label, _, _ in deepspeech._timed_runs(quick)]  # pylint: disable=protected-access
     assert labels == ["tf", "grappler", "tfmem", "tfmem ps=5"]  # budget mode and the paper's 5
     rows = [{"seq_len": 8, "tf": 0.1, "tf status": "ok", "grappler": None,
@@ -634,61 +415,3 @@ def test_deepspeech_quick_defaults_and_iteration_table(tmp_path):
     text = deepspeech._iteration_markdown(rows, labels, quick)  # pylint: disable=protected-access
     assert "| 8 | 0.100 | oom | 0.150 | 0.400 | 1 | 90 | 1.50x | 4.00x |" in text
     assert "1.15 s vs 1.56 s" in text  # the paper's numbers beside ours
-
-
-# --------------------------------------------------------------------------
-# the result tables of README.md and docs/results.md are generated from experiments/results/
-
-
-def test_readme_result_tables_match_the_result_files():
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "results_tables.py"), "--check"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resnet-quick" in proc.stdout
-    assert "README.md: 1 generated block(s): headline" in proc.stdout  # the headline table
-    assert "docs/results.md" in proc.stdout  # every experiment's own table
-    assert "tf2_speed" in proc.stdout  # tools/bench_tf2.py's step-time table (issue 15)
-    assert "partition_graphs" in proc.stdout  # experiments/partition_graphs.py (issue 12)
-    assert "peak_spread" in proc.stdout  # experiments/peak_spread.py's table (issue 10)
-    assert "accuracy" in proc.stdout  # experiments/accuracy.py's simulator accuracy (issue 10)
-
-
-def test_every_result_file_records_what_produced_it():
-    for path in sorted((ROOT / "experiments" / "results").glob("*.json")):
-        origin = json.loads(path.read_text()).get("provenance")
-        assert origin, f"{path.name} records no provenance"
-        for key in ("commit", "tensorflow", "kernel_path", "cpu_count", "date"):
-            assert origin.get(key), f"{path.name}: no {key}"
-
-
-# --------------------------------------------------------------------------
-# the diagnostics of what stopped tfmem (issue 12): budget_floor.py, partition_peaks.py
-
-
-def _script(name, *args):
-    env = dict(__import__("os").environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / name), *args],
-                          capture_output=True, text=True, timeout=300, check=False, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
-    return proc.stdout
-
-
-def test_budget_floor_terms_add_up_to_the_one_op_plans_peak():
-    # The MoE model's own sizes at 2 experts: terms of whole MiB, not rounding noise.
-    out = _script("budget_floor.py", "moe", "--device-memory", "256", "--experts", "2")
-    head, *terms = out.strip().splitlines()
-    peak = float(head.split(" peaks at ")[1].split(" MiB")[0])
-    values = [float(line.split()[-2]) for line in terms]
-    assert len(values) == 6 and values[0] > 0  # state is always on the device
-    assert peak > 1 and sum(values) == pytest.approx(peak, abs=0.05 * (len(values) + 1))
-    assert values[1] + values[2] > 0.5  # the peak op's inputs: resident or uploaded
-
-
-def test_partition_peaks_lists_every_partition_predicted_and_measured():
-    out = _script("partition_peaks.py", "moe", "--experts", "3", *MOE_TINY[2:])
-    head, *rows = out.strip().splitlines()
-    partitions = int(head.split(": ")[1].split(" partitions")[0])
-    assert partitions > 1 and len(rows) == partitions
-    for row in rows:
-        predicted, measured = float(row.split()[3]), float(row.split()[5])
-        assert predicted > 0 and measured > 0  # TensorFlow's own figure, not the prediction

@@ -63,6 +63,7 @@ def test_budget_mode_reuses_copies_for_new_shapes_and_stops_growing():
     tfs.close()
 
 
+@pytest.mark.slow
 def test_budget_mode_graph_stops_growing_once_shapes_repeat():
     """Growing shapes need new plans; once the shapes come again the graph stays put."""
     model = models.mlp(layers=6, width=128, features=128)
@@ -82,6 +83,7 @@ def test_budget_mode_graph_stops_growing_once_shapes_repeat():
         assert rounds[0] == rounds[1] == rounds[2], rounds
 
 
+@pytest.mark.slow
 def test_tfmem_session_matches_plain_runs_bit_for_bit():
     """Same config on both sides: Grappler off, so no subgraph is rewritten differently."""
     model = models.resnet(blocks=(1, 1, 1), width=4, image=8)

@@ -46,7 +46,6 @@ def build(tf):
 
 PRELUDE = r"""
 import json, os, sys
-sys.path.insert(0, os.getcwd())
 import tfmem
 tfmem.emulate_accelerator(4096)
 import tensorflow as tf
@@ -104,6 +103,7 @@ def test_an_initializing_request_sets_these_variables_from_constants():
 
 
 @pytest.mark.parametrize("onednn", ["0", "1"])
+@pytest.mark.slow
 def test_the_first_step_grows_the_device_by_the_predicted_copies(onednn):
     done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
                           cwd=ROOT, timeout=300,
@@ -205,6 +205,7 @@ print(json.dumps({"state": state, "after_init": after_init, "peaks": peaks,
 
 
 @pytest.mark.parametrize("onednn", ["0", "1"])
+@pytest.mark.slow
 def test_variables_sharing_one_merged_value_need_nothing_past_the_state(onednn):
     """Three variables set to equal zeros share the one buffer TensorFlow merged them
     into; once tfmem released the initializer, the first step's copies of it only fill
@@ -223,6 +224,7 @@ def test_variables_sharing_one_merged_value_need_nothing_past_the_state(onednn):
 
 
 @pytest.mark.parametrize("onednn", ["0", "1"])
+@pytest.mark.slow
 def test_an_initializer_run_through_tfmem_keeps_no_constants(onednn):
     """TFMemSession releases the executor of a request that sets variables from
     constants after its first step: the device then holds the state alone, where a plain

@@ -375,6 +375,7 @@ print("TFMEM-RESULTS " + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     """Under an emulated 24 MiB cap: one partition cannot run the step, budget mode can."""
     import os

@@ -37,8 +37,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import make_step  # the Keras training step the TF2 benchmark times
+from tfmem.cli.tf2_models import make_step  # the Keras training step tools/bench_tf2.py times
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[3]))
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
@@ -238,12 +237,14 @@ def runs_two_threads():
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("model", MODELS)
+@pytest.mark.slow
 def test_partitioned_steps_are_bit_equal_to_tf_function(runs, model, size):
     _check(runs[f"{model}@{size}"], model, size)
 
 
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("model", TWO_THREAD_MODELS)
+@pytest.mark.slow
 def test_bit_equal_with_two_intra_op_threads(runs_two_threads, model, size):
     """Eigen splits reductions by the thread count; the plain run stays deterministic
     (checked), and so must the partitioned one's agreement with it."""

@@ -45,8 +45,7 @@ tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
 import keras
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_convnet, build_mlp, build_resnet, make_step
+from tfmem.cli.tf2_models import build_convnet, build_mlp, build_resnet, make_step
 from tfmem.run import accelerator
 from tfmem.memory import scratch
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -192,6 +191,7 @@ def measured(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     learn = measured["learn"]
     budget = LEARN_BUDGET_MIB * MIB
@@ -216,6 +216,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
 
 
 @pytest.mark.parametrize("model", ["mlp", "convnet", "keras"])
+@pytest.mark.slow
 def test_budget_mode_stays_within_its_budget(measured, model):
     run = measured["bounded"][model]
     assert run["partitions"] > 1  # the budget made it partition
@@ -268,6 +269,7 @@ def test_learning_uses_the_peaks_it_knows_and_only_what_went_over():
     assert not learning.learn_from_step(fresh, trace, over, resident, {}, predict)
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_under_a_users_higher_peak_with_profile_peaks(measured):
     """(c): every step stays under the user's 96 MiB peak, so the process peak says
     nothing; the profiler's figures show the first step over its prediction, and budget

@@ -25,8 +25,7 @@ tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
 from tfmem.run import accelerator
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_mlp
+from tfmem.cli.tf2_models import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
@@ -89,6 +88,7 @@ def measured():
     return out
 
 
+@pytest.mark.slow
 def test_the_users_peak_figure_survives_tfmem_function_steps(measured):
     """A 48 MiB tensor the user made sets TensorFlow's peak; tfmem's steps leave it, and
     report their own peak as unknown rather than the user's figure."""
@@ -97,6 +97,7 @@ def test_the_users_peak_figure_survives_tfmem_function_steps(measured):
     assert measured["user_case_peaks"] == [None, None, None]
 
 
+@pytest.mark.slow
 def test_step_peak_is_tensorflows_peak_of_a_freshly_reset_step(measured):
     assert measured["first_peak"] == measured["first_tf_peak"]
     for step in measured["reset"]:
@@ -107,6 +108,7 @@ def test_step_peak_is_tensorflows_peak_of_a_freshly_reset_step(measured):
         assert len(step["partition_peaks"]) == step["partitions"]
 
 
+@pytest.mark.slow
 def test_a_step_below_the_process_peak_reports_unknown_not_a_wrong_figure(measured):
     """Without a reset, a step's figure is TensorFlow's new peak when it raised it, else
     None; never the figure of an earlier step."""
@@ -119,6 +121,7 @@ def test_a_step_below_the_process_peak_reports_unknown_not_a_wrong_figure(measur
             assert step["partition_peaks"] == [None] * len(step["partition_peaks"]), step
 
 
+@pytest.mark.slow
 def test_memory_report_against_tensorflows_figures(measured):
     for step in measured["reset"]:
         report = step["report"]
@@ -139,6 +142,7 @@ def test_memory_report_against_tensorflows_figures(measured):
         assert abs(predicted - step["tf_peak"]) <= 0.25 * step["tf_peak"], (predicted, step)
 
 
+@pytest.mark.slow
 def test_memory_report_bounds_the_peak_where_it_is_unknown(measured):
     """Steps below the user's 48 MiB peak have no exact figure, but bounds: at least the
     bytes seen in use during the step, at most TensorFlow's process peak."""
@@ -215,6 +219,7 @@ print(json.dumps(out))
     dict(TF_ENABLE_ONEDNN_OPTS="0", TF_CPU_ALLOCATOR_USE_BFC="true"),
     dict(TF_ENABLE_ONEDNN_OPTS="0"),
 ], ids=["onednn-default-allocator", "bfc-without-cap", "default-allocator"])
+@pytest.mark.slow
 def test_a_figure_wherever_tensorflow_keeps_allocator_statistics(env):
     """No emulated cap: with oneDNN on (its CPU allocator keeps figures) or a BFC
     allocator without a limit, the step's peak is TensorFlow's; only TensorFlow's default

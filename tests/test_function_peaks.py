@@ -27,8 +27,7 @@ if sys.argv[1] != "0":
 import numpy as np
 import tensorflow as tf
 from tfmem.run import accelerator
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_mlp
+from tfmem.cli.tf2_models import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 memory = lambda: accelerator.device_memory("CPU:0")
@@ -112,6 +111,7 @@ def measured(request):
     return out
 
 
+@pytest.mark.slow
 def test_every_partition_of_a_steady_step_gets_its_peak(measured):
     """Under the user's higher peak, without a reset: a figure for every partition of
     every step (where the process-peak reader gets None), and the user's peak is intact."""
@@ -130,12 +130,14 @@ def test_every_partition_of_a_steady_step_gets_its_peak(measured):
         assert unprofiled == [None] * len(unprofiled)  # the gap profile_peaks closes
 
 
+@pytest.mark.slow
 def test_each_partition_peak_equals_tensorflows_figure_for_that_call(measured):
     for step in measured["checked"]:
         assert len(step["tf"]) == len(step["tfmem"]) > 1
         assert step["tfmem"] == step["tf"], step
 
 
+@pytest.mark.slow
 def test_a_users_profiler_session_is_left_alone(measured):
     assert measured["user_profile_has_partitions"]
     assert measured["under_user_profiler"] == [None] * len(measured["under_user_profiler"])

@@ -133,6 +133,7 @@ def measured():
     return out
 
 
+@pytest.mark.slow
 def test_tf2_prediction_counts_kernel_scratch(measured):
     """Outside budget mode too: the convolution gradients' im2col buffers are in the
     prediction (without them its scratch column reads 0 and it misses most of the step)."""
@@ -143,6 +144,7 @@ def test_tf2_prediction_counts_kernel_scratch(measured):
 
 
 @pytest.mark.parametrize("side", ["tf2", "session"])
+@pytest.mark.slow
 def test_prediction_within_the_session_front_ends_tolerance(measured, side):
     """Within the Session front end's bound of the band between the requested and chunk
     figures: the gradients' im2col buffers (18 and 27 MiB requested) each hold a BFC
@@ -153,5 +155,6 @@ def test_prediction_within_the_session_front_ends_tolerance(measured, side):
     assert abs(error) <= BAND_TOLERANCE["eigen"], (side, figures)
 
 
+@pytest.mark.slow
 def test_simulate_is_what_memory_report_sets_the_step_against(measured):
     assert measured["tf2"]["simulated"] == measured["tf2"]["predicted"]

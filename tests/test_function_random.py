@@ -1,4 +1,4 @@
-"""Random ops in a tfmem.function draw what tf.function draws (issue 11, TF2).
+"""Random ops in a tfmem.function draw what tf.function draws.
 
 A tf.function keeps one stream per random op per trace (ConcreteFunction): a
 new input shape that retraces gets new streams, a shape served by a generic

@@ -1,4 +1,4 @@
-"""memory_report() pairs the last step with the prediction of the plan that ran it (issue 15).
+"""memory_report() pairs the last step with the prediction of the plan that ran it.
 
 Two threads call one tfmem.function with two input signatures, whose traces
 plan differently (1 and 3 layers: other partition counts, other predicted

@@ -6,9 +6,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "gpu_check.py"
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_and_runs_nothing():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_ENABLE_ONEDNN_OPTS="0",
                TF_CPP_MIN_LOG_LEVEL="2")
@@ -20,6 +23,7 @@ def test_without_a_gpu_it_says_so_and_runs_nothing():
     assert "plain Session" not in proc.stdout  # no worker started
 
 
+@pytest.mark.slow
 def test_the_tfmem_worker_reports_placement_buffers_and_overlap(tmp_path):
     """The worker's own checks, with CPU:1 standing in for the GPU (no proof here)."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")

@@ -39,6 +39,7 @@ def data(rows=200, seed=0):
     dict(partition_size=20, swap="all", swap_min_bytes=0),
     dict(device_memory_budget="1GiB"),
 ])
+@pytest.mark.slow
 def test_fit_matches_plain_fit(options):
     x, y = data()
     plain = build()
@@ -114,6 +115,7 @@ def test_refusals():
         tfmem.keras.partitioned(distributed).fit(*data(rows=32), batch_size=32, verbose=0)
 
 
+@pytest.mark.slow
 def test_memory_proof_tf2():
     """Plain fit OOMs under half its peak; through tfmem it trains there, same losses."""
     result = proof_tf2.run_proof(steps=3, timeout=600)

@@ -14,23 +14,15 @@ reports built from them.
 
 import json
 import math
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tfmem.cli import keras_models
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
-
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import keras_common  # noqa: E402  pylint: disable=wrong-import-position
-import keras_resnet50  # noqa: E402  pylint: disable=wrong-import-position
-import keras_transformer  # noqa: E402  pylint: disable=wrong-import-position
-import keras_unet3d  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import keras_common, keras_resnet50, keras_transformer, keras_unet3d
+from experiments.harness import child, experiment, options, reports, search
 
 STEPS = 3
 
@@ -56,6 +48,7 @@ TINY = {
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.slow
 def test_tfmem_and_recomputed_blocks_train_as_plain_fit(name):
     build, data = TINY[name]
     x, y = data()
@@ -86,7 +79,7 @@ def test_systems_of_each_experiment():
     assert "recompute-blocks" in keras_transformer.EXPERIMENT.systems
     assert keras_common.remat_mode("tfmem+remat-activations") == "activations"
     assert keras_common.remat_mode("tfmem") is None
-    assert common.is_tfmem("tfmem+remat-activations") and not common.is_tfmem("plain")
+    assert experiment.is_tfmem("tfmem+remat-activations") and not experiment.is_tfmem("plain")
 
 
 def test_steady_times_start_after_the_last_change_of_plan():
@@ -113,13 +106,14 @@ SYSTEMS = ("plain", "remat-full", "tfmem")
 
 @pytest.fixture(scope="module")
 def trials():
-    args = common.parse_args(keras_transformer.EXPERIMENT, TRIAL)
+    args = options.parse_args(keras_transformer.EXPERIMENT, TRIAL)
     with ThreadPoolExecutor(len(SYSTEMS)) as pool:
-        futures = {system: pool.submit(common.spawn_trial, keras_transformer.EXPERIMENT, args,
+        futures = {system: pool.submit(child.spawn_trial, keras_transformer.EXPERIMENT, args,
                                        system, 16, 240) for system in SYSTEMS}
         return args, {system: future.result() for system, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_trials_in_child_processes(trials):
     _, results = trials
     plain, remat, tfm = results["plain"], results["remat-full"], results["tfmem"]
@@ -133,10 +127,11 @@ def test_trials_in_child_processes(trials):
     assert tfm["tfmem"]["partition_size"] == "auto" and tfm["tfmem"]["partitions"] >= 1
     # Keras's full rematerialisation cannot run a functional model's fit on the TensorFlow
     # backend: a result of the experiment, not a failure of the run.
-    assert remat["status"] == "unsupported" and not common.is_size_limit(remat)
+    assert remat["status"] == "unsupported" and not experiment.is_size_limit(remat)
     assert "custom_gradient" in remat["error"]
 
 
+@pytest.mark.slow
 def test_reports_of_the_trials(trials, tmp_path):
     args, results = trials
     args.out_dir, args.tag = tmp_path, "tiny"
@@ -147,15 +142,15 @@ def test_reports_of_the_trials(trials, tmp_path):
         outcome = dict(best=0 if failed else result["index"], failed_at=None,
                        trials=[result], stopped="failure" if failed else "max-size",
                        failure=result if failed else None, seconds=1.0)
-        summaries.append(common.summarise(keras_transformer.EXPERIMENT, args, system, outcome))
-    assert common.run_failure(summaries) is None  # the refused mode is a result
+        summaries.append(search.summarise(keras_transformer.EXPERIMENT, args, system, outcome))
+    assert reports.run_failure(summaries) is None  # the refused mode is a result
     extra = keras_common.report(args, summaries, None)
     rows = {row["system"]: row for row in extra.data["comparison"]}
     assert rows["tfmem"]["losses_equal"] and rows["tfmem"]["losses_size"] == 16
     assert rows["tfmem"]["ratio"] == 1.0 and rows["remat-full"]["max_size"] is None
     assert rows["plain"]["state_share"] == pytest.approx(
         results["plain"]["state_bytes"] / (CAP << 20), abs=0.01)
-    common.write_reports(keras_transformer.EXPERIMENT, args, summaries, 3.0,
+    reports.write_reports(keras_transformer.EXPERIMENT, args, summaries, 3.0,
                          out=lambda _: None, extra=extra)
     markdown = (tmp_path / "keras_transformer-tiny.md").read_text()
     assert "RESULT system=tfmem max=16 ratio=1.00" in markdown
@@ -181,7 +176,7 @@ def test_largest_working_set_skips_ops_that_forward_their_inputs():
 
 
 def test_a_system_never_run_at_a_size_plain_trained_gets_a_trial_there(monkeypatch):
-    args = common.parse_args(keras_transformer.EXPERIMENT, TRIAL)
+    args = options.parse_args(keras_transformer.EXPERIMENT, TRIAL)
     spawned = []
 
     def fake_trial(experiment, trial_args, system, size, timeout):
@@ -194,7 +189,7 @@ def test_a_system_never_run_at_a_size_plain_trained_gets_a_trial_there(monkeypat
         best = max((size for size, ok in sizes if ok), default=None)
         return dict(system=system, max_size=best, all_trials=trials)
 
-    monkeypatch.setattr(common, "spawn_trial", fake_trial)
+    monkeypatch.setattr(keras_common, "spawn_trial", fake_trial)
     summaries = [summary("plain", [(112, True), (128, False)]),
                  summary("recompute-blocks", [(112, True), (224, True)]),
                  summary("tfmem", [(224, True), (448, False)]),

@@ -11,7 +11,7 @@ of its own:
   variables pinned to /cpu:0, fed input), trains plainly and through
   `TFMemSession` at two partition sizes in one process per path; every
   loss and summary value must agree with the plain run's;
-* tests/test_equivalence.py and tests/test_properties.py run again in one
+* tests/test_equivalence.py and tests/test_random_graphs.py run again in one
   pytest process on the path this process does not run (conftest sets oneDNN
   off unless TF_ENABLE_ONEDNN_OPTS says otherwise).
 """
@@ -69,6 +69,7 @@ def _runs(stdout):
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda path: f"onednn{path}")
+@pytest.mark.slow
 def test_real_program_trains_as_plain_on_both_kernel_paths(program_runs, path):
     done = program_runs[path]
     assert done.returncode == 0, (f"{child_env.ONEDNN}={path}: the program failed\n"
@@ -87,11 +88,12 @@ def test_real_program_trains_as_plain_on_both_kernel_paths(program_runs, path):
                                            err_msg=f"size {size}, step {step}, {tag}")
 
 
+@pytest.mark.slow
 def test_equivalence_and_properties_on_the_other_kernel_path():
     other = "0" if child_env.onednn_from_env() else "1"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         os.path.join(HERE, "test_equivalence.py"), os.path.join(HERE, "test_properties.py")],
+         os.path.join(HERE, "test_equivalence.py"), os.path.join(HERE, "test_random_graphs.py")],
         env=_env(other), capture_output=True, text=True, timeout=TIMEOUT, check=False, cwd=os.path.dirname(HERE))
     assert done.returncode == 0, \
         f"with {child_env.ONEDNN}={other}:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
 
 from tfmem.cli import child_env
@@ -46,6 +47,7 @@ def _figures(earlier_mib):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_scratch_is_the_same_whatever_the_process_allocated_before():
     fresh, after_a_large_tensor = _figures(0), _figures(40)
     # In the calibrating process itself, the history shows: the same kernel reads two

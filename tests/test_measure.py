@@ -149,6 +149,7 @@ def measured(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_tfmem_leaves_tensorflows_peak_figure_alone(measured):
     """The user's process peak (a 24 MiB tensor) is still TensorFlow's peak after tfmem's
     steps, which measure their own, smaller peaks."""
@@ -160,6 +161,7 @@ def test_tfmem_leaves_tensorflows_peak_figure_alone(measured):
     assert max(measured["partition_peaks"]) == measured["tfmem_peaks"][-1]
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     learn = measured["learn"]
     budget = LEARN_BUDGET_MIB * MIB
@@ -183,6 +185,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
     np.testing.assert_allclose(learn["losses"], measured["plain_losses"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
     from tfmem.run import sampling
     sampled = measured["sampled"]
@@ -201,6 +204,7 @@ def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
     assert all(r[1] is None and r[2] is None for r in off["reports"])
 
 
+@pytest.mark.slow
 def test_a_sampled_step_over_its_prediction_still_replans(measured):
     from tfmem.run import sampling
     stale = measured["stale"]

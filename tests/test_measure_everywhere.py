@@ -265,6 +265,7 @@ def measured(request):
     return out
 
 
+@pytest.mark.slow
 def test_session_measures_where_the_allocator_keeps_figures(measured):
     assert measured["keeps_figures"]
     for step in measured["figures"]:
@@ -277,6 +278,7 @@ def test_session_measures_where_the_allocator_keeps_figures(measured):
         assert step["report_partitions"] == step["partitions"]
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_from_a_forced_under_prediction(measured):
     learn = measured["learn"]
     assert learn["settle"][-1] == 0, learn  # a step that learned nothing before the forcing
@@ -294,6 +296,7 @@ def test_budget_mode_learns_from_a_forced_under_prediction(measured):
     assert learned_after == before and next_step > before, learn
 
 
+@pytest.mark.slow
 def test_concurrent_steps_each_learn_from_their_own_figures(measured):
     race = measured["race"]
     assert race["b_finished_first"]  # B ran its whole step while A waited inside its own
@@ -362,6 +365,7 @@ def test_a_step_within_the_allocators_jitter_teaches_nothing(caplog):
     assert f"against a predicted {fitted / (1 << 20):.1f} MiB" in caplog.text, caplog.text
 
 
+@pytest.mark.slow
 def test_concurrent_function_calls_each_learn_from_their_own_figures():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPU_BFC_MEM_LIMIT_IN_MB"}
     env.update(ALLOCATORS["bfc_without_cap"])

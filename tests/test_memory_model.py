@@ -111,8 +111,7 @@ print(json.dumps(figures))
 """
 
 MAX_POOL = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+import json
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 import tfmem
@@ -205,11 +204,30 @@ print(json.dumps(dict(
 """
 
 
-WAVE = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+# DeepSpeech's step (experiments/deepspeech.py, 32 frames, batch 128) as one TFMemSession
+# of `size` ops per partition under tfmem's session config, one thread per pool.
+DEEPSPEECH_SESSION = r"""
+import types
+import tensorflow as tf
+import tfmem
+from experiments import deepspeech
+
+def deepspeech_session(size):
+    args = types.SimpleNamespace(features=26, hidden=128, classes=29, seed=0, batch_size=128,
+                                 learning_rate=0.001)
+    model = deepspeech.build(tf, 32, args)
+    config = tfmem.session_config(tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                                            inter_op_parallelism_threads=1))
+    sess = tf.compat.v1.Session(graph=model.graph, config=config)
+    tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
+    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    return model, sess, tfs, model.feed, [model.train_op, model.loss]
+"""
+
+
+WAVE = DEEPSPEECH_SESSION + r"""
+import json
 from tensorflow.core.protobuf import config_pb2
-from executor_order import deepspeech_session
 from tfmem.memory import op_order, simulate as simulator
 
 def measured_step(chained):
@@ -249,11 +267,9 @@ print(json.dumps(dict(measured=measured, predicted=predicted,
 """
 
 
-NUMBERING = r"""
-import json, sys
-sys.path.insert(0, "experiments")
+NUMBERING = DEEPSPEECH_SESSION + r"""
+import json
 from tensorflow.core.protobuf import config_pb2
-from executor_order import deepspeech_session
 from tfmem.memory import op_order
 
 op_order.CHAIN_COPIES = False  # the copies as TensorFlow's executor numbers and runs them
@@ -324,6 +340,7 @@ def _child(script, onednn):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_equal_ops_are_merged_as_grappler_merges_them():
     """Two equal transposes of a 2 MiB input, both read at the peak: TensorFlow runs one
     when Grappler merges them (the default) and two when the session turns the merge
@@ -351,6 +368,7 @@ def test_equal_ops_are_merged_as_grappler_merges_them():
 
 @pytest.mark.parametrize("onednn", [False, True])
 @pytest.mark.parametrize("reader", ["sum", "sine"])
+@pytest.mark.slow
 def test_two_kept_views_of_one_buffer_hold_it_once(onednn, reader):
     """Partition 0 computes tanh (4 MiB) and a Reshape of it, both kept for partition
     1, where an Identity and a cosine read them: one buffer, so partition 1 holds 4 MiB
@@ -368,6 +386,7 @@ def test_two_kept_views_of_one_buffer_hold_it_once(onednn, reader):
         figures
 
 
+@pytest.mark.slow
 def test_onednn_max_pooling_workspace_and_paired_gradient_scratch():
     """oneDNN's max pooling: the workspace tfmem measures is the second output TensorFlow's
     step statistics show for the plain step's MaxPool; the gradient's scratch is what the
@@ -453,6 +472,7 @@ def test_merging_equal_ops_never_adds_memory_and_stays_within_a_partition():
     assert saved == 16 * slice_bytes  # the backward direction's 16 slices
 
 
+@pytest.mark.slow
 def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
     """DeepSpeech at 32 frames (the experiment's model) as one partition, one thread per
     pool, both kernel paths: its step allocates about a quarter more than a depth-first
@@ -476,6 +496,7 @@ def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
             (onednn, figures)
 
 
+@pytest.mark.slow
 def test_the_executor_emulation_numbers_and_folds_the_graph_as_tensorflow_does():
     """The emulated executor's inputs, checked against the graph TensorFlow ran
     (`output_partition_graphs`, the Eigen path, DeepSpeech as one partition): its node

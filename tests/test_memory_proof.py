@@ -21,6 +21,9 @@ import pytest
 import tfmem
 from tfmem.cli import child_env, proof
 
+# every test reads the memory proof's four processes per kernel path
+pytestmark = pytest.mark.slow
+
 RTOL = 1e-4
 ATOL = 1e-6
 MIB = 1 << 20

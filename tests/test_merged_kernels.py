@@ -10,8 +10,6 @@ plans themselves are checked, on that program's training step, whose gradient
 summaries read the bias gradients (readers the order may put between the two).
 """
 
-import os
-import sys
 
 import pytest
 import tensorflow as tf
@@ -21,8 +19,7 @@ from tfmem.plan.analyse import analyse, split_tensor_name
 from tfmem.plan.build import make_plan
 from tfmem.plan.merged_kernels import merged_groups
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "programs"))
-import cifar10_tf1 as cifar  # noqa: E402  pylint: disable=wrong-import-position
+from programs import cifar10_tf1 as cifar
 
 tf1 = tf.compat.v1
 

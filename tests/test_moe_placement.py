@@ -1,15 +1,9 @@
 """experiments/moe.py reports the state the placement pass would move off an accelerator."""
 
-import os
-import sys
-
 import tensorflow as tf
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-
-import common  # noqa: E402  pylint: disable=wrong-import-position
-import moe  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import moe
+from experiments.harness import options
 
 TINY = ["--layers", "1", "--d-model", "32", "--d-ff", "32", "--heads", "2", "--seq-len", "8",
         "--vocab", "32", "--batch-size", "2"]
@@ -22,7 +16,7 @@ def _state_bytes(experts, args):
 
 
 def test_the_report_lists_state_moved_per_size_beside_the_measured_runs():
-    args = common.parse_args(moe.EXPERIMENT, ["--find-max", "--device-memory", "64"] + TINY)
+    args = options.parse_args(moe.EXPERIMENT, ["--find-max", "--device-memory", "64"] + TINY)
     trials = [dict(size=2, status="ok", peak_bytes=3 << 20), dict(size=4, status="oom")]
     summaries = [dict(system="tf", all_trials=trials),
                  dict(system="tfmem", all_trials=[dict(size=4, status="ok", peak_bytes=2 << 20)])]

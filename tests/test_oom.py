@@ -1,6 +1,6 @@
 """Out of memory inside a partition raises DeviceMemoryError, frees the step, and says what fits.
 
-Two levels, as in test_failures:
+Two levels, as in test_failed_steps_release:
 
 * in this process, a py_func raising MemoryError("OOM ...") stands in for an
   allocation failure (TensorFlow maps MemoryError to ResourceExhaustedError):
@@ -255,6 +255,7 @@ def expected():
         sess.close()
 
 
+@pytest.mark.slow
 def test_capped_out_of_memory_names_the_partition_and_its_tensors(capped):
     assert capped["partitions"] > 2
     assert capped["error"] == "DeviceMemoryError", capped.get("message")
@@ -271,6 +272,7 @@ def test_capped_out_of_memory_names_the_partition_and_its_tensors(capped):
         assert not name.startswith("tfmem/")  # the user's names, not the copies'
 
 
+@pytest.mark.slow
 def test_capped_out_of_memory_releases_the_step(capped, expected):
     assert capped["after"] == capped["before"], (
         f"TF allocator held {capped['before']} bytes before the failed step, {capped['after']} after")
@@ -280,6 +282,7 @@ def test_capped_out_of_memory_releases_the_step(capped, expected):
         np.testing.assert_allclose(capped[key], expected[SMALL], rtol=RTOL, atol=ATOL, err_msg=key)
 
 
+@pytest.mark.slow
 def test_capped_suggestion_fits_under_the_same_cap(capped, expected):
     assert capped["partition_size"] is not None, capped["message"]
     assert f"partition_size={capped['partition_size']}" in capped["message"]

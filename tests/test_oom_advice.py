@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfmem
@@ -70,6 +71,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_advice_fits_beside_the_weights_the_device_holds():
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(CAP_MIB)], capture_output=True,

@@ -32,6 +32,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 32
@@ -149,6 +151,7 @@ def _runs(script, tmp_path, *args):
     return plain_peak, cap_mib, out, plain
 
 
+@pytest.mark.slow
 def test_budget_mode_plans_again_after_a_step_runs_out_of_device_memory(tmp_path):
     plain_peak, cap_mib, out, plain = _runs(SCRIPT, tmp_path, BATCH, STEPS)
     print(f"\nplain peak {plain_peak / MIB:.2f} MiB, cap {cap_mib} MiB; first plan "
@@ -185,8 +188,7 @@ if stage != "reference":  # one region of the cap (and the layout both runs shar
     tfmem.reserve_emulated_memory()
 from tfmem.run import accelerator
 from tfmem.memory import scratch
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_convnet
+from tfmem.cli.tf2_models import build_convnet
 step, variables, (x, y) = build_convnet(tf, np, 0)
 out = {}
 left_path = cache_path + ".left.npz"
@@ -227,6 +229,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_function_budget_mode_plans_again_after_a_call_runs_out_of_device_memory(tmp_path):
     """The same for tfmem.function (eager TensorFlow, a convolution net)."""
     plain_peak, cap_mib, out, plain = _runs(TF2_SCRIPT, tmp_path, STEPS)

@@ -141,6 +141,7 @@ def _child(front_end, stage, cap_mib):
 
 
 @pytest.mark.parametrize("front_end", ["session", "function"])
+@pytest.mark.slow
 def test_a_step_out_of_memory_before_any_update_runs_again(front_end):
     plain = _child(front_end, "reference", REFERENCE_CAP_MIB)
     out = _child(front_end, "learn", SETTINGS[front_end][0])

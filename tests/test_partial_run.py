@@ -266,6 +266,7 @@ print(json.dumps(peaks))
 """
 
 
+@pytest.mark.slow
 def test_a_partial_run_step_peaks_no_higher_than_its_callables():
     """Emulated accelerator (BFC allocator, oneDNN off, one thread): the same plan's step
     as callables and as a partial run; the child resets TensorFlow's peak (its own)."""

@@ -232,6 +232,7 @@ _SUBPROCESS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_partitions_do_not_depend_on_hash_seed():
     """Planning is a pure function of the graph: no set/dict-order dependence."""
     tests_dir = os.path.dirname(os.path.abspath(__file__))

@@ -60,8 +60,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
-sys.path.insert(0, "tools")  # the child runs from the repository's root
-from bench_tf2 import build_resnet, make_step
+from tfmem.cli.tf2_models import build_resnet, make_step
 x = tf.constant(np.zeros((8, 32, 32, 3), np.float32))
 y = tf.constant(np.zeros(8, np.int32))
 model = build_resnet(keras, (0, 0, 0))

@@ -163,6 +163,7 @@ configs = st.sampled_from([
           phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow])
 @given(calls=sequences, seeding=st.sampled_from(SEEDINGS[:3]), config=configs)
+@pytest.mark.slow
 def test_interleaved_requests_draw_plain_tensorflows_numbers(calls, seeding, config):
     got, expected, _ = _run_sequence(calls, seeding, config)
     for step, (exp, res) in enumerate(zip(expected, got)):

@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = r"""
@@ -93,6 +95,7 @@ def _read(path):
         return json.load(file)
 
 
+@pytest.mark.slow
 def test_remeasured_scratch_is_written_back_for_the_next_process(tmp_path):
     reference_path, cache_path = tmp_path / "reference.json", tmp_path / "kernels.json"
     _run("reference", reference_path)

@@ -10,7 +10,6 @@ run no step.
 """
 
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -26,9 +25,8 @@ from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.simulate import simulate
 from tfmem.plan.swap import SwapPolicy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import accuracy as measurement  # noqa: E402  pylint: disable=wrong-import-position
+from experiments import accuracy as measurement
+
 
 tf1 = tf.compat.v1
 
@@ -94,6 +92,7 @@ def accuracy():
     return {(row["path"], row["model"], row["partition_size"]): row for row in rows}
 
 
+@pytest.mark.slow
 def test_accuracy_run_measured_every_configuration(accuracy):
     assert set(accuracy) == {(p, m, s) for p in PATHS for m in MODELS for s in SIZES}
     for key, row in accuracy.items():
@@ -114,6 +113,7 @@ def test_accuracy_run_measured_every_configuration(accuracy):
 UNTRACED_BYTES = 2 << 20
 
 
+@pytest.mark.slow
 def test_tfmem_measures_the_allocator_peak_of_every_step(accuracy):
     """tfmem's own figure (from step statistics, without resetting TensorFlow's peak)
     against TensorFlow's allocator peak, read here after a reset before every step.
@@ -135,6 +135,7 @@ def _bound(key, tolerance):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.slow
 def test_predicted_peak_of_the_median_step_within_tolerance(accuracy, path):
     failures = [f"{m} partition_size={s}: predicted {r['predicted'] / MIB:.2f} MiB, measured "
                 f"{r['measured'] / MIB:.2f} MiB ({r['error']:+.1%}); steps "
@@ -145,6 +146,7 @@ def test_predicted_peak_of_the_median_step_within_tolerance(accuracy, path):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.slow
 def test_predicted_peak_of_the_worst_step_within_tolerance(accuracy, path):
     failures = [f"{m} partition_size={s}: predicted {r['predicted'] / MIB:.2f} MiB, worst "
                 f"{r['worst'] / MIB:.2f} MiB ({r['worst_error']:+.1%})"
@@ -159,6 +161,7 @@ def _within_band(error, above, gap):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.slow
 def test_measured_peak_lies_in_the_band_of_requested_and_chunk_figures(accuracy, path):
     """The measured median (and worst) step lies between the requested-bytes figure and
     the BFC chunk replay's, within BAND_TOLERANCE (BAND_WORST_TOLERANCE) above it and
@@ -179,6 +182,7 @@ def test_measured_peak_lies_in_the_band_of_requested_and_chunk_figures(accuracy,
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow
 def test_budget_modes_bound_plus_margin_covers_the_worst_step(accuracy):
     """Budget mode plans with device copies held to the end of each partition, to
     (1 - margin) of the budget: on the kernel path capped runs use (oneDNN off, which
@@ -191,6 +195,7 @@ def test_budget_modes_bound_plus_margin_covers_the_worst_step(accuracy):
             assert row["worst"] * (1 - DEFAULT_MARGIN) <= row["planned"], (key, row)
 
 
+@pytest.mark.slow
 def test_smaller_partitions_predict_and_measure_less(accuracy):
     for path in PATHS:
         for model in ("resnet", "rnn", "mlp", "moe"):

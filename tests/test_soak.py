@@ -22,15 +22,15 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from tools import soak
 
-import soak  # noqa: E402  pylint: disable=wrong-import-position
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MIB = 1 << 20
 CAP_MIB = 16  # plain TensorFlow's peak for this step is about 14 MiB, tfmem's about 11
 
 
+@pytest.mark.slow
 def test_short_soak_does_not_grow(tmp_path):
     out = tmp_path / "soak.json"
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
@@ -57,6 +57,7 @@ def test_short_soak_does_not_grow(tmp_path):
     assert "VERDICT no growth" in proc.stdout
 
 
+@pytest.mark.slow
 def test_budget_mode_soak_runs_on_after_its_first_update(tmp_path):
     """The soak's own setting, briefly: budget mode under half plain TensorFlow's peak.
     Its one-op plan is predicted close to the cap; the first update leaves the device

@@ -172,6 +172,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("onednn", ["0", "1"])
+@pytest.mark.slow
 def test_a_stretch_holds_what_one_call_per_partition_holds(onednn):
     """Emulated accelerator, both kernel paths: the step peak of a plan run as stretches
     is within 2 % of the same plan run one call per partition (the child resets
@@ -227,6 +228,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_out_of_memory_inside_a_stretch_names_the_partition_that_ran_out():
     """Emulated 40 MiB: the forward pass's stretch runs out in one of its later partitions;
     DeviceMemoryError names that partition (the op TensorFlow's message names is in it),

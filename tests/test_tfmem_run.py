@@ -77,6 +77,7 @@ def plain_run(tmp_path_factory):
     return _run([sys.executable, PROGRAM, "--mode", MODES, "--logdir", str(logdir)])
 
 
+@pytest.mark.slow
 def test_tfmem_run_gives_the_plain_losses(tmp_path, plain_run):
     summary = tmp_path / "summary.json"
     wrapped = _run([sys.executable, "-m", "tfmem", "run", "--partition-size", "6",
@@ -120,6 +121,7 @@ def _route_losses(stdout):
     return losses
 
 
+@pytest.mark.slow
 def test_every_route_to_the_session_classes_is_wrapped(tmp_path):
     """`import tensorflow.compat.v1 as tf` (a module object of its own), `from
     tensorflow.compat.v1 import Session`, `tf.compat.v1.Session`, the defining module,

@@ -43,13 +43,12 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
-    sys.path.insert(0, os.path.join(root, "tools"))
     import tfmem  # pylint: disable=import-outside-toplevel
     tfmem.emulate_accelerator(args.cap_mib)
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
-    from bench_tf2 import build_resnet, make_step  # pylint: disable=import-outside-toplevel
+    from tfmem.cli.tf2_models import build_resnet, make_step  # pylint: disable=import-outside-toplevel
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     rng = np.random.default_rng(0)

@@ -16,10 +16,6 @@ DeepSpeech, the iteration-time table), the soak's (`soak.json`, written by
 table (`budget.json`, written by `python tools/budget_table.py`) or the TF2
 step-time benchmark's (`tf2_speed.json`, written by
 `python tools/bench_tf2.py --json experiments/results/tf2_speed.json`) or the
-session-graph-per-partition measurement's (`partition_graphs.json`, written by
-`python experiments/partition_graphs.py --out experiments/results/partition_graphs.json`) or the peak
-spread's (`peak_spread.json`, written by
-`python experiments/peak_spread.py --json experiments/results/peak_spread.json`) or the
 simulator accuracy's (`accuracy.json`, written by
 `python experiments/accuracy.py --json experiments/results/accuracy.json`) or the
 benchmark's (`bench-*.json`, written by `python tools/bench.py ... --json OUT`: its own
@@ -40,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
-DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "experiments" / "README.md")
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 # The headline table's rows: (result file stem, what the experiment grows).
 HEADLINE = (("resnet-memory", "ResNet depth"), ("resnet-memory-oneregion", "ResNet depth"),
             ("moe-memory", "MoE experts per layer"), ("moe-budget-memory", "MoE experts per layer"),
@@ -50,9 +46,7 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /r
                    re.S)
 MIB = 1 << 20
 
-sys.path.insert(0, str(ROOT / "experiments"))
-sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a script: import from the root
 
 
 def _provenance(info):
@@ -64,14 +58,16 @@ def _work_unit(script):
     """The unit of work of experiments/<script>.py (its EXPERIMENT.work_unit), or None."""
     import importlib  # pylint: disable=import-outside-toplevel
     try:
-        return importlib.import_module(script).EXPERIMENT.work_unit
+        return importlib.import_module(f"experiments.{script}").EXPERIMENT.work_unit
     except (ImportError, AttributeError):
         return None
 
 
 def experiment_block(data, name):
     """The markdown of an experiment's result file."""
-    import common  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from experiments.harness.cap import cap_peak_text
+    from experiments.harness.reports import markdown_table, result_line, step_path_text
     settings, summaries = data["settings"], data["summaries"]
     size_name = summaries[0]["size_name"] if summaries else "size"
     unit = summaries[0]["unit"] if summaries else "examples"
@@ -81,24 +77,24 @@ def experiment_block(data, name):
     cap = data.get("cap")
     if cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
-                    f"{cap['base_size']} measured on the machine ({common.cap_peak_text(cap)}, "
+                    f"{cap['base_size']} measured on the machine ({cap_peak_text(cap)}, "
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
     else:
         cap_text = f"cap {settings.get('device_memory')} MiB (given)"
-    steps = (f"tfmem: {common.step_path_text(settings)}; "
+    steps = (f"tfmem: {step_path_text(settings)}; "
              if "partial_runs" in settings else "")
-    if settings.get("session_config", "default") != "default":  # experiments/common.py
+    if settings.get("session_config", "default") != "default":  # experiments/harness/options.py
         steps += f"every session: {settings['session_config']} config (Grappler off); "
-    if settings.get("allocator", "grown") != "grown":  # experiments/common.allocator_note
+    if settings.get("allocator", "grown") != "grown":  # experiments/harness/reports.allocator_note
         steps += "every trial's cap reserved as one region first; "
     lines = [f"`{command}` ({cap_text}; batch {settings.get('batch_size')}; {steps}"
              f"trial limit {settings.get('trial_timeout', 0):.0f} s; whole run "
              f"{data.get('seconds', 0):.0f} s; {_provenance(data.get('provenance'))}):", "",
-             common.markdown_table(summaries, size_name, unit, _work_unit(script)), ""]
+             markdown_table(summaries, size_name, unit, _work_unit(script)), ""]
     failures = [f"- {s['system']} at {size_name} {s['first_failing_size']}: {s['failure']}"
                 for s in summaries if s.get("first_failing_size") and s.get("failure")]
     lines += failures + ([""] if failures else [])
-    lines += [f"    {data.get('result') or common.result_line(summaries)}", ""]
+    lines += [f"    {data.get('result') or result_line(summaries)}", ""]
     if data.get("extra_markdown"):
         extra = data["extra_markdown"].strip().splitlines()
         if extra and extra[0].startswith("#"):
@@ -149,7 +145,7 @@ def soak_block(data):
 
 def budget_block(data):
     """The markdown of tools/budget_table.py's result file."""
-    import budget_table  # pylint: disable=import-outside-toplevel
+    from tools import budget_table  # pylint: disable=import-outside-toplevel
     caps = " ".join(str(c) for c in data["caps"])
     return "\n".join([
         f"`python tools/budget_table.py --caps {caps} --steps {data['steps']}` (margin "
@@ -197,42 +193,9 @@ def tf2_speed_block(data):
     return "\n".join(lines)
 
 
-def partition_graphs_block(data):
-    """The markdown of experiments/partition_graphs.py's result file (issue 12)."""
-    import partition_graphs  # pylint: disable=import-outside-toplevel
-    return partition_graphs.markdown(data, _provenance(data.get("provenance")))
-
-
-def peak_spread_block(data, name):
-    """The markdown of experiments/peak_spread.py's result file `name`."""
-    import peak_spread  # pylint: disable=import-outside-toplevel
-    flags = (" --quick" if data.get("quick") else "") + (
-        " --shared-process" if data.get("shared_process") else "")
-    if data["processes"] != (3 if data.get("quick") else 5):
-        flags += f" --processes {data['processes']}"
-    if data["steps"] != 6:
-        flags += f" --steps {data['steps']}"
-    if list(data["models"]) != list(peak_spread.suite_models()):
-        flags += " --models " + " ".join(data["models"])
-    if data.get("ordered"):
-        flags += " --ordered"
-    load = "/".join(f"{v:.1f}" for v in data["load_average_start"])
-    return "\n".join([
-        f"`python experiments/peak_spread.py{flags} --json experiments/results/{name}.json` "
-        f"({data['processes']} fresh processes per "
-        + ("kernel path, each running every model in turn" if data.get("shared_process") else
-           "model and kernel path") + ", plain "
-        f"`tf.compat.v1.Session`" + (", each step's ops chained in the simulator's depth-first "
-                                     "order" if data.get("ordered") else "")
-        + f", median of steps 2..{data['steps']} each; load average {load} "
-        f"at the start; whole run {data['seconds']:.0f} s; "
-        f"{_provenance(data.get('provenance'))}):", "",
-        peak_spread.markdown(data["rows"]), "", f"    {data['result']}", ""])
-
-
 def accuracy_block(data):
     """The markdown of experiments/accuracy.py's result file: predicted against measured peaks."""
-    import accuracy  # pylint: disable=import-outside-toplevel
+    from experiments import accuracy  # pylint: disable=import-outside-toplevel
     return "\n".join([
         f"`python experiments/accuracy.py --json experiments/results/accuracy.json` (steps 2-"
         f"{data['steps']} judged; {_provenance(data.get('provenance'))}):", "",
@@ -241,7 +204,7 @@ def accuracy_block(data):
 
 def bench_block(data, name):
     """The markdown of tools/bench.py's result file: its own report, as it printed it."""
-    import bench  # pylint: disable=import-outside-toplevel
+    from tools import bench  # pylint: disable=import-outside-toplevel
     lines = []
     bench.report(data, out=lambda text="": lines.extend(str(text).split("\n")))
     argv, skip = [], False
@@ -254,28 +217,6 @@ def bench_block(data, name):
         f"`python tools/bench.py {argv} --json experiments/results/{name}.json` "
         f"(whole run {data['total_s']:.0f} s; {_provenance(data.get('provenance'))}):", "",
         "```", *lines, "```", ""])
-
-
-def _seconds(values):
-    return " / ".join(f"{value:.2f}" for value in values) or "-"
-
-
-def trials_block(data):
-    """The markdown of single trials (`run_trial`'s results, each with a `name`)."""
-    rows = [f"{data['how']} ({_provenance(data.get('provenance'))}):", "","| trial | size | cap MiB | steps ran as | measure | step s | outcome | peak MiB "
-            "| trial s | first compile |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for trial in data["trials"]:
-        tfm = trial.get("tfmem") or {}
-        paths = sorted(set(tfm.get("step_paths") or [])) or ["-"]
-        outcome = trial["status"] + (f" in {trial['failed_in']}" if trial.get("failed_in") else "")
-        cap = trial.get("device_memory_mib") or "none"
-        peak = trial.get("peak_bytes")
-        rows.append(" | ".join([
-            f"| {trial['name']}", f"{trial['experiment']} {trial['size_name']} {trial['size']}",
-            str(cap), ", ".join(paths), tfm.get("measure", "-"), _seconds(trial["step_times"]),
-            outcome, f"{peak / MIB:.2f}" if peak else "-", f"{trial['seconds']:.1f}",
-            f"{tfm.get('last_compile') or '-'} |"]))
-    return "\n".join(rows) + "\n"
 
 
 def _tfmem_setting(settings):
@@ -322,23 +263,14 @@ def block(name):
         return soak_block(data)
     if data.get("kind") == "budget-table":
         return budget_block(data)
-    if data.get("kind") == "peak-spread":
-        return peak_spread_block(data, name)
     if data.get("kind") == "tf2-speed":
         return tf2_speed_block(data)
-    if data.get("kind") == "partition-graphs":
-        return partition_graphs_block(data)
-    if data.get("kind") == "partial-runs":  # experiments/partial_runs.py (issue 12)
-        import partial_runs  # pylint: disable=import-outside-toplevel
-        return partial_runs.markdown(data, _provenance(data.get("provenance")))
     if data.get("kind") == "bench":
         return bench_block(data, name)
-    if data.get("kind") == "single-trials":
-        return trials_block(data)
     if data.get("kind") == "simulator-accuracy":
         return accuracy_block(data)
     if data.get("kind") == "planning":
-        import bench_planning  # pylint: disable=import-outside-toplevel
+        from tools import bench_planning  # pylint: disable=import-outside-toplevel
         return bench_planning.markdown(data, _provenance(data.get("provenance")))
     return experiment_block(data, name)
 

@@ -27,6 +27,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 MIB = 1 << 20
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCH = 32
@@ -131,6 +133,7 @@ def _child(stage, cache_path, budget_mib=0):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_budget_mode_learns_from_partial_run_steps(tmp_path):
     plain_peak = _child("reference", tmp_path / "unused.json")["plain_peak"]
     # A budget a little above the plain step: one partition fits it, not the budget less

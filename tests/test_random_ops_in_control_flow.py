@@ -1,4 +1,4 @@
-"""Random ops in the places issue 11 left for last: own control inputs, v1 control flow.
+"""Random ops with control inputs of their own, and random ops in v1 control flow.
 
 Every case alternates requests that need different plans (other fetches,
 other feed shapes) with plain `Session.run` calls on the same session, at

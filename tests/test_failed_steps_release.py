@@ -371,7 +371,7 @@ def _worker():
                TF_CPP_MIN_LOG_LEVEL="2")
     here = os.path.dirname(os.path.abspath(__file__))
     code = (f"import sys; sys.path.insert(0, {here!r}); "
-            "import test_failures; test_failures._bfc_worker()")
+            "import test_failed_steps_release; test_failed_steps_release._bfc_worker()")
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     yield proc
@@ -392,6 +392,7 @@ def _result(measured, *scenario):
 
 
 @pytest.mark.parametrize("kind, mode, prefetch", FAILURE_CASES)
+@pytest.mark.slow
 def test_failed_step_frees_device_memory(measured, kind, mode, prefetch):
     r = _result(measured, "failure", kind, mode, prefetch)
     assert r["errors"] == [r["plain_error"]] * 2
@@ -404,6 +405,7 @@ def test_failed_step_frees_device_memory(measured, kind, mode, prefetch):
 
 
 @pytest.mark.parametrize("mode, prefetch", INTERRUPT_CASES)
+@pytest.mark.slow
 def test_keyboard_interrupt_frees_everything(measured, mode, prefetch):
     """A real Ctrl-C (SIGINT handled in the main thread) in a late partition.
 
@@ -425,6 +427,7 @@ def test_keyboard_interrupt_frees_everything(measured, mode, prefetch):
 
 
 @pytest.mark.parametrize("graph, mode, prefetch", STEADY_CASES)
+@pytest.mark.slow
 def test_no_growth_over_good_steps(measured, graph, mode, prefetch):
     """Successful steps give back every handle and upload: TF memory stays flat.
 
@@ -441,6 +444,7 @@ def test_no_growth_over_good_steps(measured, graph, mode, prefetch):
     assert all(isinstance(p, int) and p > 0 for p in r["peaks"]), r["peaks"]
 
 
+@pytest.mark.slow
 def test_swapped_tensor_leaves_the_device_after_its_partition(measured):
     """After partition 0 swaps `big` out, partition 1 runs without it on the device."""
     kept = _result(measured, "freed", "none")
