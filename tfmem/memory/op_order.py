@@ -37,7 +37,7 @@ frames (batch 128, one partition, one thread per pool, the request's state
 included) measures 19.7-20.0 MiB in five processes, and 19.9-20.2 simulated in
 the order each process's trace recorded; the emulated executor predicts 21.8,
 depth first 16.3: the backward pass runs as a wave across all frames, not
-frame by frame (experiments/executor_order.py --model deepspeech).
+frame by frame (tests/test_memory_model.py checks the wave).
 
 Where the order is tfmem's to fix, it is fixed: TFMemSession chains each
 partition's copies in the depth-first order by control edges
@@ -115,8 +115,7 @@ def chained_order(view, ops):
     each copy waiting for the one before by a control edge; None where TensorFlow's
     executor picks the order: a partition with v1 control flow (a control edge cannot
     enter a loop frame) or with an original that allocates (a random draw, a dequeue).
-    In one fixed order a step's peak is one figure in every process
-    (experiments/peak_spread.py --ordered)."""
+    In one fixed order a step's peak is one figure in every process."""
     return dependency_order(view, ops) if is_chained(view, ops) else None
 
 
@@ -254,8 +253,7 @@ def _make_ready(view, names, waiting, inline, pool):
 def dependency_order(view, ops, priority=None):
     """The ops with producers first, keeping the partition's order where free (depth
     first, as the plan lists them), or picking among ready ops by `priority(name,
-    position)` (the smallest first; called once per op, as it becomes ready):
-    experiments/executor_order.py compares other orders with the executor's."""
+    position)` (the smallest first; called once per op, as it becomes ready)."""
     position = {name: i for i, name in enumerate(ops)}
     waiting, readers = _edges(view, ops)
     if priority is None:

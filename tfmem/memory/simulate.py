@@ -176,8 +176,7 @@ class TensorSizes:
         return None
 
 
-# The orders the simulator tries for a partition's ops (experiments/executor_order.py
-# swaps in others).
+# The orders the simulator tries for a partition's ops.
 partition_orders = op_order.partition_orders
 
 

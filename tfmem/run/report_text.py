@@ -14,8 +14,8 @@ outside is the prediction's error:
 `band_error` is that distance relative to the measurement, signed as a
 prediction error ((predicted - measured) / measured): negative when the step
 measured more than both figures, 0 inside the band.  TensorFlow's own peak
-for one plan varies from process to process (docs/results.md, Peak
-spread; experiments/peak_spread.py), so a small error either way is noise.
+for one plan varies from process to process (docs/how-it-works.md, the memory
+model), so a small error either way is noise.
 """
 
 MIB = float(1 << 20)
