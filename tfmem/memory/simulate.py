@@ -36,7 +36,7 @@ from tfmem.memory.concurrency import overlapping_buffers
 from tfmem.memory.workspace import Workspaces
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name, tensor_bytes
-from tfmem.plan.optypes import SHAPE_ONLY, reads_state
+from tfmem.plan.optypes import SHAPE_ONLY, reads_state, updates_variable
 from tfmem.plan.schedule import Schedule
 
 # Ops whose output is (a view of) an input or of state counted elsewhere.
@@ -259,7 +259,7 @@ def _working_set_of(view, partition, size, keep_until_end, freed_inside, scratch
         return _working_set(view, partition, size, keep_until_end, freed_inside, scratch,
                             events, **options)
     key = (partition.ops, frozenset(keep_until_end), frozenset(freed_inside.items()),
-           options.get("forwardable"))
+           options.get("forwardable"), frozenset((options.get("copy_on_write") or {}).items()))
     if key not in working_sets:
         recorded = _RecordedEvents()
         working_sets[key] = (_working_set(view, partition, size, keep_until_end,
@@ -302,7 +302,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
               workspaces=Workspaces(), signatures=None, concurrent_ops=1,
-              forwardable=frozenset(), early_scratch=None):
+              forwardable=frozenset(), early_scratch=None, copy_on_write=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -326,7 +326,12 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     that may run at the same time (see concurrency).  The part of an op's scratch its
     kernel allocates before its outputs (`early_scratch`, see
     scratch.scratch_before_outputs) is logged before them, the rest after.
+    `copy_on_write` ({update op: (bytes, the resident variable reads it finds alive)},
+    see `_copies_on_write`): such an op, run while one of those reads is alive, gives its
+    variable a new buffer, held to the partition's end.
     """
+    copy_on_write = copy_on_write or {}
+    freed_later = frozenset(freed_inside)  # resident inputs this partition may free
     merged = dedup.duplicates(view, order, signatures, keep_until_end)
     root = _buffers(view, order, size, merged)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
@@ -378,6 +383,12 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
             current += workspaces.extra[name]
             if events is not None:
                 events.allocate((name, "workspace"), workspaces.extra[name])
+        copy = copy_on_write.get(name)
+        if copy is not None and any(t not in freed_later or t in freed_inside for t in copy[1]):
+            live[(name, "copy on write")] = copy[0]
+            current += copy[0]
+            if events is not None:
+                events.allocate((name, "copy on write"), copy[0])
         if events is not None and scratch.get(name):
             events.scratch(scratch[name] - early, *beside.get(name, ()))
             events.release((name, "early scratch"))
@@ -449,6 +460,30 @@ def _buffer_holders(view, plan, partition, size):
     return holders
 
 
+def _copies_on_write(view, plan, partition, size):
+    """{op of `partition` that updates a variable: (the variable's bytes, the reads of it
+    kept on the device for this partition)}.  A kept read is a view of the variable's
+    buffer, held by tfmem (a session handle, an eager tensor) until its last reader here
+    is done: TensorFlow's update kernels then copy the variable to a new buffer before
+    writing it, and the old one lives on with the read (copy-on-write).  In a whole step
+    the reads are usually gone before the updates run, and nothing is copied."""
+    reads = {}
+    for tensor in partition.inputs:
+        producer = view.nodes.get(split_tensor_name(tensor)[0])
+        if (producer is not None and producer.inputs and plan.transfer(tensor).kept
+                and reads_state(producer, view.sources)):
+            reads.setdefault(producer.inputs[0], []).append(tensor)
+    if not reads:
+        return {}
+    copies = {}
+    for name in partition.ops:
+        node = view.nodes[name]
+        if updates_variable(node) and node.inputs[0] in reads:
+            held = tuple(reads[node.inputs[0]])
+            copies[name] = (max(size(t) for t in held), held)
+    return copies
+
+
 @dataclasses.dataclass
 class CandidateShare:
     """What the simulations of one search's candidate plans (one view, shapes and options)
@@ -518,6 +553,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                         if key in live and early_frees}
         # a buffer another kept view holds too is not the reader's alone
         forwardable = frozenset(t for t in freed_inside if t not in shared)
+        copies = _copies_on_write(view, plan, partition, size)
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
@@ -527,7 +563,9 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                                         forwardable=forwardable,
                                         workspaces=workspaces or Workspaces(),
                                         signatures=signatures, concurrent_ops=concurrent_ops,
-                                        early_scratch=early_scratch)
+                                        early_scratch=early_scratch, copy_on_write=copies)
+        for op in copies:  # the variable's new buffer is its state from now on
+            log.release((op, "copy on write"))
         for key in schedule.frees[index]:
             live.pop(key, None)
             log.release(key)

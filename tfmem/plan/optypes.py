@@ -128,6 +128,19 @@ def is_source(op):
     return is_state_source(op)
 
 
+# Ops that write a resource variable (its handle their first input) in place, unless
+# another tensor still holds the variable's buffer: then the kernel gives the variable a
+# new buffer (TensorFlow's copy-on-write) and the old one lives on with that tensor.
+VARIABLE_UPDATES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+VARIABLE_UPDATE_PREFIXES = ("ResourceApply", "ResourceSparseApply", "ResourceScatter")
+
+
+def updates_variable(node):
+    """True for an op that writes the resource variable its first input is a handle of."""
+    return bool(node.inputs) and (node.type in VARIABLE_UPDATES
+                                  or node.type.startswith(VARIABLE_UPDATE_PREFIXES))
+
+
 def reads_state(node, sources):
     """True for an op whose output is a view of a variable's buffer (a variable read).
 
