@@ -81,18 +81,20 @@ def worker(name, size, steps):
     # pylint: disable=import-outside-toplevel
     from tensorflow.core.protobuf import config_pb2
     import accuracy
+    import tfmem
     from tfmem.memory import op_order, simulate as simulator
     from tfmem.memory.sizing import Sizing
     from tfmem.run import accelerator
 
-    # TensorFlow's executor orders the copies here: chained (op_order.chained_order),
-    # they would run in the depth-first order
-    op_order.CHAIN_COPIES = False
     if name == "deepspeech":
         model, sess, tfs, feed, fetches = deepspeech_session(size)
     else:
         builder, kwargs, batch = accuracy.MODELS[name]
         model, sess, tfs, feed, fetches = accuracy.measured_session(builder, kwargs, batch, size)
+    # TensorFlow's executor orders the copies here: chained (op_order.chained_order),
+    # they would run in the depth-first order
+    tfs = tfmem.TFMemSession(sess, partition_size=size,
+                             options=tfmem.Options(measure="every", chain_copies=False))
     plan = tfs.plan(fetches, feed)
     sizing = Sizing.of(model.graph, plan.view, {t.name: v.shape for t, v in feed.items()}, sess)
     state = tfs.simulate(fetches, feed).state_bytes

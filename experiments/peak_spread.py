@@ -131,14 +131,15 @@ def worker(name, builder, kwargs, batch, steps, ordered=False):
 
     # The prediction is of the plain step: chained as TFMemSession chains its copies (no
     # equal ops merged, one kernel at a time) only when the step's ops are chained too.
-    op_order.CHAIN_COPIES = ordered
+    options = tfmem.Options(chain_copies=ordered)
     model, sess = model_session(builder, kwargs)
     feed = model.feed(batch)
     fetches = [model.train, model.loss]
     run_sess, run_feed, run_fetches, init = sess, feed, fetches, model.init
     if ordered:
         simulate.partition_orders = depth_first_only
-        plan = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION).plan(fetches, feed)
+        plan = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION,
+                                  options=options).plan(fetches, feed)
         ops = plan.partitions[0].ops
         graph = chained(model.graph, op_order.dependency_order(plan.view, ops))
         run_sess = tf.compat.v1.Session(graph=graph, config=sess._config)  # pylint: disable=protected-access
@@ -156,7 +157,7 @@ def worker(name, builder, kwargs, batch, steps, ordered=False):
         seconds.append(time.perf_counter() - started)
         peaks.append(accelerator.device_memory("CPU:0")["peak"])
     # The prediction after the plain steps: its kernel calibration allocates too.
-    tfs = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION)
+    tfs = tfmem.TFMemSession(sess, partition_size=ONE_PARTITION, options=options)
     trace = tfs.simulate(fetches, feed)
     tfs.close()  # and the session: a next model in this process starts without them
     if ordered:

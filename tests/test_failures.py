@@ -275,8 +275,9 @@ def _scenario_steady(graph_name, mode, prefetch):
         g, out, feed = _build_reuse()
         fetches, init, feeds = out, None, [feed] * 6
     tfs = tfmem.TFMemSession(new_session(g), partition_size=3 if graph_name == "mlp" else 1,
-                             swap=mode, prefetch=prefetch, swap_min_bytes=0,
-                             measure="every")  # its device peak is read every step
+                             swap=mode, prefetch=prefetch,
+                             # its device peak is read every step
+                             options=tfmem.Options(swap_min_bytes=0, measure="every"))
     if init is not None:
         tfs.run(init)
     plan = tfs.plan(fetches, feed_dict=feeds[0])

@@ -166,7 +166,7 @@ def test_random_graph_matches_plain(recipe, picks, config, kinds):
     rs = np.random.RandomState(len(recipe))
     feeds = [rs.standard_normal((N, N)).astype(np.float32) for _ in range(2)]
     plain = new_session(g_plain)
-    tfs = tfmem.TFMemSession(new_session(g_tfm), swap_min_bytes=0, **config)
+    tfs = tfmem.TFMemSession(new_session(g_tfm), **config, options=tfmem.Options(swap_min_bytes=0))
     try:
         plain.run(init_plain)
         tfs.run(init_tfm)
@@ -193,7 +193,8 @@ def test_recipes_reach_every_kind_and_really_swap():
         seen.update(KINDS[k] for k, _, _, _ in recipe)
         if config["swap"] != "none" and len(recipe) > 8:
             g, x, fetches, _, _ = build(recipe, [])
-            tfs = tfmem.TFMemSession(new_session(g), swap_min_bytes=0, **config)
+            tfs = tfmem.TFMemSession(new_session(g), **config,
+                                     options=tfmem.Options(swap_min_bytes=0))
             try:
                 plan = tfs.plan(fetches, {x: np.zeros((N, N))})
                 swapped += sum(t.swapped for t in plan.transfers)

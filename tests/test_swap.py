@@ -560,8 +560,9 @@ def _peak_worker():
             h = tf.sin(h) + h if i % 2 else tf.tanh(h)
         out = tf.reduce_sum(h)
         init = tf1.global_variables_initializer()
-    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all", swap_min_bytes=0,
-                             measure="every")  # the device peak of every step
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all",
+                             # the device peak of every step
+                             options=tfmem.Options(swap_min_bytes=0, measure="every"))
     tfs.run(init)
     steps = []
     for rows in PEAK_ROWS:

@@ -10,7 +10,7 @@ allocator), and changes no TensorFlow state.
 import importlib
 
 _EXPORTS = {
-    "TFMemSession": "tfmem.run.session",
+    "TFMemSession": "tfmem.run.session", "Options": "tfmem.run.options",
     "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
     "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
     "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",

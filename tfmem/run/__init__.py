@@ -1,6 +1,7 @@
 """The run wing: a plan copied into the session's graph and executed step by step.
 
     session.py            TFMemSession, the drop-in Session wrapper
+    options.py            tfmem.Options: the rarely changed settings of both front ends
     session_interface.py  what makes it a session in every sense TensorFlow checks
     session_factory.py    sessions tfmem creates itself (tfmem.Session)
     graph_copy.py         ... whose session graph copies only what requests reach

@@ -19,10 +19,12 @@ import time
 import psutil
 
 from tfmem.run import accelerator, regrouping, report_text, sampling
-from tfmem.memory import budget, first_updates, learning, op_order
+from tfmem.run import options as run_options
+from tfmem.memory import budget, first_updates
 from tfmem.plan.analyse import analyse
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
+from tfmem.run.budget_learning import BudgetLearning
 from tfmem.run.buffers import HostBufferPool
 from tfmem.run.compile_stats import CompileStats
 from tfmem.run.execute import Executor
@@ -45,7 +47,7 @@ from tfmem.run import remeasure
 from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.scratch import ScratchCache
 from tfmem.plan import stretches, updates
-from tfmem import errors, tf_private
+from tfmem import tf_private
 
 log = logging.getLogger(__name__)
 
@@ -107,23 +109,6 @@ class TFMemSession(SessionInterfaceMethods):
     unless inside `with tfs.as_default():`.
 
     partition_size: the most ops one partition runs.
-    swap: "auto" swaps a cross-partition tensor to host memory when its next
-        reader is more than `swap_distance` partitions away; "all" swaps
-        every one, "none" keeps all on the device.  On a CPU session with no
-        emulated cap and no budget the device memory is host memory, and
-        "auto" acts as "none".
-    swap_min_bytes: in "auto" mode, tensors smaller than this stay on the device.
-    prefetch: how many partitions ahead of its reader a swapped tensor is
-        uploaded again (0: just before the reader, with no overlap).
-    place_state_on_host: on a session with an accelerator, set the device of
-        variables and of constants of at least swap_min_bytes (with the ops
-        TensorFlow colocates with them) to the host CPU before the session
-        places them; what could not move is listed in plan.placement (see
-        placement_pass).  False leaves every op where the graph puts it.
-    accelerator_device: the device the placement pass moves state off; None
-        takes the session's first GPU or TPU.  Tests on a CPU-only machine name
-        a second CPU device here ('CPU:1' with ConfigProto(device_count={"CPU": 2})).
-    trace: a path; each step's timeline is written there as a Chrome trace.
     device_memory_budget: bytes or a string like "2GiB".  tfmem then chooses
         the partition size and swap distance: the fewest partitions whose
         predicted peak fits (one, at plain speed, when the whole step fits).
@@ -132,37 +117,34 @@ class TFMemSession(SessionInterfaceMethods):
         memory before any op that changes state could have run (updates come
         late in a step) has changed nothing: it is planned again with what the
         failure taught and run again at once (see updates.unchanged_before).
-    atomic_updates: run every variable update of a step in its last partition,
-        so a failed step applies all or none (see updates).  None: on for a
-        session on TensorFlow's distributed runtime, off for a local one.
-    measure: which steps read TensorFlow's allocator figures (where it keeps
-        them), which costs allocation tracking on the step: "sample" the first
-        steps of each plan until their figures agree, then one in 50 (and every
-        step again after a re-plan or when a sample moved); "every" each step;
-        "off" none (budget mode then learns nothing).  See sampling.
-    partial_runs: run each step of a plan as one DirectSession partial run
-        instead of one callable per stretch of partitions (see
-        plan/stretches.py): TensorFlow then builds one executor per request.
-        Steps with options, run_metadata or measured peaks still run
-        callables.  Off by default, because a step that fails inside
-        TensorFlow (out of memory, a bad value) cancels the whole session for
-        good (see run/partial_run.py).
-    graph_copy: set by `tfmem.Session`: the session runs a `graph_copy.GraphCopy`
-        of the user's graph, holding only what requests reach.
+    swap: "auto" swaps a cross-partition tensor to host memory when its next
+        reader is more than `swap_distance` partitions away; "all" swaps
+        every one, "none" keeps all on the device.  On a CPU session with no
+        emulated cap and no budget the device memory is host memory, and
+        "auto" acts as "none".
+    prefetch: how many partitions ahead of its reader a swapped tensor is
+        uploaded again (0: just before the reader, with no overlap).
+    trace: a path; each step's timeline is written there as a Chrome trace.
+    options: a tfmem.Options with the rarely changed settings (swap_min_bytes,
+        place_state_on_host, accelerator_device, atomic_updates, measure,
+        partial_runs, chain_copies; see run/options.py).  Those settings given
+        as keyword arguments still work, with a DeprecationWarning.
+    _graph_copy: tfmem.Session's own wiring: the session runs a
+        `graph_copy.GraphCopy` of the user's graph, holding only what requests reach.
     """
 
-    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
-                 swap_min_bytes=1 << 20, place_state_on_host=True, trace=None,
-                 device_memory_budget=None, accelerator_device=None, atomic_updates=None,
-                 measure="sample", partial_runs=False, graph_copy=None):
+    def __init__(self, sess, partition_size=200, swap="auto", swap_distance=2, prefetch=1, *,
+                 device_memory_budget=None, trace=None, options=None, _graph_copy=None,
+                 **deprecated):
         if not hasattr(sess, "graph") or not tf_private.makes_callables(sess):
             raise TypeError(f"TFMemSession wraps a tf.compat.v1.Session, got {type(sess).__name__}")
+        options = run_options.resolve(options, deprecated, run_options.SESSION)
         self._partition_size = check_partition_size(partition_size)
-        self._measure = sampling.check_mode(measure)
+        self._measure = options.measure
         self._steps = 0  # partitioned steps run, for StepStats.step
         # resource variables sharing no buffer with a kept constant (first_updates)
         self._owned = set()
-        self._policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
+        self._policy = SwapPolicy(swap, swap_distance, prefetch, options.swap_min_bytes)
         if device_memory_budget is not None or partition_size == "auto":
             remote.check_budget_source(sess, device_memory_budget is not None)
             self._partition_size = "auto"
@@ -170,9 +152,9 @@ class TFMemSession(SessionInterfaceMethods):
         else:
             self._budget = None
         self._session = sess
-        if graph_copy is not None and graph_copy.graph is not sess.graph:
-            raise ValueError("graph_copy must be the GraphCopy whose graph the session runs")
-        self._copy = graph_copy
+        if _graph_copy is not None and _graph_copy.graph is not sess.graph:
+            raise ValueError("_graph_copy must be the GraphCopy whose graph the session runs")
+        self._copy = _graph_copy
         # Fixed with the session's config: part of every view, so of every plan cached.
         self._regrouped_arithmetic = regrouping.session_regroups_arithmetic(sess)
         # A session building cost models measures every step: its partitions then run the
@@ -181,21 +163,22 @@ class TFMemSession(SessionInterfaceMethods):
         config = tf_private.config_of(sess)
         self._builds_cost_model = config is not None and config.graph_options.build_cost_model > 0
         self._plans = PlanCache()  # each request planned once, compiled once
-        self._accelerator = accelerator.accelerator_of(sess, accelerator_device) \
-            if place_state_on_host else None
+        self._accelerator = accelerator.accelerator_of(sess, options.accelerator_device) \
+            if options.place_state_on_host else None
         self._placed = Record()  # the placement pass's decisions on this session's graph
         device = accelerator.memory_device(sess)
         remote_info = remote.describe(sess)
         measurable = accelerator.keeps_figures(device) and \
             (remote_info is None or remote_info.allocator_local)
-        self._atomic_updates = (remote.is_distributed(sess) if atomic_updates is None
-                                else bool(atomic_updates))
+        self._atomic_updates = (remote.is_distributed(sess) if options.atomic_updates is None
+                                else options.atomic_updates)
         # Copies are chained on a local session only: on TensorFlow's distributed runtime
         # a chain through ops of several tasks would run the tasks one after the other.
         # Nor in budget mode yet: its bound (the worst of the executor's orders, kernels
         # at once) is what its experiments validated; fitted to the chained order alone,
         # ResNet's quick search ran out of memory (docs/how-it-works.md, The memory model).
-        self._chains_copies = remote_info is None and self._budget is None
+        self._chains_copies = (options.chain_copies and remote_info is None
+                               and self._budget is None)
         if swap == "auto" and self._budget is None and not accelerator.has_own_memory(sess):
             # The "device" is host memory itself: a host copy would free nothing.
             self._policy = dataclasses.replace(self._policy, mode="none")
@@ -203,10 +186,15 @@ class TFMemSession(SessionInterfaceMethods):
                      "cross-partition tensors stay where they are (swap='all' forces swaps)")
         self._runtime = _Runtime(device, HostBufferPool(), Prefetcher(sess),
                                  residences.for_session(sess, device), measure_device=measurable,
-                                 remote_info=remote_info, partial_runs=bool(partial_runs),
+                                 remote_info=remote_info, partial_runs=options.partial_runs,
                                  measure_partial_runs=self._budget is not None)
         # kernels measured again after a partial-run step went over (see remeasure)
         self._remeasured = ScratchCache()
+        self._learning = BudgetLearning(
+            self._budget, sess, device, measurable,
+            lambda entry: remeasure.request_scratch(sess, entry.plan.view, entry.feed_shapes,
+                                                    self._remeasured),
+            lambda entry: self._sizing(entry.plan.view, entry.feed_shapes))
         self._trace_path = trace  # where each step's Chrome trace goes, or None
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_step = None  # StepStats of the last run
@@ -215,10 +203,6 @@ class TFMemSession(SessionInterfaceMethods):
         self._last_factor = 1.0
         self._step_listeners = []  # called as f(tfs, entry, stats) after every step
         self._place_state()
-
-    def _chained(self):
-        """Whether this session's plans chain their copies (op_order.chained_order)."""
-        return op_order.CHAIN_COPIES and self._chains_copies
 
     def _place_state(self):
         """Run the placement pass over ops it has not seen, before the session places them."""
@@ -322,13 +306,11 @@ class TFMemSession(SessionInterfaceMethods):
         with gc_paused():
             if view is None:
                 view = analyse(request.fetch_tensors, request.targets, request.feeds,
-                               self._regrouped_arithmetic, self._chained())
+                               self._regrouped_arithmetic, self._chains_copies)
             if self._budget is None:
                 return make_plan(view, self._partition_size, self._policy,
                                  self._accelerator), None
-            memory = (accelerator.device_memory(self._runtime.device)
-                      if self._runtime.measure_device else None)
-            resident = (memory["current"] if memory else 0) + first_updates.pending_bytes(
+            resident = (self._learning.device_in_use() or 0) + first_updates.pending_bytes(
                 self._graph, view, self._owned)
             return budget.fit(view, self._sizing(view, request.feed_shapes()), self._budget, self._policy,
                               self._accelerator, resident_bytes=resident,
@@ -350,14 +332,14 @@ class TFMemSession(SessionInterfaceMethods):
             # Planned again (below) only when this differs, after the placement pass
             # has seen the new ops: then it is analysed once more, by _make_plan.
             fresh = analyse(request.fetch_tensors, request.targets, request.feeds,
-                            self._regrouped_arithmetic, self._chained())
+                            self._regrouped_arithmetic, self._chains_copies)
             if fresh != entry.plan.view:
                 log.info("graph changed under a cached request; planning it again")
                 entry = None
             else:
                 entry.graph_version = version
         if entry is not None and self._budget is not None and not entry.replan:
-            entry.replan = self._outgrown(entry)
+            entry.replan = self._learning.outgrown(entry)
         if entry is not None and entry.replan:
             entry.replan = False
             plan, trace = self._make_plan(request, entry.correction, entry.plan.view)
@@ -381,14 +363,6 @@ class TFMemSession(SessionInterfaceMethods):
             entry = self._plans.add(key, plan, version, trace)
             entry.plan_time = time.perf_counter() - started
         return entry
-
-    def _outgrown(self, entry):
-        """Budget mode, before a step: whether its plan no longer fits beside what the
-        device holds now (see tfmem.memory.resident)."""
-        memory = (accelerator.device_memory(self._runtime.device)
-                  if self._runtime.measure_device else None)
-        return entry.resident.outgrown(entry.trace, self._budget,
-                                       memory["current"] if memory else None, entry.correction)
 
     def partial_run_setup(self, fetches, feeds=None):
         """Passed straight to the session (see session_interface), on its graph's names."""
@@ -431,17 +405,14 @@ class TFMemSession(SessionInterfaceMethods):
         if self._runtime.cancelled_by is not None:
             raise partial_run.cancelled_error(self._runtime.cancelled_by)
         request = self._request(fetches, feed_dict)
-        failed = None  # the DeviceMemoryError of the step's last run, when it runs again
-        for again in range(learning.RUNS_AGAIN, -1, -1):  # budget mode: see _learn_out_of_memory
-            try:
-                entry = self._entry(request)
-            except errors.BudgetError as no_plan:
-                if failed is None:
-                    raise
-                failed.add_note(f"Planned again, nothing fits: {no_plan}")
-                raise failed  # (its context: no_plan)
+
+        def prepare():
+            entry = self._entry(request)
             self._plans.compile_once(entry, functools.partial(self._compile_entry,
                                                               request=request))
+            return entry
+
+        def execute(entry):
             self._last_entry = entry
             # the learned factor this step's plan was fitted with (learning may raise it after)
             self._last_factor = budget.learned_factor(entry.correction)
@@ -450,22 +421,14 @@ class TFMemSession(SessionInterfaceMethods):
             step_metadata = StepMetadata(options) if run_metadata is not None else None
             if entry.schedule is None:
                 entry.schedule = sampling.MeasureSchedule(self._measure)
-            try:
-                values, stats = entry.executor.run(
-                    request.feed_values_by_name(), options, step_metadata, timeline,
-                    measure=entry.schedule.wants() or self._builds_cost_model)
-                break
-            except errors.DeviceMemoryError as err:
-                # (a partial run's failure cancelled the session: no next step to plan for)
-                if self._budget is None or self._runtime.cancelled_by is not None:
-                    raise
-                unchanged = updates.unchanged_before(entry.plan, err.partition, err.failed_op)
-                run_again = unchanged and again > 0
-                err.add_note(self._learn_out_of_memory(request, entry, err.partition,
-                                                       run_again, unchanged))
-                if not run_again:
-                    raise
-                failed = err
+            values, stats = entry.executor.run(
+                request.feed_values_by_name(), options, step_metadata, timeline,
+                measure=entry.schedule.wants() or self._builds_cost_model)
+            return values, stats, timeline, step_metadata
+
+        # (a partial run's failure cancelled the session: no next step to plan for)
+        entry, (values, stats, timeline, step_metadata) = self._learning.run_step(
+            prepare, execute, learns=lambda: self._runtime.cancelled_by is None)
         self._steps += 1
         stats = dataclasses.replace(stats, step=self._steps)
         entry.schedule.record(stats.partition_peak_bytes if stats.measured and
@@ -480,8 +443,7 @@ class TFMemSession(SessionInterfaceMethods):
         log.debug("step: %s", stats)
         self._note_buffers(entry)
         if self._budget is not None:
-            entry.resident.record(stats)
-            self._learn(request, entry, stats)
+            self._learning.after_step(entry, stats)
         for listener in self._step_listeners:
             listener(self, entry, stats)
         return request.build_results(self._session, values)
@@ -506,52 +468,6 @@ class TFMemSession(SessionInterfaceMethods):
         self._owned.update(entry.assigned)
         log.info("released the executor of a request that set %d variables from constants: "
                  "the constants it kept are freed", len(entry.assigned))
-
-    def _learn(self, request, entry, stats):
-        """Budget mode: when the step (`stats`, its own figures: other threads' steps may
-        have run since) measured over its predicted peak, correct the model and plan the
-        request again before the next step (this one is never run again).
-        memory_report() shows every partition's measured and predicted peak."""
-        scratch_seen, predict = self._learning_inputs(request, entry)
-        if not learning.learn_from_step(
-                entry.correction, entry.trace, stats.partition_peak_bytes,
-                stats.resident_bytes, scratch_seen, predict,
-                whole_device=budget.on_whole_device(self._budget, entry.trace.regions)):
-            return
-        entry.replan = True  # planned at the start of the next step, with fresh resident bytes
-
-    def _learn_out_of_memory(self, request, entry, index, run_again=False, unchanged=False):
-        """Budget mode, after a step ran out of device memory in partition `index`: correct
-        the model and plan the request again before its next step (see learning); the
-        sentence the error adds.  `run_again`: the step changed no state before it failed
-        (updates.unchanged_before), and `run` runs it again at once with the new plan, at
-        most learning.RUNS_AGAIN times a step; a step that may have changed state never."""
-        scratch_seen, predict = self._learning_inputs(request, entry)
-        entry.resident.ran_out()
-        memory = (accelerator.device_memory(self._runtime.device)
-                  if self._runtime.measure_device else None)
-        message = learning.learn_from_out_of_memory(
-            entry.correction, entry.trace, index,
-            accelerator.device_capacity(self._session) or self._budget,
-            memory["current"] if memory else None, scratch_seen, predict, run_again=run_again,
-            unchanged=unchanged)
-        entry.replan = True
-        return message
-
-    def _learning_inputs(self, request, entry):
-        """(measure the request's kernels again, predict its plan with given scratch) for
-        learning, the entry's Correction made if it has none."""
-        if entry.correction is None:
-            entry.correction = budget.Correction()
-        feed_shapes = request.feed_shapes()
-        # The kernels measured again, in the kernel runner: what each requests.  A step's
-        # own statistics count the chunk the allocator handed out (a 27 MiB scratch
-        # request read 52 MiB in a capped region's tail), which the chunk replay already
-        # models; taken as scratch, it counted that tail twice.
-        scratch_seen = functools.partial(remeasure.request_scratch, self._session,
-                                         entry.plan.view, feed_shapes, self._remeasured)
-        return scratch_seen, lambda extra: budget.predict(
-            entry.plan, self._sizing(entry.plan.view, feed_shapes), extra)
 
     def memory_report(self):
         """A MemoryReport of the last step: measured and predicted device and host bytes."""
