@@ -141,7 +141,8 @@ def spy(correction, trace, peaks, resident, scratch, predict, what="the request"
 
 learning.learn_from_step = spy
 stats, metadata, values = {}, {}, {}
-tfs.add_step_listener(lambda t, e, s: stats.__setitem__(threading.current_thread().name, s))
+tfs.add_step_listener(lambda t, record: stats.__setitem__(threading.current_thread().name,
+                                                         record.stats))
 
 
 def step(name, waits):

@@ -20,7 +20,7 @@ _EXPORTS = {
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
-    "MemoryReport": "tfmem.run.session",
+    "MemoryReport": "tfmem.run.memory_report", "StepRecord": "tfmem.run.step_record",
     "parse_bytes": "tfmem.memory.budget",
     "Session": "tfmem.run.session_factory", "session_config": "tfmem.run.session_factory",
     "CompileStats": "tfmem.run.compile_stats",

@@ -12,7 +12,7 @@ import dataclasses
 import psutil
 
 from tfmem.run import report_text
-from tfmem.run.session import MemoryReport
+from tfmem.run.memory_report import MemoryReport
 
 
 @dataclasses.dataclass(frozen=True)
