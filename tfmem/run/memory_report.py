@@ -43,20 +43,26 @@ class MemoryReport:
 
 
 
+def predicted_fields(step, trace, budget_bytes):
+    """The MemoryReport fields both front ends fill alike: the prediction `trace` of the
+    plan that ran StepStats `step`, the budget, and the host's figures."""
+    return dict(
+        predicted_device_peak=trace.peak_device,
+        device_budget=budget_bytes,
+        host_buffers=step.host_buffer_bytes,
+        predicted_host_peak=trace.peak_host,
+        host_rss=step.host_rss_bytes,
+        host_available=psutil.virtual_memory().available,
+        predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
+        **report_text.trace_figures(trace))
+
+
 def session_report(last_step, entry, factor, budget_bytes):
     """The MemoryReport of StepStats `last_step`, run by the cached `entry` whose plan was
     fitted with the learned `factor`, under `budget_bytes` (or None)."""
-    trace = budget.scaled(entry.trace, factor)
     measured = entry.last_measured
     return MemoryReport(
         device_peak=measured.device_peak_bytes if measured else None,
-        predicted_device_peak=trace.peak_device,
-        device_budget=budget_bytes,
-        host_buffers=last_step.host_buffer_bytes,
-        predicted_host_peak=trace.peak_host,
-        host_rss=last_step.host_rss_bytes,
-        host_available=psutil.virtual_memory().available,
-        predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
         partition_peaks=measured.partition_peak_bytes if measured else None,
         step=last_step.step, measured_step=measured.step if measured else None,
-        **report_text.trace_figures(trace))
+        **predicted_fields(last_step, budget.scaled(entry.trace, factor), budget_bytes))
