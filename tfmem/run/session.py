@@ -57,10 +57,8 @@ class TFMemSession(SessionInterfaceMethods):
         the partition size and swap distance: the fewest partitions whose
         predicted peak fits (one, at plain speed, when the whole step fits).
         partition_size="auto" does the same with the emulated cap or the
-        accelerator's memory as the budget.  A step that runs out of device
-        memory before any op that changes state could have run (updates come
-        late in a step) has changed nothing: it is planned again with what the
-        failure taught and run again at once (see updates.unchanged_before).
+        accelerator's memory as the budget; what it learns from steps, and when
+        it runs a step again, is budget_learning's.
     swap: "auto" swaps a cross-partition tensor to host memory when its next
         reader is more than `swap_distance` partitions away; "all" swaps
         every one, "none" keeps all on the device.  On a CPU session with no
