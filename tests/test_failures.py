@@ -100,7 +100,7 @@ def build_failing(kind="check", size=32, chain=6):
 def _settings(mode, prefetch, partition_size=2):
     kwargs = dict(partition_size=partition_size, swap=mode, prefetch=prefetch)
     if mode == "auto":
-        kwargs["swap_min_bytes"] = 0
+        kwargs["options"] = tfmem.Options(swap_min_bytes=0)
     return kwargs
 
 
