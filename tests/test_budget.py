@@ -349,7 +349,7 @@ def train(kind, **options):
     result = {"losses": [], "peaks": [], "resident": []}
     runner = sess
     if kind == "tfmem":
-        runner = tfmem.TFMemSession(sess, measure="every", **options)  # reads every step
+        runner = tfmem.TFMemSession(sess, options=tfmem.Options(measure="every"), **options)  # reads every step
         try:
             runner.memory_report()
         except RuntimeError as err:

@@ -168,8 +168,10 @@ def test_a_freed_input_is_deleted_before_its_last_reader(writer, two_sessions, m
         kept = tf.tanh(x, name="kept")
         out = tf.reduce_sum(tf.sin(kept, name="last_reader") * 2.0)
     plain, wrapped = two_sessions(graph)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=1, swap="all", swap_min_bytes=0,
-                             partial_runs=writer == "partial run", measure="off")
+    tfs = tfmem.TFMemSession(wrapped, partition_size=1, swap="all",
+                             options=tfmem.Options(swap_min_bytes=0,
+                                                   partial_runs=writer == "partial run",
+                                                   measure="off"))
     feed = {x: np.random.RandomState(0).uniform(-1, 1, (32, 64)).astype(np.float32)}
     for _ in range(2):
         assert_same_result(plain.run(out, feed), tfs.run(out, feed))

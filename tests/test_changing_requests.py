@@ -30,8 +30,8 @@ def _batch(model, step, size):
 def test_batch_size_changes_between_steps(swap, prefetch, sessions):
     model = build_mlp("adam")
     plain = sessions(model.graph)
-    tfs = tfmem.TFMemSession(sessions(model.graph), partition_size=3, swap=swap,
-                             prefetch=prefetch, swap_min_bytes=0)
+    tfs = tfmem.TFMemSession(sessions(model.graph), partition_size=3, swap=swap, prefetch=prefetch,
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(model.init)
     tfs.run(model.init)
     fetches = [model.train, model.loss]
@@ -59,15 +59,16 @@ def test_budget_plans_follow_the_batch_size(sessions):
     model = models.mlp(layers=4, width=64, features=64)
     fetches = [model.train, model.loss]
     # a budget between the large batch's smallest plan and its whole step
-    whole = tfmem.TFMemSession(sessions(model.graph), partition_size=10**6, swap_min_bytes=0)
+    whole = tfmem.TFMemSession(sessions(model.graph), partition_size=10**6,
+                               options=tfmem.Options(swap_min_bytes=0))
     least = tfmem.TFMemSession(sessions(model.graph), partition_size=1, swap="all",
-                               swap_distance=0, swap_min_bytes=0)
+                               swap_distance=0, options=tfmem.Options(swap_min_bytes=0))
     low, high = (s.simulate(fetches, model.feed(LARGE)).peak_device for s in (least, whole))
     assert whole.simulate(fetches, model.feed(8)).peak_device < low < high
     budget = int((low + high) / 2 / (1 - _budget.DEFAULT_MARGIN))
     plain = sessions(model.graph)
     tfs = tfmem.TFMemSession(sessions(model.graph), device_memory_budget=budget,
-                             swap_min_bytes=0)
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(model.init)
     tfs.run(model.init)
     small, large = tfs.plan(fetches, model.feed(8)), tfs.plan(fetches, model.feed(LARGE))
@@ -108,7 +109,8 @@ def test_same_fetches_with_alternating_feeds(swap, sessions):
     """Feed the intermediate `h` one step and `x` the next: two plans, one state."""
     g, x, h, loss, train, init, state, rs = _build_feedable()
     plain = sessions(g)
-    tfs = tfmem.TFMemSession(sessions(g), partition_size=2, swap=swap, swap_min_bytes=0)
+    tfs = tfmem.TFMemSession(sessions(g), partition_size=2, swap=swap,
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(init)
     tfs.run(init)
     fed_h = tfs.plan([train, loss], feed_dict={h: np.zeros((3, 8), np.float32)})

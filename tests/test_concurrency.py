@@ -20,7 +20,7 @@ import tensorflow as tf
 import tfmem
 from tfmem import cli
 from tfmem.cli import child_env
-from tfmem.memory import oom, op_order
+from tfmem.memory import oom
 from tfmem.memory.concurrency import (configured_inter_op_threads, kernels_at_once,
                                       overlapping_buffers)
 from tfmem.memory.simulate import simulate
@@ -109,14 +109,14 @@ def one_at_a_time(graph, plan):
 
 @pytest.mark.parametrize("chained", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_out_of_memory_advice_predicts_what_the_session_predicts(threads, chained, monkeypatch):
+def test_out_of_memory_advice_predicts_what_the_session_predicts(threads, chained):
     """The advice's figure for the failed partition is the session's own prediction:
     with two inter-op threads both gradients' scratch, with one a single one; a
     single one for chained copies (op_order.chained_order), one kernel at a time."""
-    monkeypatch.setattr(op_order, "CHAIN_COPIES", chained)
     graph, out = two_filter_gradients()
     config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=threads)
-    tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=1000)
+    tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=1000,
+                             options=tfmem.Options(chain_copies=chained))
     feed = {name: np.zeros(shape, np.float32) for name, shape in SHAPES.items()}
     plan = tfs.plan(out, feed)
     error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
@@ -137,7 +137,6 @@ def test_tfmem_plan_predicts_as_many_kernels_as_its_inter_op_threads(
         threads, tmp_path, capsys, monkeypatch):
     """For partitions TensorFlow's executor orders (copies not chained: an original that
     allocates, v1 control flow; here turned off)."""
-    monkeypatch.setattr(op_order, "CHAIN_COPIES", False)
     graph, out = two_filter_gradients()
     model, result = str(tmp_path / "grads.meta"), tmp_path / "plan.json"
     with graph.as_default():
@@ -151,8 +150,9 @@ def test_tfmem_plan_predicts_as_many_kernels_as_its_inter_op_threads(
         return json.loads(result.read_text())["memory"]["peak_device_bytes"], \
             capsys.readouterr().out
 
-    peak, summary = planned("--inter-op-threads", str(threads))
-    plan = tfmem.TFMemSession(tf1.Session(graph=graph), partition_size=1000).plan(
+    peak, summary = planned("--inter-op-threads", str(threads), "--unchained")
+    plan = tfmem.TFMemSession(tf1.Session(graph=graph), partition_size=1000,
+                              options=tfmem.Options(chain_copies=False)).plan(
         out, {name: np.zeros(shape, np.float32) for name, shape in SHAPES.items()})
     sizing = Sizing.of(graph, plan.view, SHAPES, concurrent_ops=threads)
     assert peak == simulate(plan, sizing.shapes, scratch=sizing.scratch,
@@ -161,8 +161,8 @@ def test_tfmem_plan_predicts_as_many_kernels_as_its_inter_op_threads(
     assert (peak > single + 20 * MIB) if threads == 2 else peak == single
     assert f"up to {threads} kernel" in summary
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: ["GPU:0"])
-    assert planned("--inter-op-threads", str(threads))[0] == single  # one kernel at a time
-    monkeypatch.setattr(op_order, "CHAIN_COPIES", True)  # as TFMemSession runs it
+    assert planned("--inter-op-threads", str(threads), "--unchained")[0] == single  # one kernel
+    # chained, as TFMemSession runs it by default
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
     peak, summary = planned("--inter-op-threads", str(threads))
     chained = tfmem.TFMemSession(tf1.Session(graph=graph), partition_size=1000).plan(

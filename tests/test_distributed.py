@@ -185,8 +185,8 @@ def check_partitioned_steps_equal_a_plain_distributed_session(cluster):
     sess = _session(target, graph)
     sess.run(init)
     # Small partitions, every cross-partition tensor swapped or staged on the worker.
-    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
-                             swap_distance=1)
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_distance=1,
+                             options=tfmem.Options(swap_min_bytes=0))
     got = []
     for batch in data:
         got.append(tfs.run([step, loss], {x: batch}, options=options)[1])
@@ -228,8 +228,8 @@ def check_concurrent_steps_of_one_plan_equal_plain(cluster):
     sess.run(init)
     data = _batches(6)
     expected = [sess.run([loss, grads], {x: batch}) for batch in data]
-    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
-                             swap_distance=1)
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_distance=1,
+                             options=tfmem.Options(swap_min_bytes=0))
     tfs.run([loss, grads], {x: data[0]})  # the plan, built before the threads share it
     assert tfs.last_step.peak_device_handles > 0 and tfs.last_step.swapped_in > 0
     got, errors = [None] * len(data), []
@@ -313,8 +313,8 @@ def check_steps_of_one_plan_overlap_while_one_waits(cluster):
     data = _batches(3)
     sess.run(fill)
     expected = sess.run([loss, grads], {x: data[0]})
-    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_min_bytes=0,
-                             swap_distance=1)
+    tfs = tfmem.TFMemSession(sess, partition_size=6, swap="all", swap_distance=1,
+                             options=tfmem.Options(swap_min_bytes=0))
     sess.run(fill)
     tfs.run([loss, grads], {x: data[0]})  # plan and compile before the threads
     staged = _staged_counter(sess)
@@ -374,8 +374,8 @@ def check_a_failing_step_removes_only_its_own_staged_tensors(cluster):
     sess.run(init)
     data = _batches(12)
     expected = [sess.run([loss, grads], {x: batch, scale: 1.0}) for batch in data]
-    tfs = tfmem.TFMemSession(sess, partition_size=5, swap="all", swap_min_bytes=0,
-                             swap_distance=1)
+    tfs = tfmem.TFMemSession(sess, partition_size=5, swap="all", swap_distance=1,
+                             options=tfmem.Options(swap_min_bytes=0))
     tfs.run([loss, grads], {x: data[0], scale: 1.0})
     assert tfs.last_step.partitions > 4 and tfs.last_step.peak_device_handles > 0
     staged = _staged_counter(sess)
@@ -431,7 +431,8 @@ def test_atomic_updates_on_a_local_session_equal_plain(sessions):
         sess = sessions(graph)
         sess.run(init)
         runner = sess if atomic is None else tfmem.TFMemSession(
-            sess, partition_size=5, swap="all", swap_min_bytes=0, atomic_updates=True)
+            sess, partition_size=5, swap="all",
+            options=tfmem.Options(swap_min_bytes=0, atomic_updates=True))
         results.append([runner.run([step, loss], {x: batch})[1] for batch in data]
                        + sess.run(weights))
         if atomic:

@@ -34,7 +34,7 @@ def _train(run, model, steps):
 
 
 # swap="auto" settings under which these tiny models swap their far tensors
-AUTO_SWAPS = dict(swap="auto", swap_distance=1, swap_min_bytes=0)
+AUTO_SWAPS = dict(swap="auto", swap_distance=1, options=tfmem.Options(swap_min_bytes=0))
 
 
 def _plain_and_wrapped(build, partition_size, **kwargs):

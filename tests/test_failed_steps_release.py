@@ -100,7 +100,7 @@ def build_failing(kind="check", size=32, chain=6):
 def _settings(mode, prefetch, partition_size=2):
     kwargs = dict(partition_size=partition_size, swap=mode, prefetch=prefetch)
     if mode == "auto":
-        kwargs["swap_min_bytes"] = 0
+        kwargs["options"] = tfmem.Options(swap_min_bytes=0)
     return kwargs
 
 
@@ -275,8 +275,9 @@ def _scenario_steady(graph_name, mode, prefetch):
         g, out, feed = _build_reuse()
         fetches, init, feeds = out, None, [feed] * 6
     tfs = tfmem.TFMemSession(new_session(g), partition_size=3 if graph_name == "mlp" else 1,
-                             swap=mode, prefetch=prefetch, swap_min_bytes=0,
-                             measure="every")  # its device peak is read every step
+                             swap=mode, prefetch=prefetch,
+                             # its device peak is read every step
+                             options=tfmem.Options(swap_min_bytes=0, measure="every"))
     if init is not None:
         tfs.run(init)
     plan = tfs.plan(fetches, feed_dict=feeds[0])

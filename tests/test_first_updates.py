@@ -173,7 +173,6 @@ print(json.dumps({"state": state, "plain": plain[0], "tfmem": tfmem_run[0],
 
 
 TWINS = PRELUDE + r"""
-from tfmem.memory import op_order
 graph = tf.Graph()
 with graph.as_default():
     twins = [tf1.get_variable(f"twin{i}", [1024, 1024], initializer=tf1.zeros_initializer(),
@@ -186,13 +185,13 @@ state = 3 * (4 << 20)
 # one thread per pool: the step's temporaries in one order, so its peak is a property of
 # the buffers, not of how the executor's threads interleave on a loaded machine
 config = tf1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
-tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=200)
+sess = tf1.Session(graph=graph, config=config)
+tfs = tfmem.TFMemSession(sess, partition_size=200)
 start = current()
 # unchained, the initializer's equal zeros are merged into one buffer; chained copies
 # are not (op_order.chained_order), and then every variable has its own from the start
-op_order.CHAIN_COPIES = False
-tfs.run(init)
-op_order.CHAIN_COPIES = True
+tfmem.TFMemSession(sess, partition_size=200,
+                   options=tfmem.Options(chain_copies=False)).run(init)
 after_init = current() - start
 peaks = []
 for _ in range(2):

@@ -62,9 +62,10 @@ def assert_same(expected, got):
 
 
 @pytest.mark.parametrize("options", [
-    dict(partition_size=10, swap="all", swap_min_bytes=0),
+    dict(partition_size=10, swap="all", options=tfmem.Options(swap_min_bytes=0)),
     dict(partition_size=7, swap="none"),
-    dict(partition_size=25, swap="auto", swap_distance=0, swap_min_bytes=0, prefetch=0),
+    dict(partition_size=25, swap="auto", swap_distance=0, prefetch=0,
+         options=tfmem.Options(swap_min_bytes=0)),
     dict(device_memory_budget="1GiB"),
 ])
 def test_results_and_variables_equal_tf_function(options):
@@ -164,7 +165,8 @@ def test_input_signature_reuses_one_trace_and_plan():
     traces = []
     signature = [tf.TensorSpec([None, 3], tf.float32)]
 
-    @tfmem.function(input_signature=signature, partition_size=2, swap="all", swap_min_bytes=0)
+    @tfmem.function(input_signature=signature, partition_size=2, swap="all",
+                    options=tfmem.Options(swap_min_bytes=0))
     def step(x):
         traces.append(1)
         return tf.reduce_sum(tf.nn.relu(x) * 2.0 + 1.0, axis=1)
@@ -314,8 +316,8 @@ def test_simulate_predicts_the_swapped_bytes_and_trace_records_the_step(tmp_path
     import json
     state = make_state()
     path = tmp_path / "step.json"
-    partitioned = tfmem.function(make_step(*state), partition_size=10, swap="all",
-                                 swap_min_bytes=0, trace=str(path))
+    partitioned = tfmem.function(make_step(*state), partition_size=10, swap="all", trace=str(path),
+                                 options=tfmem.Options(swap_min_bytes=0))
     batch = batches(1)[0]
     trace = partitioned.simulate(batch)
     partitioned(batch)

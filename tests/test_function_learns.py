@@ -13,7 +13,7 @@ it prints one JSON line.
 (b) The suite's TF2 models (an MLP, a convnet, a Keras ResNet) in budget mode
     at a budget well under their plain peak: no step over the budget.
 (c) (a)'s stale cache again, under a 96 MiB peak the user made and did not reset:
-    with profile_peaks=True budget mode still measures the step that went over,
+    with Options(profile_peaks=True) budget mode still measures the step that went over,
     and learns.
 """
 
@@ -156,7 +156,8 @@ big = tf.reduce_sum(tf.random.uniform([96 << 18], seed=1))  # 96 MiB, above the 
 del big
 under = out["under_user_peak"] = dict(user_peak=accelerator.device_memory("CPU:0")["peak"],
                                       partitions=[], measured=[])
-profiled = tfmem.function(fn, device_memory_budget=f"{budget_mib}MiB", profile_peaks=True)
+profiled = tfmem.function(fn, device_memory_budget=f"{budget_mib}MiB",
+                          options=tfmem.Options(profile_peaks=True))
 records.clear()
 for _ in range(3):
     profiled(*args)

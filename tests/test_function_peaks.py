@@ -1,4 +1,4 @@
-"""tfmem.function(profile_peaks=True): every partition of every step gets its own
+"""tfmem.function(options=tfmem.Options(profile_peaks=True)): every partition of every step gets its own
 device peak, also under a higher peak the user made and did not reset, equal to
 TensorFlow's own figure for that call; the user's peak and profiler sessions are
 left alone (run metadata is not touched at all).
@@ -34,7 +34,7 @@ memory = lambda: accelerator.device_memory("CPU:0")
 out = {"capped": sys.argv[1] != "0"}
 
 fn, x = build_mlp(tf, np, 0)
-profiled = tfmem.function(fn, partition_size=20, profile_peaks=True)
+profiled = tfmem.function(fn, partition_size=20, options=tfmem.Options(profile_peaks=True))
 plain_fn, _ = build_mlp(tf, np, 0)
 unprofiled = tfmem.function(plain_fn, partition_size=20)
 for _ in range(2):

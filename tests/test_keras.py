@@ -36,7 +36,7 @@ def data(rows=200, seed=0):
 
 
 @pytest.mark.parametrize("options", [
-    dict(partition_size=20, swap="all", swap_min_bytes=0),
+    dict(partition_size=20, swap="all", options=tfmem.Options(swap_min_bytes=0)),
     dict(device_memory_budget="1GiB"),
 ])
 @pytest.mark.slow

@@ -30,7 +30,8 @@ STEPS = 3
 def _fit(model, x, y, partitioned=False):
     import tfmem  # pylint: disable=import-outside-toplevel
     if partitioned:
-        tfmem.keras.partitioned(model, partition_size=40, swap="all", swap_min_bytes=0)
+        tfmem.keras.partitioned(model, partition_size=40, swap="all",
+                                options=tfmem.Options(swap_min_bytes=0))
     history = model.fit(x, y, batch_size=len(x), epochs=STEPS, shuffle=False, verbose=0)
     if partitioned:
         last = tfmem.keras.train_step_of(model).last_step

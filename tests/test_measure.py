@@ -224,4 +224,4 @@ def test_measure_mode_is_checked(bad):
         tf.constant(1.0)
     with tf.compat.v1.Session(graph=graph) as sess:
         with pytest.raises(ValueError, match="measure must be one of 'sample', 'every', 'off'"):
-            tfmem.TFMemSession(sess, measure=bad)
+            tfmem.TFMemSession(sess, options=tfmem.Options(measure=bad))

@@ -52,7 +52,7 @@ model = models.mlp(layers=4)
 sess = tf1.Session(graph=model.graph, config=config)
 tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
 feed, fetches = model.feed(512), [model.train, model.loss]
-tfs = tfmem.TFMemSession(sess, partition_size=10, measure="every")
+tfs = tfmem.TFMemSession(sess, partition_size=10, options=tfmem.Options(measure="every"))
 figures = out["figures"] = []
 for _ in range(3):
     accelerator.reset_peak("CPU:0")
@@ -67,7 +67,8 @@ for _ in range(3):
 
 # learn: a forced under-prediction re-plans, as under the emulated cap.  First steps
 # until one learns nothing (the model may under-predict this allocator at first).
-tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB", measure="every")
+tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB",
+                         options=tfmem.Options(measure="every"))
 settle = []
 for _ in range(8):
     records.clear()
@@ -122,7 +123,8 @@ with graph.as_default():
     init = tf1.global_variables_initializer()
 sess = tf1.Session(graph=graph, config=config)
 sess.run(init)
-tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB", measure="every")
+tfs = tfmem.TFMemSession(sess, device_memory_budget="512MiB",
+                         options=tfmem.Options(measure="every"))
 xs = np.random.RandomState(0).randn(2048, 256).astype(np.float32)
 # the user's RunMetadata holds step statistics only when a trace is asked for
 trace = tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE)
@@ -139,7 +141,8 @@ def spy(correction, trace, peaks, resident, scratch, predict, what="the request"
 
 learning.learn_from_step = spy
 stats, metadata, values = {}, {}, {}
-tfs.add_step_listener(lambda t, e, s: stats.__setitem__(threading.current_thread().name, s))
+tfs.add_step_listener(lambda t, record: stats.__setitem__(threading.current_thread().name,
+                                                         record.stats))
 
 
 def step(name, waits):

@@ -39,7 +39,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 import tfmem
-from tfmem.memory import op_order
 from tfmem.run import accelerator
 
 def build():
@@ -88,16 +87,18 @@ for merge in (True, False):
             best = (current, {k for k, v in live.items() if v > 0})
     transposes = sum(1 for d in metadata.step_stats.dev_stats for n in d.node_stats
                      if "= Transpose(" in n.timeline_label)
-    op_order.CHAIN_COPIES = False  # the copies as the plain step runs its ops
-    tfs = tfmem.TFMemSession(sess, partition_size=100000)
+    # the copies as the plain step runs its ops
+    tfs = tfmem.TFMemSession(sess, partition_size=100000,
+                             options=tfmem.Options(chain_copies=False))
     trace = tfs.simulate(out, feed)
     figures["merged" if merge else "apart"] = dict(
         measured=measured, requested=sum(requested[name] for name in best[1]),
         transposes=transposes, predicted=trace.peak_device - trace.state_bytes,
         predicted_chunks=trace.peak_device_chunks - trace.state_bytes,
         tfmem_equals_plain=bool(np.array_equal(tfs.run(out, feed), plain)))
-    op_order.CHAIN_COPIES = True  # chained copies: equal ops wait for different ops
-    chained = tfmem.TFMemSession(sess, partition_size=100000, measure="every")
+    # chained copies: equal ops wait for different ops
+    chained = tfmem.TFMemSession(sess, partition_size=100000,
+                                 options=tfmem.Options(measure="every"))
     for _ in range(3):
         got = chained.run(out, feed)
     trace = chained.simulate(out, feed)
@@ -145,7 +146,7 @@ pools = {op.name: op.outputs[0].consumers() for op in model.graph.get_operations
          if op.type == "MaxPool"}
 rows = {}
 for size in (100000, 50):
-    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    tfs = tfmem.TFMemSession(sess, partition_size=size, options=tfmem.Options(measure="every"))
     for _ in range(3):
         tfs.run(fetches, feed)
     plan = tfs.plan(fetches, feed)
@@ -233,8 +234,9 @@ from tfmem.memory import op_order, simulate as simulator
 def measured_step(chained):
     # (tfs, fetches, feed, the peak TensorFlow's records hold) of a session whose copies
     # are chained or left to the executor
-    op_order.CHAIN_COPIES = chained
-    model, sess, tfs, feed, fetches = deepspeech_session(100000)
+    model, sess, _, feed, fetches = deepspeech_session(100000)
+    tfs = tfmem.TFMemSession(sess, partition_size=100000,
+                             options=tfmem.Options(measure="every", chain_copies=chained))
     for _ in range(2):
         tfs.run(fetches, feed)
     metadata = config_pb2.RunMetadata()
@@ -272,8 +274,9 @@ import json
 from tensorflow.core.protobuf import config_pb2
 from tfmem.memory import op_order
 
-op_order.CHAIN_COPIES = False  # the copies as TensorFlow's executor numbers and runs them
-model, sess, tfs, feed, fetches = deepspeech_session(100000)
+model, sess, _, feed, fetches = deepspeech_session(100000)
+# the copies as TensorFlow's executor numbers and runs them
+tfs = tfmem.TFMemSession(sess, partition_size=100000, options=tfmem.Options(chain_copies=False))
 metadata = config_pb2.RunMetadata()
 tfs.run(fetches, feed, run_metadata=metadata,
         options=config_pb2.RunOptions(output_partition_graphs=True))
@@ -312,7 +315,7 @@ with graph.as_default():
 config = tfmem.session_config(tf1.ConfigProto(intra_op_parallelism_threads=1,
                                               inter_op_parallelism_threads=1))
 tfs = tfmem.TFMemSession(tf1.Session(graph=graph, config=config), partition_size=2,
-                         swap="none", measure="off")
+                         swap="none", options=tfmem.Options(measure="off"))
 feed = {x: np.ones((1024, 1024), np.float32)}
 peaks = []
 for _ in range(3):

@@ -1,4 +1,4 @@
-"""Steps run as one DirectSession partial run (TFMemSession(partial_runs=True)).
+"""Steps run as one DirectSession partial run (tfmem.Options(partial_runs=True)).
 
 Every result is compared bit for bit with a plain Session.run of the same
 graph on a second session with the same config (Grappler off: tfmem's
@@ -48,8 +48,8 @@ def test_training_steps_equal_plain_bit_for_bit(two_sessions, swap):
     plain, wrapped = two_sessions(model.graph)
     plain.run(model.init)
     wrapped.run(model.init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap=swap, swap_min_bytes=0,
-                             partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap=swap,
+                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
     feed = model.feed(8)
     for _ in range(4):
         _same(plain.run([model.train, model.loss], feed),
@@ -75,7 +75,7 @@ def test_training_steps_with_grappler_on_match_plain():
         plain.run(model.init)
         wrapped.run(model.init)
         tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap="auto", swap_distance=1,
-                                 swap_min_bytes=0, partial_runs=True)
+                                 options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
         feed = model.feed(8)
         for _ in range(3):
             expected = plain.run(model.loss, feed)
@@ -112,7 +112,7 @@ def test_feeds_read_by_several_partitions_and_fetches_of_every_kind(two_sessions
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
     with g.as_default():
         read = w.read_value()
     fetches = {"out": out, "twice": [middle, middle], "read": read,
@@ -131,7 +131,7 @@ def test_steps_with_options_metadata_or_measured_peaks_run_callables(two_session
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     tfs.run(out, feed)
     grown = g.version
@@ -150,8 +150,8 @@ def test_concurrent_steps_each_run_their_own_partial_run(two_sessions):
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="all", swap_min_bytes=0,
-                             partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="all",
+                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
     feeds = [rs.standard_normal((2 + i % 3, 8)).astype(np.float32) for i in range(24)]
     expected = [plain.run([out, middle], {x: f}) for f in feeds]
     got, errors = [None] * len(feeds), []
@@ -199,7 +199,7 @@ def test_a_step_stopped_between_partitions_runs_nothing_more_and_the_next_works(
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     fetches = [late, update, last]
     with pytest.raises(KeyboardInterrupt):
@@ -224,7 +224,7 @@ def test_a_failed_step_cancels_the_session_and_later_steps_say_so(two_sessions):
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, partial_runs=True)
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     _same(plain.run(late, {**feed, scale: 2.0}), tfs.run(late, {**feed, scale: 2.0}))
     with pytest.raises(tf.errors.InvalidArgumentError, match="bad scale"):
@@ -250,7 +250,7 @@ feed = model.feed(512)
 peaks = {"callables": [], "partial_run": []}
 for partial in (False, True) * 3:
     tfs = tfmem.TFMemSession(session, partition_size=12, swap="auto", swap_distance=1,
-                             measure="off", partial_runs=partial)
+                             options=tfmem.Options(measure="off", partial_runs=partial))
     tfs.run([model.train, model.loss], feed)
     transfers = tfs.plan([model.train, model.loss], feed).transfers
     assert any(t.kept for t in transfers) and any(t.swapped for t in transfers)

@@ -1,4 +1,4 @@
-"""Budget mode learns on the partial-run path (TFMemSession(partial_runs=True)).
+"""Budget mode learns on the partial-run path (tfmem.Options(partial_runs=True)).
 
 A partial run has no step statistics, so its steps are measured by
 TensorFlow's process figures around each partition's call (run/call_peaks.py):
@@ -83,7 +83,8 @@ handler.emit = lambda record: records.append(record.getMessage())
 logging.getLogger("tfmem").addHandler(handler)
 logging.getLogger("tfmem").setLevel(logging.INFO)
 
-tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{budget_mib}MiB", partial_runs=True)
+tfs = tfmem.TFMemSession(sess, device_memory_budget=f"{budget_mib}MiB",
+                         options=tfmem.Options(partial_runs=True))
 out["budget"] = tfs._budget
 out["steps"] = []
 for _ in range(steps):

@@ -99,8 +99,9 @@ def test_pass_moves_state_and_training_matches_plain(optimizer, use_resource, co
     g, x, loss, train, init = build(optimizer, use_resource, colocated)
     plain = two_cpu_session(g_plain)
     with caplog.at_level(logging.INFO, logger="tfmem.run.placement_pass"):
-        tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4, swap_min_bytes=MIN_BYTES,
-                                 accelerator_device="CPU:1")
+        tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4,
+                                 options=tfmem.Options(swap_min_bytes=MIN_BYTES,
+                                                       accelerator_device="CPU:1"))
     moved_lines = [r for r in caplog.records if r.name == "tfmem.run.placement_pass"]
     assert len(moved_lines) == 1 and "MiB" in moved_lines[0].getMessage()
     variables = {op.name for op in g.get_operations() if op.type in ("VarHandleOp", "VariableV2")}
@@ -154,8 +155,9 @@ def test_after_a_run_nothing_moves_and_the_placement_says_why(first_run, caplog)
     sess.run(init if first_run == "init" else unrelated)
     before = _devices(g)
     with caplog.at_level(logging.INFO, logger="tfmem.run.placement_pass"):
-        tfs = tfmem.TFMemSession(sess, partition_size=4, swap_min_bytes=MIN_BYTES,
-                                 accelerator_device="CPU:1")
+        tfs = tfmem.TFMemSession(sess, partition_size=4,
+                                 options=tfmem.Options(swap_min_bytes=MIN_BYTES,
+                                                       accelerator_device="CPU:1"))
     after = _devices(g)
     assert {k: v for k, v in after.items() if k in before} == before
     warnings = [r for r in caplog.records
@@ -192,8 +194,10 @@ def test_after_a_run_nothing_moves_and_the_placement_says_why(first_run, caplog)
 def test_place_state_on_host_false_changes_nothing():
     g, x, loss, train, init = build()
     before = _devices(g)
-    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4, swap_min_bytes=MIN_BYTES,
-                             accelerator_device="CPU:1", place_state_on_host=False)
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4,
+                             options=tfmem.Options(swap_min_bytes=MIN_BYTES,
+                                                   accelerator_device="CPU:1",
+                                                   place_state_on_host=False))
     assert _devices(g) == before  # no device set, no probe added
     tfs.run(init)
     plan = tfs.plan([train, loss], {x: batches(1)[0]})
@@ -207,7 +211,8 @@ def test_state_built_after_wrapping_moves_at_its_first_plan():
     g = tf.Graph()
     with g.as_default(), tf.device(ACCELERATOR):
         x = tf1.placeholder(tf.float32, [2, 3], name="x")
-    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2, accelerator_device="CPU:1")
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2,
+                             options=tfmem.Options(accelerator_device="CPU:1"))
     with g.as_default(), tf.device(ACCELERATOR):
         w = tf1.get_variable("w", initializer=np.ones((3, 3), np.float32))
         y = tf.reduce_sum(tf.matmul(x, w))
@@ -230,8 +235,9 @@ def test_a_constant_colocated_with_compute_stays():
         with g.colocate_with(square.op):
             big = tf.constant(np.ones((64, 64), np.float32), name="big")
         y = tf.reduce_sum(square + big)
-    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2, swap_min_bytes=MIN_BYTES,
-                             accelerator_device="CPU:1")
+    tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=2,
+                             options=tfmem.Options(swap_min_bytes=MIN_BYTES,
+                                                   accelerator_device="CPU:1"))
     assert g.get_operation_by_name("big").device == ACCELERATOR
     assert g.get_operation_by_name("square").device == ACCELERATOR
     plan = tfs.plan(y, {x: np.ones((64, 64), np.float32)})
@@ -241,7 +247,7 @@ def test_a_constant_colocated_with_compute_stays():
 def test_accelerator_device_must_be_a_session_device():
     g, *_ = build()
     with pytest.raises(ValueError, match="CPU:7.*not a device of the session"):
-        tfmem.TFMemSession(two_cpu_session(g), accelerator_device="CPU:7")
+        tfmem.TFMemSession(two_cpu_session(g), options=tfmem.Options(accelerator_device="CPU:7"))
 
 
 def test_cpu_only_session_moves_nothing():
@@ -268,7 +274,8 @@ def test_only_what_the_session_has_not_placed_moves():
     with g.as_default(), tf.device(ACCELERATOR):
         b = tf1.get_variable("b", initializer=b_value)
         y = tf.matmul(tf.matmul(x, a), b)
-    tfs = tfmem.TFMemSession(sess, partition_size=1, accelerator_device="CPU:1")
+    tfs = tfmem.TFMemSession(sess, partition_size=1,
+                             options=tfmem.Options(accelerator_device="CPU:1"))
     assert g.get_operation_by_name("a").device == ACCELERATOR
     assert g.get_operation_by_name("b").device == HOST_DEVICE
     tfs.run(b.initializer)
@@ -295,7 +302,8 @@ def test_a_saver_does_not_tie_variables_together():
     groups = colocation_groups(g)
     assert {"a", "a/read", "a/Assign"} <= groups["a"] and "b" not in groups["a"]
     assert "save/SaveV2" not in groups["a"] | groups["b"]
-    tfs = tfmem.TFMemSession(sess, partition_size=2, accelerator_device="CPU:1")
+    tfs = tfmem.TFMemSession(sess, partition_size=2,
+                             options=tfmem.Options(accelerator_device="CPU:1"))
     tfs.run(b.initializer)
     plan = tfs.plan(y, {x: np.ones((2, 2), np.float32)})
     assert set(plan.placement.moved) == {"b"} and set(plan.placement.stays) == {"a"}
@@ -309,8 +317,9 @@ def test_tfmem_session_moves_state_in_its_copy_and_leaves_the_users_graph_alone(
     plain = two_cpu_session(g_plain)
     config = tf1.ConfigProto(device_count={"CPU": 2}, intra_op_parallelism_threads=1,
                              inter_op_parallelism_threads=2)
-    tfs = tfmem.Session(graph=g, config=config, partition_size=4, swap_min_bytes=MIN_BYTES,
-                        accelerator_device="CPU:1")
+    tfs = tfmem.Session(graph=g, config=config, partition_size=4,
+                        options=tfmem.Options(swap_min_bytes=MIN_BYTES,
+                                              accelerator_device="CPU:1"))
     try:
         plain.run(init_plain)
         tfs.run(init)

@@ -30,8 +30,8 @@ SEEDINGS = {"graph+op": (7, 5), "op": (None, 5), "graph": (7, None)}
 
 
 def _tfmem(session, partition_size, swap):
-    return tfmem.TFMemSession(session, partition_size=partition_size, swap=swap,
-                              swap_min_bytes=0, swap_distance=0)
+    return tfmem.TFMemSession(session, partition_size=partition_size, swap=swap, swap_distance=0,
+                              options=tfmem.Options(swap_min_bytes=0))
 
 
 def _same(expected, got, what):

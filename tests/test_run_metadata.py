@@ -159,7 +159,8 @@ def session(name, config, **options):
 
 threads = dict(intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)
 for name in ("plain", "tfmem"):
-    run, h, feed = session(name, tf1.ConfigProto(**threads), measure="every")
+    run, h, feed = session(name, tf1.ConfigProto(**threads),
+                          options=tfmem.Options(measure="every"))
     steps = []
     for options in (None, tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE), None):
         md = tf1.RunMetadata()

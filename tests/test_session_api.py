@@ -338,7 +338,7 @@ def test_auto_swaps_nothing_without_device_memory(monkeypatch):
     feed = {x: np.ones([512, 1024], np.float32)}
     with new_session(graph) as sess:
         expected = sess.run(out, feed)
-        auto = tfmem.TFMemSession(sess, partition_size=2, swap_min_bytes=0)
+        auto = tfmem.TFMemSession(sess, partition_size=2, options=tfmem.Options(swap_min_bytes=0))
         forced = tfmem.TFMemSession(sess, partition_size=2, swap="all")
         assert auto.plan(out, feed).policy.mode == "none"
         assert not any(t.swapped for t in auto.plan(out, feed).transfers)

@@ -30,7 +30,7 @@ def test_session_steps_report_their_call_and_upload_times():
     model = build_mlp()
     plain = new_session(model.graph)
     tfs = tfmem.TFMemSession(new_session(model.graph), partition_size=6, swap="all",
-                             swap_min_bytes=0)
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(model.init)
     tfs.run(model.init)
     fetches = [model.loss, model.train]
@@ -55,7 +55,8 @@ def test_function_steps_report_their_call_and_upload_times():
             x = tf.sin(x @ w) + x
         return tf.reduce_sum(x * x)
 
-    partitioned = tfmem.function(step, partition_size=2, swap="all", swap_min_bytes=0)
+    partitioned = tfmem.function(step, partition_size=2, swap="all",
+                                 options=tfmem.Options(swap_min_bytes=0))
     x = tf.constant(rng.standard_normal((8, 16)).astype(np.float32))
     np.testing.assert_allclose(partitioned(x).numpy(), tf.function(step)(x).numpy(), rtol=1e-5)
     _check_timing(partitioned.last_step, partitioned.plan(x))

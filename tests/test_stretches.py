@@ -71,7 +71,7 @@ def test_stretches_end_where_a_tensor_leaves_or_returns_to_the_device(swap, dist
     session = tf1.Session(graph=model.graph, config=tfmem_config())
     try:
         tfs = tfmem.TFMemSession(session, partition_size=6, swap=swap, swap_distance=distance,
-                                 swap_min_bytes=0)
+                                 options=tfmem.Options(swap_min_bytes=0))
         plan = tfs.plan([model.train, model.loss], model.feed(16))
     finally:
         session.close()

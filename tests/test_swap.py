@@ -58,7 +58,7 @@ def _swap_kwargs(mode, prefetch):
     """Settings under which "auto" swaps some of these tiny tensors and keeps others."""
     kwargs = dict(swap=mode, prefetch=prefetch)
     if mode == "auto":
-        kwargs.update(swap_distance=1, swap_min_bytes=0)
+        kwargs.update(swap_distance=1, options=tfmem.Options(swap_min_bytes=0))
     return kwargs
 
 
@@ -530,7 +530,8 @@ def test_stats_without_swapping(swap_pair):
 
 def test_stats_auto_counts_only_far_gaps(swap_pair):
     g, out, init, feed = _build_static()
-    plain, tfs = swap_pair(g, 1, init, swap="auto", swap_distance=2, prefetch=1, swap_min_bytes=0)
+    plain, tfs = swap_pair(g, 1, init, swap="auto", swap_distance=2, prefetch=1,
+                           options=tfmem.Options(swap_min_bytes=0))
     plan = tfs.plan(out, feed_dict=feed)
     far = [t for t in plan.transfers
            if any(b - a > 2 for a, b in zip((t.producer,) + t.consumers, t.consumers))]
@@ -560,8 +561,9 @@ def _peak_worker():
             h = tf.sin(h) + h if i % 2 else tf.tanh(h)
         out = tf.reduce_sum(h)
         init = tf1.global_variables_initializer()
-    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all", swap_min_bytes=0,
-                             measure="every")  # the device peak of every step
+    tfs = tfmem.TFMemSession(new_session(g), partition_size=2, swap="all",
+                             # the device peak of every step
+                             options=tfmem.Options(swap_min_bytes=0, measure="every"))
     tfs.run(init)
     steps = []
     for rows in PEAK_ROWS:

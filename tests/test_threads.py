@@ -71,7 +71,7 @@ def test_concurrent_runs_match_plain(sessions):
     g, x, out, other, bump, counter, init, feeds = build()
     plain = sessions(g)
     tfs = tfmem.TFMemSession(sessions(g), partition_size=2, swap="all", prefetch=1,
-                             swap_min_bytes=0)
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(init)
     tfs.run(init)
     # two requests, so threads also plan and run different plans side by side
@@ -103,7 +103,7 @@ def test_concurrent_failures_release_their_steps(sessions):
         late = tf.reduce_sum(tf.tanh(checked) + out)
     plain = sessions(g)
     tfs = tfmem.TFMemSession(sessions(g), partition_size=2, swap="all", prefetch=2,
-                             swap_min_bytes=0)
+                             options=tfmem.Options(swap_min_bytes=0))
     plain.run(init)
     tfs.run(init)
     outcomes = [None] * len(feeds)
@@ -132,7 +132,7 @@ def test_concurrent_first_steps_with_new_run_options_compile_once(sessions, monk
     each stretch of partitions is compiled once for them, not once per thread."""
     g, x, out, _, _, _, init, feeds = build()
     plain = sessions(g)
-    tfs = tfmem.TFMemSession(sessions(g), partition_size=2, measure="off")
+    tfs = tfmem.TFMemSession(sessions(g), partition_size=2, options=tfmem.Options(measure="off"))
     plain.run(init)
     tfs.run(init)
     tfs.run(out, feed_dict={x: feeds[0]})  # plan and callables for the default options

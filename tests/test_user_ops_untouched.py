@@ -102,7 +102,8 @@ def test_tfmem_session_changes_no_user_op(route, monkeypatch, mutations):
     changes = mutations(graph)
     sess = new_session(graph)
     sess.run(init)  # the user's ops have run: a change now would be lost, and warned of
-    tfs = tfmem.TFMemSession(sess, partition_size=3, partial_runs=(route == "partial_runs"))
+    tfs = tfmem.TFMemSession(sess, partition_size=3,
+                             options=tfmem.Options(partial_runs=(route == "partial_runs")))
     tfs.run(init)  # the initialisers are originals the init NoOp's copy waits for
     feed = {x: np.ones((8, 6), np.float32)}
     for _ in range(2):

@@ -10,7 +10,7 @@ allocator), and changes no TensorFlow state.
 import importlib
 
 _EXPORTS = {
-    "TFMemSession": "tfmem.run.session",
+    "TFMemSession": "tfmem.run.session", "Options": "tfmem.run.options",
     "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
     "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
     "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",
@@ -20,7 +20,7 @@ _EXPORTS = {
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
-    "MemoryReport": "tfmem.run.session",
+    "MemoryReport": "tfmem.run.memory_report", "StepRecord": "tfmem.run.step_record",
     "parse_bytes": "tfmem.memory.budget",
     "Session": "tfmem.run.session_factory", "session_config": "tfmem.run.session_factory",
     "CompileStats": "tfmem.run.compile_stats",

@@ -35,6 +35,7 @@ import sys
 import threading
 
 from tfmem.run import accelerator
+from tfmem.run import options as run_options
 from tfmem.errors import UnsupportedGraphError
 
 # Nothing here imports TensorFlow before `run_program` has set an emulated
@@ -99,6 +100,7 @@ def _routed_methods(options, recorder):
     from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
     base, plain, interactive = (tf_session.BaseSession, tf_session.Session,
                                 tf_session.InteractiveSession)
+    everyday, settings = run_options.split_settings(options)
     routed = ((base, "run"), (base, "make_callable"), (base, "close"), (interactive, "close"),
               (plain, "__init__"), (interactive, "__init__"))
     originals = {(cls, name): cls.__dict__[name] for cls, name in routed}
@@ -108,7 +110,7 @@ def _routed_methods(options, recorder):
             init(self, *args, **kwargs)
             if self.__dict__.get("tfmem") is None:
                 self.tfmem = None  # the plain session runs until the TFMemSession exists
-                self.tfmem = TFMemSession(self, **options)
+                self.tfmem = TFMemSession(self, options=settings, **everyday)
                 recorder.watch(self.tfmem)
         __init__.__doc__ = init.__doc__
         return __init__

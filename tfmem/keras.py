@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tfmem.tf2 import function as tfmem_function
 from tfmem import tf_private
+from tfmem.run import options as run_options
 from tfmem.errors import UnsupportedGraphError
 
 log = logging.getLogger(__name__)
@@ -80,17 +81,19 @@ def _train_function(model, options):
     return train_function
 
 
-def partitioned(model, partition_size=200, **options):
+def partitioned(model, partition_size=200, options=None, **settings):
     """Make `model.fit` run its train steps through `tfmem.function`; return the model.
 
-    `partition_size` and `options` (swap, swap_distance, prefetch,
-    swap_min_bytes, device_memory_budget, trace) mean what they mean for
-    `tfmem.function`.  Evaluate and predict stay Keras's own.
+    `partition_size`, `options` (a tfmem.Options) and `settings` (device_memory_budget,
+    swap, swap_distance, prefetch, trace) mean what they mean for `tfmem.function`.
+    Evaluate and predict stay Keras's own.
     """
-    options = dict(options, partition_size=partition_size)
-    if "jit_compile" in options:
+    if "jit_compile" in settings:
         raise TypeError("tfmem.keras.partitioned takes no jit_compile: the partitioned step "
                         "never uses XLA")
+    deprecated = {k: settings.pop(k) for k in tfmem_function.OLD_KEYWORDS if k in settings}
+    options = dict(settings, partition_size=partition_size, options=run_options.resolve(
+        options, deprecated, run_options.FUNCTION, caller="tfmem.keras.partitioned"))
     tfmem_function.function(lambda: None, **options)  # check the settings now
 
     def make_train_function(force=False):

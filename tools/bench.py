@@ -225,9 +225,6 @@ def build_parser():
     parser.add_argument("--per-partition-rewrite", action="store_true",
                         help="copy plans with one import per partition (the rewrite before "
                              "plan_import), to compare")
-    parser.add_argument("--unchained", action="store_true",
-                        help="let TensorFlow's executor order each partition's copies "
-                             "instead of chaining them in the simulated order, to compare")
     parser.add_argument("--partial-runs", action="store_true",
                         help="TFMemSession(partial_runs=True) in (a) and (c): one partial run "
                              "per step instead of one callable per stretch of partitions")
@@ -259,9 +256,6 @@ def main(argv=None):
     if args.per_partition_rewrite:
         from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
         plan_import.ENABLED = False
-    if args.unchained:
-        from tfmem.memory import op_order  # pylint: disable=import-outside-toplevel
-        op_order.CHAIN_COPIES = False
     started_from = provenance.source()
     started = time.perf_counter()
     results = run_all(args)

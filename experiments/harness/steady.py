@@ -20,28 +20,20 @@ MAX_STEPS = 20  # a trial's bound when re-plans keep coming
 class ReplanWatch:
     """Which steps of a TFMemSession began by planning their request (again).
 
-    A step listener (TFMemSession.add_step_listener, after the step).  A step whose
-    plan entry, or that entry's predicted memory, is another object than the previous
-    step's planned before it ran: the first step, a re-plan after budget mode learned
-    (whether or not the plan changed), a new feed shape.  A step that replaced
-    `last_compile` also compiled.  Watch one request: attach after other requests
-    (the initializer) have run.
+    A step listener (TFMemSession.add_step_listener, after the step): its StepRecord
+    says whether the step planned (the first step, a re-plan after budget mode learned,
+    whether or not the plan changed, a new feed shape) and compiled.  Watch one
+    request: attach after other requests (the initializer) have run.
     """
 
     def __init__(self, tfs):
-        self._entry = self._trace = None
-        self._compile = tfs.last_compile
         self.planned, self.compiled = [], []  # per step seen, in order
         tfs.add_step_listener(self._on_step)
 
-    def _on_step(self, tfs, entry, stats):
-        del stats
-        # A deferred prediction is made when first read: do not make it here.
-        trace = None if entry.deferred else entry.trace
-        self.planned.append(entry is not self._entry or trace is not self._trace)
-        self.compiled.append(tfs.last_compile is not self._compile)
-        # Held, not just their ids: a freed object's id may be reused by the next plan.
-        self._entry, self._trace, self._compile = entry, trace, tfs.last_compile
+    def _on_step(self, tfs, record):
+        del tfs
+        self.planned.append(record.planned)
+        self.compiled.append(record.compile is not None)
 
 
 def done(planned, steps, max_steps, steady_steps=STEADY_STEPS):

@@ -77,7 +77,9 @@ of the largest N-1 others of its partition that could run beside it; where
 TensorFlow finds a GPU, which runs one kernel at a time, N does not matter.
 Pass the session's own setting (1 for one kernel at a time). Partitions whose
 copies TFMemSession chains (most: see op_order.chained_order) run one kernel
-at a time whatever N.
+at a time whatever N.  --unchained plans for a TFMemSession made with
+options=tfmem.Options(chain_copies=False), whose copies TensorFlow's executor
+orders.
 
 --trace writes the PLANNED step as a Chrome trace (chrome://tracing,
 ui.perfetto.dev) on the tracks partitions, swap-out, prefetch and wait. Its
@@ -173,6 +175,9 @@ def add_arguments(parser):
                         help="the running session's inter-op threads: on a CPU, that many "
                              "kernels may hold scratch at once (default: 0, TensorFlow's "
                              "default, one per usable core)")
+    parser.add_argument("--unchained", action="store_true",
+                        help="as a TFMemSession with Options(chain_copies=False) runs it: "
+                             "TensorFlow's executor orders each partition's copies")
     parser.add_argument("--json", metavar="OUT.json",
                         help="write the plan and its predicted memory as JSON")
     parser.add_argument("--plot", metavar="OUT.png",
@@ -355,8 +360,7 @@ def _check_feeds(fetch_tensors, target_ops, fed_tensors, chained):
     fed, missing, first = list(fed_tensors), [], None
     while True:
         try:
-            view = analyse(fetch_tensors, target_ops, fed,
-                           chained=chained and op_order.CHAIN_COPIES)
+            view = analyse(fetch_tensors, target_ops, fed, chained=chained)
             break
         except tf.errors.InvalidArgumentError as exc:
             op = exc.op
@@ -579,9 +583,10 @@ def format_summary(plan, trace, model=None, budget=None, kernels=1):
 
 
 def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partition_size=None,
-                 budget=None, kernels=1):
+                 budget=None, kernels=1, chain_copies=True):
     """(plan, trace, shapes) of a request, with `partition_size` or fitted to `budget` bytes,
-    `kernels` of them at once (see tfmem.memory.concurrency).
+    `kernels` of them at once (see tfmem.memory.concurrency), its copies chained as
+    TFMemSession chains them unless `chain_copies` is False (Options.chain_copies).
 
     Raises UsageError for unfed placeholders and feed shapes the graph rejects,
     and what make_plan / budget.fit raise (TFMemError) when no plan can be made.
@@ -593,7 +598,8 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
     fed_tensors = [graph.get_tensor_by_name(name) for name in feed_shapes]
     # A fetched tensor that is fed is answered from the feed (as Session.run does).
     fetch_tensors = [t for t in fetch_tensors if t.name not in feed_shapes]
-    view = _check_feeds(fetch_tensors, target_ops, fed_tensors, chained=budget is None)
+    view = _check_feeds(fetch_tensors, target_ops, fed_tensors,
+                        chained=chain_copies and budget is None)
     try:
         sizing = Sizing.of(graph, view, feed_shapes, concurrent_ops=kernels)
     except ValueError as exc:
@@ -664,7 +670,8 @@ def _run(args):
     feed_shapes = resolve_feeds(graph, args.feed_shape)
     kernels = _kernels_on_this_machine(args.inter_op_threads)
     plan, trace, shapes = plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy,
-                                       args.partition_size, budget, kernels)
+                                       args.partition_size, budget, kernels,
+                                       chain_copies=not args.unchained)
     print(format_summary(plan, trace, model=args.model, budget=budget, kernels=kernels))
     written = _write_outputs(args, plan, trace, shapes, budget)
     if written:

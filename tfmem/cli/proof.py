@@ -114,8 +114,9 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
                                       inter_op_parallelism_threads=2)
     sess = tf.compat.v1.Session(graph=graph, config=config)
     # measure="every": the proof is about memory, so its last step shows its peak
-    runner = sess if system == "tf" else tfmem.TFMemSession(
-        sess, partition_size=partition_size, swap=swap, prefetch=prefetch, measure="every")
+    runner = sess if system == "tf" else tfmem.TFMemSession(sess, partition_size=partition_size,
+                                                            swap=swap, prefetch=prefetch,
+                                                            options=tfmem.Options(measure="every"))
     limit = accelerator.emulated_memory_mib()
     result = dict(system=system,
                   device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,

@@ -66,8 +66,8 @@ class RunRecorder:
             self._keep.append(tfs)
         tfs.add_step_listener(self.on_step)
 
-    def on_step(self, tfs, entry, stats):
-        new_plan = False
+    def on_step(self, tfs, record):
+        stats, new_plan = record.stats, False
         with self._lock:
             totals = self._totals[id(tfs)]
             totals.steps += 1
@@ -80,18 +80,18 @@ class RunRecorder:
                                                stats.device_peak_bytes)
             totals.host_rss_peak_bytes = max(totals.host_rss_peak_bytes, stats.host_rss_bytes)
             totals.wall_time += stats.wall_time
-            if id(entry.plan) not in self._entries[id(tfs)]:
-                self._entries[id(tfs)].add(id(entry.plan))
+            if id(record.plan) not in self._entries[id(tfs)]:
+                self._entries[id(tfs)].add(id(record.plan))
                 totals.requests += 1
                 totals.predicted_peak_bytes = max(totals.predicted_peak_bytes,
-                                                  entry.trace.peak_device)
+                                                  record.prediction().peak_device)
                 new_plan = True
         if new_plan:
-            self._predict_plain(tfs, entry, totals)
+            self._predict_plain(tfs, record, totals)
 
-    def _predict_plain(self, tfs, entry, totals):
+    def _predict_plain(self, tfs, record, totals):
         try:
-            peak = _plain_peak(tfs.graph, entry.plan, entry.feed_shapes)
+            peak = _plain_peak(tfs.graph, record.plan, record.feed_shapes)
         except Exception as error:  # pylint: disable=broad-except
             log.debug("no plain prediction for a request: %s", error)
             return

@@ -100,11 +100,6 @@ def folded_constants(view, ops, depth_first=None):
     return folded
 
 
-# Whether TFMemSession chains its partitions' copies (False: TensorFlow's executor
-# orders them, to compare: tools/bench.py, experiments/accuracy.py).
-CHAIN_COPIES = True
-
-
 # Originals (the user's ops, which are not copied and so not chained) whose place in
 # the order does not move a peak: a variable's read allocates nothing.
 _ORDER_FREE_ORIGINALS = frozenset({"ReadVariableOp"})

@@ -76,7 +76,7 @@ class Placement:
     def __str__(self):
         if self.accelerator is None:
             return ("placement: nothing to move (the session has no accelerator, "
-                    "or place_state_on_host=False)")
+                    "or Options(place_state_on_host=False))")
         verb = "would move" if self.predicted else "moved"
         lines = [f"placement: {verb} {len(self.moved)} state ops "
                  f"({self.moved_bytes / (1 << 20):.1f} MiB) from {self.accelerator} to "

@@ -20,7 +20,7 @@ The price: the gradients of all updates wait until the last partition
 partition may hold more than partition_size ops (the plan's partition_size
 is then that partition's size).  tfmem does this by
 default on a distributed session (variables on parameter servers), where
-the updates are what other workers see; pass atomic_updates=True to get it
+the updates are what other workers see; Options(atomic_updates=True) gives it
 on a local session too.
 
 An update is an op whose type writes a variable, accumulator, queue or

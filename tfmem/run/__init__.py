@@ -1,6 +1,7 @@
 """The run wing: a plan copied into the session's graph and executed step by step.
 
     session.py            TFMemSession, the drop-in Session wrapper
+    options.py            tfmem.Options: the rarely changed settings of both front ends
     session_interface.py  what makes it a session in every sense TensorFlow checks
     session_factory.py    sessions tfmem creates itself (tfmem.Session)
     graph_copy.py         ... whose session graph copies only what requests reach
@@ -8,6 +9,11 @@
     monitored.py          monitored sessions whose every run goes through tfmem
     request.py            a Session.run request, normalised
     plan_cache.py         each request planned once, compiled once
+    request_planner.py    ... its plan made, and made again when the graph or the model changed
+    request_compiler.py   ... its plan predicted, checked and copied into the graph
+    budget_learning.py    budget mode around steps, for both front ends
+    memory_report.py      what the last step used, measured and predicted
+    step_record.py        what a step listener is told of a step
     placement_pass.py     the user's state put on the host before placement
     colocation.py         the groups of ops TensorFlow's placer keeps together
     rewrite.py            each partition copied into the session's graph

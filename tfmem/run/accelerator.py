@@ -36,7 +36,7 @@ def _session_device(session, name):
     available = [f"{d.device_type}:{d.name.rsplit(':', 1)[-1]}" for d in session.list_devices()]
     wanted = f"{(spec.device_type or '').upper()}:{spec.device_index}" if spec else None
     if wanted not in available:
-        raise ValueError(f"accelerator_device={name!r} is not a device of the session; "
+        raise ValueError(f"Options.accelerator_device={name!r} is not a device of the session; "
                          f"name one of {available} (such as 'GPU:0')")
     return wanted
 

@@ -33,11 +33,13 @@ import threading
 
 from tensorflow.python.training import monitored_session as tf_monitored
 
+from tfmem.run import options as run_options
 from tfmem.run.session import TFMemSession
 
-# The keyword arguments of TFMemSession besides the session itself.
-TFMEM_OPTIONS = ("partition_size", "swap", "swap_distance", "prefetch", "swap_min_bytes",
-                 "place_state_on_host", "trace", "device_memory_budget")
+# The keyword arguments of TFMemSession besides the session itself, and the Options
+# fields these took as keywords before (deprecated spellings).
+OLD_KEYWORDS = ("swap_min_bytes", "place_state_on_host")
+TFMEM_OPTIONS = run_options.EVERYDAY + ("options",) + OLD_KEYWORDS
 
 
 class SessionCreator(tf_monitored.SessionCreator):
@@ -49,6 +51,10 @@ class SessionCreator(tf_monitored.SessionCreator):
             raise TypeError(f"unknown tfmem options {sorted(unknown)}; "
                             f"the options are {', '.join(TFMEM_OPTIONS)}")
         self._inner = session_creator or tf_monitored.ChiefSessionCreator()
+        deprecated = {k: tfmem_options.pop(k) for k in OLD_KEYWORDS if k in tfmem_options}
+        tfmem_options["options"] = run_options.resolve(
+            tfmem_options.get("options"), deprecated, run_options.SESSION,
+            caller="tfmem.SessionCreator")
         self._options = tfmem_options
 
     @property

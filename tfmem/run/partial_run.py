@@ -24,7 +24,7 @@ unfetched, until the session closes).
 gives a partial run's executor the session's own CancellationManager, and an
 executor that fails cancels it: every later run of that session, partial
 or not, fails with "Run call was cancelled" (checked on TensorFlow 2.21).
-So partial runs are opt-in (`TFMemSession(partial_runs=True)`), for jobs
+So partial runs are opt-in (`tfmem.Options(partial_runs=True)`), for jobs
 whose steps do not fail or that make a new session when one does; tfmem
 then raises `SessionCancelledError` instead of running a step on it.
 
@@ -62,7 +62,7 @@ def cancelled_error(cause):
         f"({type(cause).__name__}: {cause.message.splitlines()[0]}); DirectSession cancels "
         "the whole session when a partial run's op fails, so every later run of it fails. "
         "To change: make a new session (restore your variables from a checkpoint), or "
-        "use TFMemSession(partial_runs=False), whose failed steps leave the session usable")
+        "leave tfmem.Options(partial_runs=False), whose failed steps leave the session usable")
 
 
 _OPEN = np.asarray(True)

@@ -32,6 +32,8 @@ class CompiledRequest:
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
         self.last_measured = None  # StepStats of its last measured step
+        # planned (or its prediction renewed) since its last step told the step listeners
+        self.newly_planned = True
 
     @property
     def trace(self):

@@ -151,7 +151,7 @@ def lost_task_error(info, error, partition, partitions, update_partitions):
                  "Session call: TensorFlow may have applied them in part")
     elif done:
         state = (f"the step's updates were applied in part (partitions {done} of "
-                 f"{list(update_partitions)}): atomic_updates=False spreads them")
+                 f"{list(update_partitions)}): Options(atomic_updates=False) spreads them")
     else:
         state = ("the step's updates were not applied: they all run in partition "
                  f"{update_partitions[-1]}, which did not start")

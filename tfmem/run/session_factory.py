@@ -49,21 +49,27 @@ def session_config(config=None):
     return out
 
 
-def Session(target="", graph=None, config=None, **options):  # pylint: disable=invalid-name
+def Session(target="", graph=None, config=None, **settings):  # pylint: disable=invalid-name
     """A TFMemSession over a new `tf.compat.v1.Session(target, config=session_config(config))`
     whose graph is a copy of only what requests reach in `graph` (see graph_copy).
 
-    `graph`: the user's graph (None: the default graph).  `options` are
-    TFMemSession's (partition_size, swap, device_memory_budget...).  Closing the
-    TFMemSession closes the session it created.
+    `graph`: the user's graph (None: the default graph).  `settings` are
+    TFMemSession's keyword arguments (partition_size, device_memory_budget, swap,
+    swap_distance, prefetch, trace, options).  Closing the TFMemSession closes the
+    session it created.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfmem.run import options  # pylint: disable=import-outside-toplevel
     from tfmem.run.graph_copy import GraphCopy  # pylint: disable=import-outside-toplevel
     from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    everyday = {k: v for k, v in settings.items() if k in options.EVERYDAY}
+    rest = {k: v for k, v in settings.items() if k not in options.EVERYDAY + ("options",)}
+    resolved = options.resolve(settings.get("options"), rest, options.SESSION,
+                               caller="tfmem.Session")
     copy = GraphCopy(graph if graph is not None else tf.compat.v1.get_default_graph())
     sess = tf.compat.v1.Session(target, graph=copy.graph, config=session_config(config))
     try:
-        return TFMemSession(sess, graph_copy=copy, **options)
+        return TFMemSession(sess, options=resolved, _graph_copy=copy, **everyday)
     except BaseException:
         sess.close()
         raise

@@ -34,14 +34,14 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from tfmem.run import accelerator
-from tfmem.memory import budget, learning
+from tfmem.memory import budget
+from tfmem.run import options as run_options
+from tfmem.run.budget_learning import BudgetLearning
 from tfmem.run.buffers import HostBufferPool
-from tfmem import errors
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
-from tfmem.plan import updates
 from tfmem.plan.partition import check_partition_size
 from tfmem.run.host_memory import check_host_memory
 from tfmem.memory.resident import ResidentCheck
@@ -114,32 +114,38 @@ def _refuse_jit(jit_compile):
             "tf.function(jit_compile=True) without tfmem.")
 
 
-def function(func=None, *, partition_size=200, swap="auto", swap_distance=2, prefetch=1,
-             swap_min_bytes=1 << 20, device_memory_budget=None, trace=None,
-             profile_peaks=False, **tf_function_kwargs):
+def function(func=None, *, partition_size=200, device_memory_budget=None, swap="auto",
+             swap_distance=2, prefetch=1, trace=None, options=None, **tf_function_kwargs):
     """Like `tf.function`, but runs each traced step as a sequence of partitions.
 
     Works as `@tfmem.function`, `@tfmem.function(...)` and `tfmem.function(fn, ...)`.
-    partition_size, swap, swap_distance, prefetch, swap_min_bytes, trace and
-    device_memory_budget mean what they mean for `TFMemSession`; every other
-    keyword (input_signature, reduce_retracing, autograph, ...) goes to
-    `tf.function`.  jit_compile=True is refused (UnsupportedGraphError).
-    profile_peaks=True measures each partition's device peak every step with
-    TensorFlow's profiler (tfmem.tf2.profiled_peaks), also under an earlier,
-    higher process peak; it costs time per step (docs/api.md).
+    partition_size, device_memory_budget, swap, swap_distance, prefetch and trace
+    mean what they mean for `TFMemSession`; `options` is a tfmem.Options, of which
+    tfmem.function reads swap_min_bytes and profile_peaks (each partition's device
+    peak every step from TensorFlow's profiler, see tfmem.tf2.profiled_peaks; it
+    costs time per step).  Those two given as keyword arguments still work, with a
+    DeprecationWarning.  Every other keyword (input_signature, reduce_retracing,
+    autograph, ...) goes to `tf.function`.  jit_compile=True is refused
+    (UnsupportedGraphError).
     """
     _refuse_jit(tf_function_kwargs.get("jit_compile"))
+    deprecated = {k: tf_function_kwargs.pop(k) for k in OLD_KEYWORDS if k in tf_function_kwargs}
+    options = run_options.resolve(options, deprecated, run_options.FUNCTION)
     size = check_partition_size(partition_size)
-    policy = SwapPolicy(swap, swap_distance, prefetch, swap_min_bytes)
+    policy = SwapPolicy(swap, swap_distance, prefetch, options.swap_min_bytes)
     if device_memory_budget is not None:
         budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
         size = "auto"
-    settings = _Settings(size, policy, device_memory_budget, trace, bool(profile_peaks))
+    settings = _Settings(size, policy, device_memory_budget, trace, options.profile_peaks)
 
     def decorate(python_function):
         return PartitionedFunction(python_function, settings, tf_function_kwargs)
 
     return decorate if func is None else decorate(func)
+
+
+# Options fields tfmem.function took as keyword arguments (deprecated spellings).
+OLD_KEYWORDS = ("swap_min_bytes", "profile_peaks")
 
 
 def _budget_bytes(settings, devices):
@@ -188,6 +194,7 @@ class PartitionedFunction:
         self._tf_function = tf_function or tf.function(python_function, **tf_function_kwargs)
         self._traced = {}  # (id of ConcreteFunction, shapes in budget mode) -> _Traced
         self._runtime = None
+        self._learning = None  # budget mode's BudgetLearning, made with the runtime
         self._planning = threading.Lock()  # plans and compiles, one thread at a time
         self._bound = weakref.WeakKeyDictionary()  # instance -> its PartitionedFunction
         # (StepStats, the MemoryTrace predicted for the plan that ran it, the learned factor
@@ -220,7 +227,12 @@ class PartitionedFunction:
 
     def _runtime_now(self):
         if self._runtime is None:
-            self._runtime = _make_runtime(self._settings)
+            runtime = _make_runtime(self._settings)
+            self._learning = BudgetLearning(
+                runtime.budget_bytes, GraphDevices(None), runtime.device,
+                runtime.measure_device, self._scratch_measured, lambda traced: traced.sizing,
+                what=f"tfmem.function {self.__name__!r}")
+            self._runtime = runtime
         return self._runtime
 
     def __get__(self, instance, owner):
@@ -277,7 +289,7 @@ class PartitionedFunction:
         traced = self._traced.get(key)
         if traced is not None and traced.concrete is concrete:
             if runtime.budget_bytes is not None and not traced.replan:
-                traced.replan = self._outgrown(traced)
+                traced.replan = self._learning.outgrown(traced)
             return self._replanned(key, traced) if traced.replan else traced
         graph = concrete.graph
         input_names = {t.name for t in graph.inputs}
@@ -306,22 +318,12 @@ class PartitionedFunction:
     def _fit(self, view, sizing, correction, earlier):
         """Budget mode's (plan, trace) for the view, preferring the plans in `earlier`."""
         runtime = self._runtime
-        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
-                          resident_bytes=memory["current"] if memory else 0,
+                          resident_bytes=self._learning.device_in_use() or 0,
                           correction=correction, prefer=[t.plan for t in earlier])
 
-    def _outgrown(self, traced):
-        """Budget mode, before a call: whether its plan no longer fits beside what the
-        device holds now (see tfmem.memory.resident)."""
-        runtime = self._runtime
-        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
-        return traced.resident.outgrown(traced.trace, runtime.budget_bytes,
-                                        memory["current"] if memory else None,
-                                        traced.correction, f"tfmem.function {self.__name__!r}")
-
     def _replanned(self, key, traced):
-        """Budget mode, after a step that measured over its prediction (see _learn): the
+        """Budget mode, after a step that measured over its prediction (see BudgetLearning): the
         plan fitted with the corrected model.  The step that went over is not run again."""
         earlier = [t for t in self._traced.values() if t.concrete is traced.concrete]
         with gc_paused():
@@ -337,45 +339,6 @@ class PartitionedFunction:
         fresh.sizing, fresh.feed_shapes = traced.sizing, traced.feed_shapes
         fresh.correction = traced.correction
         return fresh
-
-    def _learn(self, traced, stats):
-        """Budget mode: when the step (`stats`, its own figures) measured over its
-        prediction, correct the model and plan again before the next call (see
-        tfmem.memory.learning)."""
-        scratch_seen, predict = self._learning_inputs(traced)
-        if learning.learn_from_step(
-                traced.correction, traced.trace, stats.partition_peak_bytes,
-                stats.resident_bytes, scratch_seen, predict,
-                what=f"tfmem.function {self.__name__!r}",
-                whole_device=budget.on_whole_device(self._runtime.budget_bytes,
-                                                    traced.trace.regions)):
-            traced.replan = True
-
-    def _learn_out_of_memory(self, traced, index, run_again=False, unchanged=False):
-        """Budget mode, after a call ran out of device memory in partition `index`: correct
-        the model and plan again before the next call (see learning); the sentence the
-        error adds.  `run_again`: the call changed no state before it failed
-        (updates.unchanged_before) and runs again at once with the new plan, at most
-        learning.RUNS_AGAIN times; a call that may have changed state never."""
-        scratch_seen, predict = self._learning_inputs(traced)
-        traced.resident.ran_out()
-        runtime = self._runtime
-        memory = accelerator.device_memory(runtime.device) if runtime.measure_device else None
-        message = learning.learn_from_out_of_memory(
-            traced.correction, traced.trace, index,
-            accelerator.device_capacity(GraphDevices(None)) or runtime.budget_bytes,
-            memory["current"] if memory else None, scratch_seen, predict,
-            what=f"tfmem.function {self.__name__!r}", run_again=run_again, unchanged=unchanged)
-        traced.replan = True
-        return message
-
-    def _learning_inputs(self, traced):
-        """(measure the trace's kernels again, predict its plan with given scratch) for
-        learning, the trace's Correction made if it has none."""
-        if traced.correction is None:
-            traced.correction = budget.Correction()
-        return (functools.partial(self._scratch_measured, traced),
-                lambda extra: budget.predict(traced.plan, traced.sizing, extra))
 
     def _scratch_measured(self, traced):
         """The trace's kernel scratch measured again, past the process's cache (which may
@@ -458,43 +421,29 @@ class PartitionedFunction:
             # unit (partition calls are not recorded on tapes, and a graph cannot be cut here).
             return self._tf_function(*args, **kwargs)
         concrete, feeds = self._feeds(args, kwargs)
-        failed = None  # the DeviceMemoryError of the call's last run, when it runs again
-        for again in range(learning.RUNS_AGAIN, -1, -1):  # budget mode: _learn_out_of_memory
-            try:
-                with self._planning:
-                    traced = self._traced_for(concrete, feeds)
-                    if traced.executor is None:
-                        self._compile(traced)
-            except errors.BudgetError as no_plan:
-                if failed is None:
-                    raise
-                failed.add_note(f"Planned again, nothing fits: {no_plan}")
-                raise failed  # (its context: no_plan)
+        self._runtime_now()
+
+        def prepare():
+            with self._planning:
+                traced = self._traced_for(concrete, feeds)
+                if traced.executor is None:
+                    self._compile(traced)
+            return traced
+
+        def execute(traced):
             timeline = Timeline() if self._settings.trace else None
             # the prediction of this plan as it runs, and the factor it was fitted with
             # (learning may replace both)
-            trace = traced.trace
-            factor = budget.learned_factor(traced.correction)
-            try:
-                results, stats = traced.executor.run(feeds, timeline)
-                break
-            except errors.DeviceMemoryError as err:
-                if self._runtime.budget_bytes is None:
-                    raise
-                unchanged = updates.unchanged_before(traced.plan, err.partition, err.failed_op)
-                run_again = unchanged and again > 0
-                with self._planning:
-                    err.add_note(self._learn_out_of_memory(traced, err.partition, run_again,
-                                                           unchanged))
-                if not run_again:
-                    raise
-                failed = err
+            trace, factor = traced.trace, budget.learned_factor(traced.correction)
+            return traced.executor.run(feeds, timeline), trace, factor, timeline
+
+        traced, ((results, stats), trace, factor, timeline) = self._learning.run_step(
+            prepare, execute, lock=lambda: self._planning)
         # one store: a concurrent call publishes a whole triple too
         self._last = (stats, trace, factor)
         if self._runtime.budget_bytes is not None:
             with self._planning:
-                traced.resident.record(stats)
-                self._learn(traced, stats)
+                self._learning.after_step(traced, stats)
         if timeline:
             write_chrome_trace(timeline.events, self._settings.trace)
         log.debug("step: %s", stats)

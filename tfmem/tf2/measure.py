@@ -24,7 +24,7 @@ most the process peak.  `step_bounds()` gives (lower, upper) for the step:
 the most bytes seen in use at any partition's start or end, and the process
 peak.  Both are TensorFlow's own figures; the truth lies between them.
 
-`tfmem.function(profile_peaks=True)` measures every partition every step
+`tfmem.function(options=tfmem.Options(profile_peaks=True))` measures every partition every step
 instead, from the profiler's allocation events (tfmem.tf2.profiled_peaks).
 """
 

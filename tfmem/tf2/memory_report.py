@@ -9,10 +9,8 @@ measured peak compares with `device_resident + predicted_device_peak`.
 
 import dataclasses
 
-import psutil
-
 from tfmem.run import report_text
-from tfmem.run.session import MemoryReport
+from tfmem.run.memory_report import MemoryReport, predicted_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +42,7 @@ def function_memory_report(step, trace, budget_bytes):
     """The FunctionMemoryReport of StepStats `step`, run by a plan predicted as `trace`."""
     return FunctionMemoryReport(
         device_peak=step.device_peak_bytes,
-        predicted_device_peak=trace.peak_device,
-        device_budget=budget_bytes,
-        host_buffers=step.host_buffer_bytes,
-        predicted_host_peak=trace.peak_host,
-        host_rss=step.host_rss_bytes,
-        host_available=psutil.virtual_memory().available,
-        predicted_partition_peaks=tuple(p.device_peak for p in trace.partitions),
         partition_peaks=step.partition_peak_bytes,
         device_resident=step.resident_bytes,
         device_peak_bounds=step.device_peak_bounds,
-        **report_text.trace_figures(trace))
+        **predicted_fields(step, trace, budget_bytes))
