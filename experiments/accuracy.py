@@ -86,7 +86,7 @@ def measure(models, sizes, steps):
     # pylint: disable=import-outside-toplevel
     from tfmem.memory import budget
     from tfmem.memory.sizing import Sizing
-    from tfmem.run import accelerator
+    from tfmem.run.placement import accelerator
 
     rows = []
     for key, (builder, kwargs, batch) in models.items():
@@ -165,7 +165,7 @@ def collect(path, process, timeout=TIMEOUT):
 def with_errors(row):
     """`row` with its relative errors: (predicted - measured) / measured for the median and
     the worst step, and the band's (0 when the measured peak lies between both figures)."""
-    from tfmem.run.report_text import band_error  # pylint: disable=import-outside-toplevel
+    from tfmem.run.measuring.report_text import band_error  # pylint: disable=import-outside-toplevel
     row["error"] = (row["predicted"] - row["measured"]) / row["measured"]
     row["worst_error"] = (row["predicted"] - row["worst"]) / row["worst"]
     row["band_error"] = band_error(row["predicted"], row["predicted_chunks"], row["measured"])

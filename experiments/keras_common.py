@@ -152,7 +152,7 @@ def run_keras_trial(experiment, args):
     import tfmem  # pylint: disable=import-outside-toplevel
     from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
     from tfmem.cli import keras_models  # pylint: disable=import-outside-toplevel
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)

@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfmem  # noqa: E402
-from tfmem.run import accelerator  # noqa: E402
+from tfmem.run.placement import accelerator  # noqa: E402
 
 tf1 = tf.compat.v1
 
@@ -158,7 +158,7 @@ def pair(sessions, closed_at_teardown):
 @pytest.fixture(params=["wrapped", "own"])
 def both_pairs(request, sessions, closed_at_teardown):
     """As `pair`, and again with ``tfs`` a `tfmem.Session` (its session graph a copy of
-    what requests reach, see run/graph_copy.py; Grappler off)."""
+    what requests reach, see run/compiling/graph_copy.py; Grappler off)."""
     return _pair_factory(sessions, closed_at_teardown, own_session=request.param == "own")
 
 

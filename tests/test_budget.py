@@ -23,7 +23,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import budget
 from tfmem.cli import models
 from tfmem.plan.analyse import analyse
@@ -155,7 +155,7 @@ def test_a_plan_measured_to_fit_is_kept_when_the_device_grows():
     prediction is asked again, then the plan's measured steps (their peak above what the
     device held when they started); only when neither fits is it planned again."""
     from tfmem.memory.resident import ResidentCheck
-    from tfmem.run.stats import StepStats
+    from tfmem.run.measuring.stats import StepStats
     device = Regions(reserved=(100 * MIB,), limit=100 * MIB, occupied=10 * MIB)
     cautious = _one_partition(89 * MIB, 99 * MIB, True, device)  # served with 10 MiB back
 
@@ -324,7 +324,7 @@ tfmem.emulate_accelerator(CAP)
 import numpy as np
 import psutil
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import budget
 from tfmem.cli import models
 from tfmem.memory.sizing import Sizing

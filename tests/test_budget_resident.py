@@ -31,7 +31,7 @@ import tfmem
 CAP, OTHER = int(sys.argv[1]), int(sys.argv[2])
 tfmem.emulate_accelerator(CAP)
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli import models
 tf1 = tf.compat.v1
 BATCH, STEPS = 1024, 4

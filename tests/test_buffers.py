@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.run.buffers import HostBufferPool
+from tfmem.run.executing.buffers import HostBufferPool
 from conftest import ATOL, RTOL, assert_same_result, build_convnet, build_mlp
 
 tf1 = tf.compat.v1

@@ -20,7 +20,7 @@ import tfmem
 from tfmem.memory import op_order
 from tfmem.memory.simulate import partition_orders
 from tfmem.plan.analyse import analyse
-from tfmem.run.rewrite import copy_chains
+from tfmem.run.compiling.rewrite import copy_chains
 
 from conftest import assert_same_result, build_mlp, tfmem_config
 
@@ -160,7 +160,7 @@ def test_a_freed_input_is_deleted_before_its_last_reader(writer, two_sessions, m
     reference and TensorFlow may write the sine into the tensor's buffer (the simulator
     counts it: test_memory_model).  Every copy writer adds the edge; values stay
     bit-equal."""
-    from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
+    from tfmem.run.compiling import plan_import  # pylint: disable=import-outside-toplevel
     monkeypatch.setattr(plan_import, "ENABLED", writer != "per partition")
     graph = tf.Graph()
     with graph.as_default():

@@ -180,7 +180,7 @@ import tfmem
 from tfmem.memory import oom
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizes import mib
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.tf2 import prediction
 from tfmem.tf2.execute import GraphDevices
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tfmem.cli import child_env
-from tfmem.run.report_text import band_error
+from tfmem.run.measuring.report_text import band_error
 from test_simulate import BAND_WORST_TOLERANCE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 import tfmem
 from tfmem.memory import simulate as simulator
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -350,7 +350,7 @@ def _key(scenario):
 
 def _bfc_worker():
     """Entry point of the subprocess: run every scenario, print one JSON line."""
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
     assert accelerator.emulated_memory_mib() is not None
     # Python's Ctrl-C handler, which a worker of a pytest started in the background by a
     # shell without job control would not have (SIGINT ignored: an interrupt does nothing)

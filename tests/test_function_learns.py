@@ -46,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 from tfmem.cli.tf2_models import build_convnet, build_mlp, build_resnet, make_step
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import scratch
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -24,7 +24,7 @@ import tfmem
 tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli.tf2_models import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -190,7 +190,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 import tfmem
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 w = tf.Variable(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32))

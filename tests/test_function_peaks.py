@@ -26,7 +26,7 @@ if sys.argv[1] != "0":
     tfmem.emulate_accelerator(int(sys.argv[1]))
 import numpy as np
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli.tf2_models import build_mlp
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from tfmem.cli import child_env
-from tfmem.run.report_text import band_error
+from tfmem.run.measuring.report_text import band_error
 # The Session front end's bound on the Eigen path, above the band of its two figures.
 from test_simulate import BAND_TOLERANCE
 
@@ -30,7 +30,7 @@ import json, statistics, sys
 import numpy as np
 import tensorflow as tf
 import tfmem
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

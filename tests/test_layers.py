@@ -77,7 +77,7 @@ def test_every_module_is_in_a_wing_or_named_at_the_top():
 
 
 @pytest.mark.parametrize("line, slip", [
-    ("from tfmem.run.swap_manager import Schedule", True),
+    ("from tfmem.run.executing.swap_manager import Schedule", True),
     ("from tfmem.run import accelerator", True),
     ("import tfmem.cli.models", True),
     ("from tfmem import keras", True),

@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tfmem
 tfmem.emulate_accelerator(int(sys.argv[1]))
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli import models
 from tfmem.memory import scratch
 tf1 = tf.compat.v1
@@ -91,7 +91,7 @@ learn["log"] = list(records)
 # 3. Sampled measurement: the first steps of a plan, then one in SAMPLE_EVERY; a step
 # the user traces is measured anyway; a sampled step over the prediction still teaches.
 from tensorflow.core.protobuf import config_pb2
-from tfmem.run import sampling
+from tfmem.run.measuring import sampling
 model = models.mlp(layers=4)
 sess = tf1.Session(graph=model.graph, config=config)
 tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
@@ -187,7 +187,7 @@ def test_budget_mode_learns_from_a_step_over_its_prediction(measured):
 
 @pytest.mark.slow
 def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
-    from tfmem.run import sampling
+    from tfmem.run.measuring import sampling
     sampled = measured["sampled"]
     every, off, sample = sampled["every"], sampled["off"], sampled["sample"]
     assert all(every["flags"]) and every["traced"]
@@ -206,7 +206,7 @@ def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
 
 @pytest.mark.slow
 def test_a_sampled_step_over_its_prediction_still_replans(measured):
-    from tfmem.run import sampling
+    from tfmem.run.measuring import sampling
     stale = measured["stale"]
     flags = stale["flags"]
     first = flags.index(True)  # the next sampled step

@@ -37,7 +37,7 @@ import tensorflow as tf
 import tfmem
 from tfmem.cli import models
 from tfmem.memory import learning
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf1 = tf.compat.v1
 config = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=4)
 records = []
@@ -191,7 +191,7 @@ import numpy as np
 import tensorflow as tf
 import tfmem
 from tfmem.memory import learning
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(4)
 inside, release = threading.Event(), threading.Event()

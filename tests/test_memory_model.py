@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 import tfmem
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 def build():
     graph = tf.Graph()
@@ -118,7 +118,7 @@ from tensorflow.core.protobuf import config_pb2
 import tfmem
 from tfmem.cli import models
 from tfmem.memory.sizing import Sizing
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 POOL, GRAD = "MaxPool2d", "gradients/MaxPool2d_grad/MaxPoolGrad"
 model = models.convnet()

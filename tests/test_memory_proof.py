@@ -148,7 +148,7 @@ def test_a_crashed_capped_run_is_reported_as_a_crash():
 def test_emulate_accelerator_refuses_after_tensorflow_is_imported():
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
 
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     before = dict(os.environ)
     size = (accelerator.emulated_memory_mib() or 0) + 1  # not the cap already configured

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 rs = np.random.RandomState(0)
 ws = [tf.Variable(rs.standard_normal((512, 512)).astype(np.float32) * 0.04) for _ in range(40)]
 x = tf.constant(rs.standard_normal((1024, 512)).astype(np.float32))

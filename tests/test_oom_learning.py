@@ -53,7 +53,7 @@ if stage != "reference":  # one region of the cap, as a GPU's allocator holds it
     tfmem.reserve_emulated_memory()  # (and the layout of both runs compared bit for bit)
 from tfmem.cli import models
 from tfmem.memory import scratch
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf1 = tf.compat.v1
 batch, steps, cache_path = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 model = models.resnet(blocks=(2, 2, 2))
@@ -186,7 +186,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 stage, steps, cache_path = sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if stage != "reference":  # one region of the cap (and the layout both runs share)
     tfmem.reserve_emulated_memory()
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import scratch
 from tfmem.cli.tf2_models import build_convnet
 step, variables, (x, y) = build_convnet(tf, np, 0)

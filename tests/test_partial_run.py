@@ -19,7 +19,7 @@ import tensorflow as tf
 import tfmem
 from conftest import tfmem_config
 from tfmem.cli import models
-from tfmem.run.partial_run import SessionCancelledError
+from tfmem.run.executing.partial_run import SessionCancelledError
 
 tf1 = tf.compat.v1
 

@@ -1,7 +1,7 @@
 """Budget mode learns on the partial-run path (tfmem.Options(partial_runs=True)).
 
 A partial run has no step statistics, so its steps are measured by
-TensorFlow's process figures around each partition's call (run/call_peaks.py):
+TensorFlow's process figures around each partition's call (run/measuring/call_peaks.py):
 a call that raised the process peak has that peak as its own, any other is
 unknown (None).  The process peak is read, never reset.
 
@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 from tfmem.cli import models
 from tfmem.memory import scratch
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf1 = tf.compat.v1
 stage, batch, steps, cache_path = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 budget_mib = int(sys.argv[6])

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.run.colocation import colocation_groups
+from tfmem.run.compiling.colocation import colocation_groups
 from tfmem.plan.place import HOST_DEVICE
 
 tf1 = tf.compat.v1
@@ -98,11 +98,11 @@ def test_pass_moves_state_and_training_matches_plain(optimizer, use_resource, co
                                                                   colocated)
     g, x, loss, train, init = build(optimizer, use_resource, colocated)
     plain = two_cpu_session(g_plain)
-    with caplog.at_level(logging.INFO, logger="tfmem.run.placement_pass"):
+    with caplog.at_level(logging.INFO, logger="tfmem.run.placement.placement_pass"):
         tfs = tfmem.TFMemSession(two_cpu_session(g), partition_size=4,
                                  options=tfmem.Options(swap_min_bytes=MIN_BYTES,
                                                        accelerator_device="CPU:1"))
-    moved_lines = [r for r in caplog.records if r.name == "tfmem.run.placement_pass"]
+    moved_lines = [r for r in caplog.records if r.name == "tfmem.run.placement.placement_pass"]
     assert len(moved_lines) == 1 and "MiB" in moved_lines[0].getMessage()
     variables = {op.name for op in g.get_operations() if op.type in ("VarHandleOp", "VariableV2")}
     assert variables >= {"w1", "w2"} and len(variables) > 2  # slots too
@@ -154,19 +154,19 @@ def test_after_a_run_nothing_moves_and_the_placement_says_why(first_run, caplog)
     sess = two_cpu_session(g)
     sess.run(init if first_run == "init" else unrelated)
     before = _devices(g)
-    with caplog.at_level(logging.INFO, logger="tfmem.run.placement_pass"):
+    with caplog.at_level(logging.INFO, logger="tfmem.run.placement.placement_pass"):
         tfs = tfmem.TFMemSession(sess, partition_size=4,
                                  options=tfmem.Options(swap_min_bytes=MIN_BYTES,
                                                        accelerator_device="CPU:1"))
     after = _devices(g)
     assert {k: v for k, v in after.items() if k in before} == before
     warnings = [r for r in caplog.records
-                if r.name == "tfmem.run.placement_pass" and r.levelno == logging.WARNING]
+                if r.name == "tfmem.run.placement.placement_pass" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "before its first run" in warnings[0].getMessage()
     assert "state_on_host" in warnings[0].getMessage()
     assert not any(r.levelno == logging.INFO and "moved" in r.getMessage()
-                   for r in caplog.records if r.name == "tfmem.run.placement_pass")
+                   for r in caplog.records if r.name == "tfmem.run.placement.placement_pass")
 
     if first_run == "unrelated":
         tfs.run(init)

@@ -10,7 +10,7 @@ import tensorflow as tf
 import tfmem
 from tfmem.plan.analyse import analyse
 from tfmem.plan.place import HOST_DEVICE, place
-from tfmem.run.placement_pass import Record
+from tfmem.run.placement.placement_pass import Record
 from tfmem.plan.build import make_plan
 
 tf1 = tf.compat.v1

@@ -19,7 +19,7 @@ from tfmem.cli import serialize
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run.trace import TRACKS
+from tfmem.run.measuring.trace import TRACKS
 
 tf1 = tf.compat.v1
 MIB = 1 << 20

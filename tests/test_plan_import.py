@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import tfmem
 from tfmem.plan import stretches
-from tfmem.run import plan_import
+from tfmem.run.compiling import plan_import
 
 tf1 = tf.compat.v1
 

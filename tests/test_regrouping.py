@@ -18,7 +18,7 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tfmem
 from tfmem.plan.units import units
-from tfmem.run import regrouping
+from tfmem.run.compiling import regrouping
 
 tf1 = tf.compat.v1
 FRAMES, BATCH, WIDTH = 12, 4, 16

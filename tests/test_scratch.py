@@ -12,7 +12,7 @@ import tfmem
 from tfmem.cli import models
 from tfmem.memory import scratch
 from tfmem.plan.analyse import analyse
-from tfmem.run.execute import measured_scratch
+from tfmem.run.executing.execute import measured_scratch
 
 tf1 = tf.compat.v1
 CONFIG = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)

@@ -30,7 +30,7 @@ tfmem.emulate_accelerator(512)
 import numpy as np
 import tensorflow as tf
 from tfmem.memory import scratch
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 stage, cache_path = sys.argv[1], sys.argv[2]

@@ -1,7 +1,7 @@
 """StepStats' timing of a step's calls (tools/bench.py's per-partition overhead reads it):
 `call_time` inside the partitions' calls, `uploads` / `upload_time` on the prefetch thread.
 
-Both front ends run one step loop (`tfmem.run.step_loop`), so both fill them the same way.
+Both front ends run one step loop (`tfmem.run.executing.step_loop`), so both fill them the same way.
 No timing is asserted beyond what must hold: the calls run inside the step.
 """
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 import tfmem
 from tfmem.plan import stretches
 from tfmem.plan.swap import Span, SwapPolicy, spans
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from conftest import (ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session,
                       worker_results)
 

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 
 import tfmem
-from tfmem.run import plan_import
+from tfmem.run.compiling import plan_import
 from conftest import new_session
 
 tf1 = tf.compat.v1

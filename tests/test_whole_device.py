@@ -34,7 +34,7 @@ tfmem.emulate_accelerator(int(sys.argv[1]))
 import tensorflow as tf
 tfmem.reserve_emulated_memory()
 from tfmem.memory import emulated
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 tf1 = tf.compat.v1
 MIB = 1 << 20
 PINNED = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)

@@ -10,25 +10,25 @@ allocator), and changes no TensorFlow state.
 import importlib
 
 _EXPORTS = {
-    "TFMemSession": "tfmem.run.session", "Options": "tfmem.run.options",
+    "TFMemSession": "tfmem.run.front_end.session", "Options": "tfmem.run.front_end.options",
     "Plan": "tfmem.plan.build", "Partition": "tfmem.plan.build", "Transfer": "tfmem.plan.build",
     "validate": "tfmem.plan.build", "SwapPolicy": "tfmem.plan.swap", "Span": "tfmem.plan.swap",
-    "StepStats": "tfmem.run.stats", "emulate_accelerator": "tfmem.memory.emulated",
+    "StepStats": "tfmem.run.measuring.stats", "emulate_accelerator": "tfmem.memory.emulated",
     "reserve_emulated_memory": "tfmem.memory.emulated",
     "Placement": "tfmem.plan.place", "place": "tfmem.plan.place",
     "state_on_host": "tfmem.plan.place",
     "TFMemError": "tfmem.errors", "InvalidPlanError": "tfmem.errors",
     "UnsupportedGraphError": "tfmem.errors", "BudgetError": "tfmem.errors",
     "HostMemoryError": "tfmem.errors", "DeviceMemoryError": "tfmem.errors",
-    "MemoryReport": "tfmem.run.memory_report", "StepRecord": "tfmem.run.step_record",
+    "MemoryReport": "tfmem.run.measuring.memory_report", "StepRecord": "tfmem.run.front_end.step_record",
     "parse_bytes": "tfmem.memory.budget",
-    "Session": "tfmem.run.session_factory", "session_config": "tfmem.run.session_factory",
-    "CompileStats": "tfmem.run.compile_stats",
-    "RemoteTaskError": "tfmem.run.remote",
+    "Session": "tfmem.run.front_end.session_factory", "session_config": "tfmem.run.front_end.session_factory",
+    "CompileStats": "tfmem.run.compiling.compile_stats",
+    "RemoteTaskError": "tfmem.run.front_end.remote",
     "function": "tfmem.tf2.function", "PartitionedFunction": "tfmem.tf2.function",
-    "SessionCreator": "tfmem.run.monitored", "MonitoredSession": "tfmem.run.monitored",
-    "MonitoredTrainingSession": "tfmem.run.monitored",
-    "SingularMonitoredSession": "tfmem.run.monitored",
+    "SessionCreator": "tfmem.run.front_end.monitored", "MonitoredSession": "tfmem.run.front_end.monitored",
+    "MonitoredTrainingSession": "tfmem.run.front_end.monitored",
+    "SingularMonitoredSession": "tfmem.run.front_end.monitored",
 }
 # Submodules exported by name (imported on first use): tfmem.keras.
 _MODULES = {"keras": "tfmem.keras"}

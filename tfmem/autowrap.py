@@ -34,8 +34,8 @@ import runpy
 import sys
 import threading
 
-from tfmem.run import accelerator
-from tfmem.run import options as run_options
+from tfmem.run.placement import accelerator
+from tfmem.run.front_end import options as run_options
 from tfmem.errors import UnsupportedGraphError
 
 # Nothing here imports TensorFlow before `run_program` has set an emulated
@@ -97,7 +97,7 @@ def _routed_methods(options, recorder):
     replacement}): each replacement calls the method it replaces, and routes the steps
     of a session created while installed through that session's TFMemSession."""
     from tensorflow.python.client import session as tf_session  # pylint: disable=import-outside-toplevel
-    from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    from tfmem.run.front_end.session import TFMemSession  # pylint: disable=import-outside-toplevel
     base, plain, interactive = (tf_session.BaseSession, tf_session.Session,
                                 tf_session.InteractiveSession)
     everyday, settings = run_options.split_settings(options)

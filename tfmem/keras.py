@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tfmem.tf2 import function as tfmem_function
 from tfmem import tf_private
-from tfmem.run import options as run_options
+from tfmem.run.front_end import options as run_options
 from tfmem.errors import UnsupportedGraphError
 
 log = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ def config_of(session):
 
 
 def c_session(session):
-    """The C API's TF_Session of a Python session (partial runs: see run/partial_run.py)."""
+    """The C API's TF_Session of a Python session (partial runs: see run/executing/partial_run.py)."""
     return session._session  # pylint: disable=protected-access
 
 
@@ -81,7 +81,7 @@ def graph_function(graph, name):
 
 
 def unfinalize(graph):
-    """Let ops be added to a finalized graph again (see run/graph_growth.py)."""
+    """Let ops be added to a finalized graph again (see run/compiling/graph_growth.py)."""
     graph._unsafe_unfinalize()  # pylint: disable=protected-access
 
 

@@ -254,7 +254,7 @@ def main(argv=None):
     onednn = args.onednn or ("1" if child_env.onednn_from_env(default=False) else "0")
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = onednn
     if args.per_partition_rewrite:
-        from tfmem.run import plan_import  # pylint: disable=import-outside-toplevel
+        from tfmem.run.compiling import plan_import  # pylint: disable=import-outside-toplevel
         plan_import.ENABLED = False
     started_from = provenance.source()
     started = time.perf_counter()

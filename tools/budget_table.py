@@ -31,7 +31,7 @@ cap, steps = int(sys.argv[1]), int(sys.argv[2])
 if cap:
     tfmem.emulate_accelerator(cap)
 import tensorflow as tf
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli.proof import build_model
 import numpy as np
 graph, x, loss, train, init = build_model(tf, layers=24, batch=2048, width=256, seed=0)

@@ -64,7 +64,7 @@ def build(tf, device, layers, batch, width, seed):
 
 def page_locked(pool):
     """True when a buffer the pool hands out is registered with the CUDA runtime."""
-    from tfmem.run import buffers  # pylint: disable=import-outside-toplevel
+    from tfmem.run.executing import buffers  # pylint: disable=import-outside-toplevel
     cudart = buffers.loaded_cudart()
     if cudart is None:
         return False
@@ -111,7 +111,7 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path, model):
         tfmem.emulate_accelerator(cap_mib or UNCAPPED_STAND_IN_MIB)  # before TensorFlow
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     if not stand_in and cap_mib:
         gpu = tf.config.list_physical_devices("GPU")[0]

@@ -5,7 +5,7 @@
 
 A week-long run must not grow.  The tool trains `tfmem.cli.models.mlp` through a
 TFMemSession in a fresh process whose TensorFlow CPU allocator is capped (the
-emulated accelerator, see tfmem.run.accelerator), by default at half the peak a
+emulated accelerator, see tfmem.run.placement.accelerator), by default at half the peak a
 plain Session needs for the same step (measured first, in another fresh
 process), so tfmem has to partition and swap.  After the warm-up steps it
 samples, every `--every` steps:
@@ -136,7 +136,7 @@ def _soak(args):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import tfmem  # pylint: disable=import-outside-toplevel
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
     model, feeds = _model(args)
     tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=args.partition_size,
                              swap=args.swap,

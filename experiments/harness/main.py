@@ -11,7 +11,7 @@ import time
 import tfmem
 from tfmem.cli import child_env
 from tfmem.cli import provenance as tfmem_provenance
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 from experiments.harness.cap import cap_note, derive_cap
 from experiments.harness.options import parse_args

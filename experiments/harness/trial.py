@@ -60,7 +60,7 @@ def run_trial(experiment, args):
     started = time.perf_counter()
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     if args.allocator == "one-region":
         tfmem.reserve_emulated_memory()

@@ -7,7 +7,7 @@ The demo prints a per-step loss table, the number of partitions tfmem cut the
 training request into, the largest loss difference and the median time per
 step of both sessions.  With ``--device-memory MiB`` that part runs in a
 subprocess whose TensorFlow allocator is capped at MiB (an emulated
-accelerator, see :mod:`tfmem.run.accelerator`) and also prints each session's
+accelerator, see :mod:`tfmem.run.placement.accelerator`) and also prints each session's
 peak; a plain session that runs out of memory is reported, not fatal.
 
 Then (unless ``--no-proof``) it runs the memory proof of :mod:`tfmem.cli.proof`:

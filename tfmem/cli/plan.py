@@ -32,8 +32,8 @@ import os
 import re
 import sys
 
-from tfmem.run import report_text
-from tfmem.run.trace import TRACKS
+from tfmem.run.measuring import report_text
+from tfmem.run.measuring.trace import TRACKS
 from tfmem.cli.arguments import positive_int
 from tfmem.memory import op_order
 from tfmem.memory.sizes import mib
@@ -618,7 +618,7 @@ def plan_request(graph, fetch_tensors, target_ops, feed_shapes, policy, partitio
 
 def _write_outputs(args, plan, trace, shapes, budget):
     from tfmem.cli import plot, serialize  # pylint: disable=import-outside-toplevel
-    from tfmem.run import trace as chrome  # pylint: disable=import-outside-toplevel
+    from tfmem.run.measuring import trace as chrome  # pylint: disable=import-outside-toplevel
     written = []
     try:
         if args.json:

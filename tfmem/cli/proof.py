@@ -42,7 +42,7 @@ import sys
 import time
 
 import tfmem
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.cli import child_env
 from tfmem.cli.arguments import positive_int
 from tfmem.memory.sizes import MIB, mib
@@ -107,7 +107,7 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     graph, x, loss, train_op, init = build_model(tf, layers, batch, width, seed)
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,

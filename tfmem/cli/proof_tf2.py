@@ -1,7 +1,7 @@
 """Memory proof, TensorFlow 2 edition: Keras `model.fit` under a cap plain TF cannot meet.
 
 Three runs of one activation-heavy Keras MLP, each in a fresh process (the
-memory cap is read when TensorFlow starts, see :mod:`tfmem.run.accelerator`):
+memory cap is read when TensorFlow starts, see :mod:`tfmem.run.placement.accelerator`):
 
     (a) plain fit, BFC allocator, no real cap      -> step peak P, reference losses
     (b) plain fit,   cap = P/2 MiB                 -> must raise ResourceExhaustedError
@@ -93,7 +93,7 @@ def train(system, steps=DEFAULTS["steps"], layers=DEFAULTS["layers"], batch=DEFA
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)

@@ -152,7 +152,7 @@ class GraphView:
     fetches: tuple  # tensor names
     targets: tuple  # op names
     # Whether the session that runs the request runs Grappler's arithmetic optimizer,
-    # which reorders sums (units.py, rule 5); run/regrouping.py reads it off the config.
+    # which reorders sums (units.py, rule 5); run/compiling/regrouping.py reads it off the config.
     regrouped_arithmetic: bool = True
     # Whether the runner chains each partition's copies in one order (TFMemSession does,
     # tfmem.function does not); the simulator then counts that order (op_order).

@@ -26,7 +26,7 @@ import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
 from tfmem.plan.analyse import canonical_input
-from tfmem.run.rewrite import keep_colocation_within
+from tfmem.run.compiling.rewrite import keep_colocation_within
 from tfmem.tf2 import dedup, sorted_names
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)

@@ -1,6 +1,6 @@
 """Execute a plan eagerly: one ConcreteFunction call per partition.
 
-The eager front end of the step loop (`tfmem.run.step_loop`, shared with the
+The eager front end of the step loop (`tfmem.run.executing.step_loop`, shared with the
 Session front end): arguments are the fed values (the function's inputs and
 captured handles) and the transfers read (EagerTensors kept on the device,
 or uploaded again by the prefetcher); outputs go to the shared SwapManager
@@ -16,13 +16,13 @@ import time
 import psutil
 import tensorflow as tf
 
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import oom
 from tfmem.plan.schedule import Schedule
-from tfmem.run.rewrite import HANDLE, HOST, RESULT
-from tfmem.run.step_loop import Wiring, run_step
-from tfmem.run.swap_manager import SwapManager
-from tfmem.run.trace import NO_TIMELINE
+from tfmem.run.compiling.rewrite import HANDLE, HOST, RESULT
+from tfmem.run.executing.step_loop import Wiring, run_step
+from tfmem.run.executing.swap_manager import SwapManager
+from tfmem.run.measuring.trace import NO_TIMELINE
 from tfmem.tf2 import sorted_names
 from tfmem.tf2.measure import PeakReader
 from tfmem.tf2.profiled_peaks import ProfiledPeaks
@@ -72,7 +72,7 @@ def _wiring(plan, function):
 
 
 class _EagerStep:
-    """One step's partition calls: the step loop's front end (see tfmem.run.step_loop)."""
+    """One step's partition calls: the step loop's front end (see tfmem.run.executing.step_loop)."""
 
     def __init__(self, executor, peaks, feeds):
         self.plan = executor.plan

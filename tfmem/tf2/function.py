@@ -33,17 +33,17 @@ import weakref
 import tensorflow as tf
 from tensorflow.python.eager import record
 
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 from tfmem.memory import budget
-from tfmem.run import options as run_options
-from tfmem.run.budget_learning import BudgetLearning
-from tfmem.run.buffers import HostBufferPool
+from tfmem.run.front_end import options as run_options
+from tfmem.run.front_end.budget_learning import BudgetLearning
+from tfmem.run.executing.buffers import HostBufferPool
 from tfmem.errors import UnsupportedGraphError
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
-from tfmem.run.host_memory import check_host_memory
+from tfmem.run.executing.host_memory import check_host_memory
 from tfmem.memory.resident import ResidentCheck
 from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.plan.swap import SwapPolicy
@@ -55,7 +55,7 @@ from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
 from tfmem.tf2.streams import TraceStreams, compile_with_streams
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
-from tfmem.run.trace import Timeline, write_chrome_trace
+from tfmem.run.measuring.trace import Timeline, write_chrome_trace
 
 log = logging.getLogger(__name__)
 

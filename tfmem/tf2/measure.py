@@ -28,7 +28,7 @@ peak.  Both are TensorFlow's own figures; the truth lies between them.
 instead, from the profiler's allocation events (tfmem.tf2.profiled_peaks).
 """
 
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 
 class PeakReader:

@@ -9,8 +9,8 @@ measured peak compares with `device_resident + predicted_device_peak`.
 
 import dataclasses
 
-from tfmem.run import report_text
-from tfmem.run.memory_report import MemoryReport, predicted_fields
+from tfmem.run.measuring import report_text
+from tfmem.run.measuring.memory_report import MemoryReport, predicted_fields
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """How tensors cross partitions in eager mode: kept EagerTensors, host copies, uploads.
 
-The shared SwapManager (`tfmem.run.swap_manager`) decides *when* a tensor is
+The shared SwapManager (`tfmem.run.executing.swap_manager`) decides *when* a tensor is
 kept, copied out or uploaded; this module supplies *how* for eager
 TensorFlow, with the interface the Session front end's prefetcher and
 handle releaser offer:

@@ -21,7 +21,7 @@ def child(kind, cap_mib, layers, width, batch, steps, warmup, breakdown_steps, p
     """One capped run in this (fresh) process: kind is peak, plain or tfmem. Returns a dict."""
     tfmem.emulate_accelerator(cap_mib)  # before TensorFlow is imported
     tf = tensorflow()
-    from tfmem.run import accelerator  # pylint: disable=import-outside-toplevel
+    from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
     from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     model = models.mlp(layers=layers, width=width)
     feed = model.feed(batch)

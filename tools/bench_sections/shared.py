@@ -24,7 +24,7 @@ def tensorflow():
 
 def timer_cost(calls=20000):
     """Seconds tfmem's own timing of a partition call adds to it (two clock reads and a
-    sum, as in `tfmem.run.step_loop`; StepStats.call_time), measured on a no-op call."""
+    sum, as in `tfmem.run.executing.step_loop`; StepStats.call_time), measured on a no-op call."""
     clock = time.perf_counter
 
     def call():

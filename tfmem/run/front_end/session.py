@@ -21,20 +21,23 @@ import time
 from tfmem.memory import budget
 from tfmem.memory.scratch import ScratchCache
 from tfmem.plan.swap import SwapPolicy
-from tfmem.run import accelerator, partial_run, remeasure, remote, residence, sampling
-from tfmem.run import options as run_options
-from tfmem.run.budget_learning import BudgetLearning
-from tfmem.run.buffers import HostBufferPool
-from tfmem.run.memory_report import MemoryReport, session_report  # noqa: F401 (tfmem.MemoryReport)
-from tfmem.run.plan_cache import PlanCache
-from tfmem.run.prefetch import Prefetcher
-from tfmem.run.request import Request
-from tfmem.run.request_compiler import RequestCompiler, SessionRuntime
-from tfmem.run.request_planner import PlanSettings, RequestPlanner
-from tfmem.run.run_metadata import StepMetadata
-from tfmem.run.session_interface import SessionInterfaceMethods
-from tfmem.run.step_record import StepRecord, listener_taking_records
-from tfmem.run.trace import Timeline, write_chrome_trace
+from tfmem.run.placement import accelerator
+from tfmem.run.executing import partial_run, residence
+from tfmem.run.measuring import remeasure, sampling
+from tfmem.run.front_end import remote
+from tfmem.run.front_end import options as run_options
+from tfmem.run.front_end.budget_learning import BudgetLearning
+from tfmem.run.executing.buffers import HostBufferPool
+from tfmem.run.measuring.memory_report import MemoryReport, session_report  # noqa: F401 (tfmem.MemoryReport)
+from tfmem.run.front_end.plan_cache import PlanCache
+from tfmem.run.executing.prefetch import Prefetcher
+from tfmem.run.front_end.request import Request
+from tfmem.run.compiling.request_compiler import RequestCompiler, SessionRuntime
+from tfmem.run.front_end.request_planner import PlanSettings, RequestPlanner
+from tfmem.run.front_end.run_metadata import StepMetadata
+from tfmem.run.front_end.session_interface import SessionInterfaceMethods
+from tfmem.run.front_end.step_record import StepRecord, listener_taking_records
+from tfmem.run.measuring.trace import Timeline, write_chrome_trace
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ class TFMemSession(SessionInterfaceMethods):
     trace: a path; each step's timeline is written there as a Chrome trace.
     options: a tfmem.Options with the rarely changed settings (swap_min_bytes,
         place_state_on_host, accelerator_device, atomic_updates, measure,
-        partial_runs, chain_copies; see run/options.py).  Those settings given
+        partial_runs, chain_copies; see run/front_end/options.py).  Those settings given
         as keyword arguments still work, with a DeprecationWarning.
     _graph_copy: tfmem.Session's own wiring: the session runs a
         `graph_copy.GraphCopy` of the user's graph, holding only what requests reach.

@@ -51,8 +51,8 @@ import tensorflow as tf
 from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import connected_inputs
-from tfmem.run import rewrite as partition_rewrite
-from tfmem.run.rewrite import HOST, RESULT, add_node, clean_context, gate_after
+from tfmem.run.compiling import rewrite as partition_rewrite
+from tfmem.run.compiling.rewrite import HOST, RESULT, add_node, clean_context, gate_after
 
 _EXTERNAL = "ext/"
 

@@ -37,7 +37,7 @@ import dataclasses
 import tensorflow as tf
 
 from tfmem.memory import op_order
-from tfmem.run import graph_growth
+from tfmem.run.compiling import graph_growth
 from tfmem.plan.analyse import canonical_input, split_tensor_name
 from tfmem.plan.build import connected_inputs
 

@@ -38,8 +38,8 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2
 
 from tfmem.errors import TFMemError
-from tfmem.run.remote import is_distributed, reachable, target_of
-from tfmem.run.rewrite import clean_context
+from tfmem.run.front_end.remote import is_distributed, reachable, target_of
+from tfmem.run.compiling.rewrite import clean_context
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,10 @@ from tfmem.plan.build import make_plan
 from tfmem.plan.gc_pause import gc_paused
 from tfmem.plan.partition import check_partition_size
 from tfmem.plan.place import place
-from tfmem.run import accelerator, regrouping, remote
-from tfmem.run.placement_pass import Record, place_state_on_host
+from tfmem.run.placement import accelerator
+from tfmem.run.compiling import regrouping
+from tfmem.run.front_end import remote
+from tfmem.run.placement.placement_pass import Record, place_state_on_host
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)

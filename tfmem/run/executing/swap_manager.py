@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from tfmem.plan.schedule import Schedule  # noqa: F401  (the schedule a SwapManager follows)
-from tfmem.run.stats import TransferCounts
-from tfmem.run.trace import NO_TIMELINE
+from tfmem.run.measuring.stats import TransferCounts
+from tfmem.run.measuring.trace import NO_TIMELINE
 
 
 class SwapManager:

@@ -18,9 +18,9 @@ A front end says how a partition is called and how tensors look to it:
     failure(i, error)        another exception to raise instead of an OpError, or None
                              (for an out-of-memory error: the cause to chain)
 
-The Session front end is `run/execute.py`'s `_Step` (one per step of an
+The Session front end is `run/executing/execute.py`'s `_Step` (one per step of an
 `Executor`), the eager one `tf2/execute.py`'s `_EagerStep` (of an
-`EagerExecutor`); the swap manager (`run/swap_manager.py`), which moves the
+`EagerExecutor`); the swap manager (`run/executing/swap_manager.py`), which moves the
 tensors, serves both.  A step that fails releases what it
 held (`SwapManager.abort`) before the error propagates.
 """
@@ -32,8 +32,8 @@ import traceback
 import tensorflow as tf
 
 from tfmem.memory import oom
-from tfmem.run.interrupts import deferred_interrupts
-from tfmem.run.rewrite import HANDLE, HOST
+from tfmem.run.front_end.interrupts import deferred_interrupts
+from tfmem.run.compiling.rewrite import HANDLE, HOST
 
 
 @dataclasses.dataclass(frozen=True)

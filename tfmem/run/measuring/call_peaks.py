@@ -24,7 +24,7 @@ calls that matter to budget mode, which learns from steps that went over.
 Steps of other threads running meanwhile count in the figures as well.
 """
 
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 
 class CallPeaks:

@@ -15,7 +15,7 @@ class StepStats:
     partition, read from the step statistics of its run (TensorFlow's
     process-wide peak is left alone); None where TensorFlow reports none or
     the step was not measured (`measured`; see sampling).  A budget-mode step
-    run as a partial run is measured by the process figures (run/call_peaks.py):
+    run as a partial run is measured by the process figures (run/measuring/call_peaks.py):
     its entries are None for the calls that did not raise TensorFlow's process
     peak, and `measured` says whether any, or the step's peak, is known.
     `step` counts the session's partitioned steps from 1.
@@ -49,14 +49,14 @@ class StepStats:
     # device's bytes in use when it started (None: not measured), which budget mode
     # learns from, and the kernel scratch per op its step statistics showed (the Session
     # front end only), in the allocator's chunks: budget mode's learning measures the
-    # kernels again instead (run/remeasure.py).
+    # kernels again instead (run/measuring/remeasure.py).
     resident_bytes: int | None = None
     kernel_scratch: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (lower, upper) bytes around the step's device peak, known where the peak itself is
     # not (tfmem.function, and a budget-mode partial-run step, under an earlier, higher
-    # process peak; see tfmem.tf2.measure and run/call_peaks.py)
+    # process peak; see tfmem.tf2.measure and run/measuring/call_peaks.py)
     device_peak_bounds: tuple | None = None
-    # The step ran as one partial run (see run/partial_run.py), not one callable per
+    # The step ran as one partial run (see run/executing/partial_run.py), not one callable per
     # partition; setup_time: starting it (counted in call_time; building its executor
     # on a request's first step)
     partial_run: bool = False

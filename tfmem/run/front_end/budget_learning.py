@@ -19,7 +19,7 @@ import contextlib
 from tfmem import errors
 from tfmem.memory import budget, learning
 from tfmem.plan import updates
-from tfmem.run import accelerator
+from tfmem.run.placement import accelerator
 
 
 class BudgetLearning:

@@ -20,14 +20,18 @@ import time
 import psutil
 from tensorflow.core.protobuf import config_pb2
 
-from tfmem.run import accelerator, c_path, partial_run, remote
-from tfmem.run.call_peaks import CallPeaks
+from tfmem.run.placement import accelerator
+
+from tfmem.run.executing import c_path, partial_run
+
+from tfmem.run.front_end import remote
+from tfmem.run.measuring.call_peaks import CallPeaks
 from tfmem.memory import oom
 from tfmem.plan import updates
 from tfmem.plan.schedule import Schedule
-from tfmem.run.step_loop import Wiring, run_step
-from tfmem.run.swap_manager import SwapManager
-from tfmem.run.trace import NO_TIMELINE
+from tfmem.run.executing.step_loop import Wiring, run_step
+from tfmem.run.executing.swap_manager import SwapManager
+from tfmem.run.measuring.trace import NO_TIMELINE
 from tfmem import tf_private
 
 

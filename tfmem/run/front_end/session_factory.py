@@ -22,7 +22,7 @@ measured no cheaper.
 
 What is left, the copy and the pruning of the whole session graph, is why
 `Session` does not bind its session to the user's graph: its session graph
-holds only what requests have reached (run/graph_copy.py), so a partition
+holds only what requests have reached (run/compiling/graph_copy.py), so a partition
 costs the same in a graph of 2,000 ops or of 50,000.
 
     sess = tfmem.Session(graph=g, partition_size=200)   # a TFMemSession
@@ -59,9 +59,9 @@ def Session(target="", graph=None, config=None, **settings):  # pylint: disable=
     session it created.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from tfmem.run import options  # pylint: disable=import-outside-toplevel
-    from tfmem.run.graph_copy import GraphCopy  # pylint: disable=import-outside-toplevel
-    from tfmem.run.session import TFMemSession  # pylint: disable=import-outside-toplevel
+    from tfmem.run.front_end import options  # pylint: disable=import-outside-toplevel
+    from tfmem.run.compiling.graph_copy import GraphCopy  # pylint: disable=import-outside-toplevel
+    from tfmem.run.front_end.session import TFMemSession  # pylint: disable=import-outside-toplevel
     everyday = {k: v for k, v in settings.items() if k in options.EVERYDAY}
     rest = {k: v for k, v in settings.items() if k not in options.EVERYDAY + ("options",)}
     resolved = options.resolve(settings.get("options"), rest, options.SESSION,

@@ -27,11 +27,11 @@ a host copy of a constant, the keep of an original's output) is built as in
 
 import tensorflow as tf
 
-from tfmem.run import rewrite as partition_rewrite
+from tfmem.run.compiling import rewrite as partition_rewrite
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import connected_inputs
-from tfmem.run.residence import SessionHandles
-from tfmem.run.rewrite import (HANDLE, HOST, RESULT, Program, add_node, clean_context,
+from tfmem.run.executing.residence import SessionHandles
+from tfmem.run.compiling.rewrite import (HANDLE, HOST, RESULT, Program, add_node, clean_context,
                                 gate_after)
 
 _EXTERNAL = "ext/"

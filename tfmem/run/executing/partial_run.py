@@ -45,8 +45,8 @@ from tensorflow.python.client import pywrap_tf_session as tf_c
 import tensorflow as tf
 
 from tfmem.errors import TFMemError
-from tfmem.run import plan_import, prun_import
-from tfmem.run.step_loop import Wiring
+from tfmem.run.compiling import plan_import, prun_import
+from tfmem.run.executing.step_loop import Wiring
 from tfmem import tf_private
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ class CompileStats:
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
     partial_run: bool = False  # True: steps run as partial runs, callables made when needed
     # tfmem.Session: copying the ops the request reached first into its session graph
-    # (run/graph_copy.py); 0 for a wrapped session
+    # (run/compiling/graph_copy.py); 0 for a wrapped session
     copy_time: float = 0.0
 
     def __str__(self):

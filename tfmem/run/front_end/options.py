@@ -18,7 +18,7 @@ import dataclasses
 import numbers
 import warnings
 
-from tfmem.run import sampling
+from tfmem.run.measuring import sampling
 
 SESSION = "TFMemSession"
 FUNCTION = "tfmem.function"

@@ -10,7 +10,7 @@ import dataclasses
 import psutil
 
 from tfmem.memory import budget
-from tfmem.run import report_text
+from tfmem.run.measuring import report_text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,11 +19,12 @@ from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
 from tfmem.plan import stretches
 from tfmem.plan.streams import StreamLedger
-from tfmem.run import partial_run, plan_import
-from tfmem.run.buffers import HostBufferPool
-from tfmem.run.compile_stats import CompileStats
-from tfmem.run.execute import Executor
-from tfmem.run.host_memory import check_host_memory
+from tfmem.run.executing import partial_run
+from tfmem.run.compiling import plan_import
+from tfmem.run.executing.buffers import HostBufferPool
+from tfmem.run.compiling.compile_stats import CompileStats
+from tfmem.run.executing.execute import Executor
+from tfmem.run.executing.host_memory import check_host_memory
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ import threading
 
 from tensorflow.python.training import monitored_session as tf_monitored
 
-from tfmem.run import options as run_options
-from tfmem.run.session import TFMemSession
+from tfmem.run.front_end import options as run_options
+from tfmem.run.front_end.session import TFMemSession
 
 # The keyword arguments of TFMemSession besides the session itself, and the Options
 # fields these took as keywords before (deprecated spellings).

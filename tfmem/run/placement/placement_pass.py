@@ -34,7 +34,7 @@ import logging
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-from tfmem.run.colocation import colocation_groups
+from tfmem.run.compiling.colocation import colocation_groups
 from tfmem.plan.optypes import VARIABLES
 from tfmem.plan.place import HOST_DEVICE, host_device_of, is_state, on_host
 from tfmem import tf_private
