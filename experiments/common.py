@@ -142,8 +142,9 @@ class Experiment:
     baseline: str = "tf"
     trial: object = None
     system_notes: object = None
-    # (experiment, args, out) -> None: may move args.cap_base before the cap is derived.
-    choose_cap_base: object = None
+    # (experiment, args, out) -> cap info (derive_cap's dict, with a "note" saying how the
+    # cap was chosen): the experiment's own rule for the cap, in place of derive_cap.
+    derive_cap: object = None
 
 
 @dataclasses.dataclass
@@ -1106,6 +1107,8 @@ def cap_note(experiment, args, cap_info):
     """How the cap was chosen, in one line."""
     if cap_info is None:
         return f"cap: {args.device_memory} MiB, given (--device-memory)"
+    if cap_info.get("note"):
+        return f"cap: {cap_info['note']}"
     return (f"cap: {cap_info['cap_mib']} MiB = plain TensorFlow's peak at {experiment.size} "
             f"{cap_info['base_size']} measured on this machine ({cap_peak_text(cap_info)}, "
             f"{cap_info['kernel_path']}, BFC allocator without a cap) x "
@@ -1139,6 +1142,8 @@ def output_stem(experiment, args):
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = args.tag or ("quick" if args.quick else f"cap{args.device_memory}-b{args.batch_size}")
+    if not args.tag and getattr(args, "state_share", None):  # the Keras experiments' setting
+        tag += f"-state{args.state_share:g}"
     return out_dir / f"{experiment.name}-{tag}"
 
 
@@ -1290,9 +1295,7 @@ def _search_and_report(experiment, args):
     started, started_from = time.perf_counter(), tfmem_provenance.source()
     cap_info = None
     if args.device_memory is None:
-        if experiment.choose_cap_base is not None:
-            experiment.choose_cap_base(experiment, args, out=say)
-        cap_info = derive_cap(experiment, args, out=say)
+        cap_info = (experiment.derive_cap or derive_cap)(experiment, args, out=say)
         if cap_info["cap_mib"] is None:
             print(f"{experiment.title}: no cap, so no search: {cap_info['error']}")
             print(result_line([], reason=f"deriving the cap failed: {cap_info['error']}"),

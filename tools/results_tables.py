@@ -79,7 +79,9 @@ def experiment_block(data, name):
     command = data.get("command") or (
         f"python experiments/{script}.py" + (" --quick" if settings.get("quick") else ""))
     cap = data.get("cap")
-    if cap:
+    if cap and cap.get("note"):
+        cap_text = f"cap {cap['note']}"
+    elif cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
                     f"{cap['base_size']} measured on the machine ({common.cap_peak_text(cap)}, "
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
