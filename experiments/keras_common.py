@@ -23,6 +23,7 @@ per sample at its largest size against plain's at plain's largest, the
 losses at a size both trained, and what filled the device at the limit.
 """
 
+import argparse
 import functools
 import os
 import re
@@ -134,7 +135,8 @@ def budget_figures(message):
         return None
     return dict(budget_mib=float(match["budget"]), limit_mib=float(match["limit"]),
                 held_mib=float(match["held"] or 0.0), one_op_mib=float(match["needs"]),
-                largest_op_mib=float(match["op_mib"]), largest_op=f"{match['op']} ({match['kind']})")
+                largest_op_mib=float(match["op_mib"]),
+                largest_op=f"{match['op']} ({match['kind']})")
 
 
 def failed_allocation(message):
@@ -347,7 +349,7 @@ def what_stopped(trial):
     if figures:
         return (f"{trial['size']}: one op per partition needs {figures['one_op_mib']:g} MiB "
                 f"> {figures['limit_mib']:g} MiB allowed ({figures['held_mib']:g} MiB held "
-                f"before the step: the state); largest op {figures['largest_op_mib']:g} MiB "
+                f"between steps: variables); largest op {figures['largest_op_mib']:g} MiB "
                 f"(reads + writes + kernel scratch)")
     allocation = failed_allocation(trial.get("error"))
     if allocation:
@@ -468,9 +470,10 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
         "tfmem predicted peak: the plan's, from tfmem's memory report (tfmem systems only); "
         "peak: TensorFlow's allocator",
         f"what stopped it, at the first {size_name} that failed: for tfmem the figures of its "
-        "plan (budget mode's error: what one op per partition needs against what the budget "
-        "allows once the device holds the state, and the largest op's reads, writes and "
-        "kernel scratch); for the others the tensor TensorFlow could not allocate"]
+        "plan (budget mode's error: what one op per partition needs against what the "
+        "budget allows beside what the device holds between steps, and the largest op's "
+        "reads, writes and kernel scratch); for the others the tensor TensorFlow could not "
+        "allocate"]
     share = getattr(args, "state_share", None)
     notes.append(f"setting: state {share:g} of the cap (--state-share: the cap is the state "
                  "divided by it)" if share else
@@ -482,6 +485,13 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
                          + [f"- {row['system']}: largest op {row['largest_op']}"
                             for row in rows if row["largest_op"]])
     return common.Extra(markdown=markdown, data=dict(comparison=rows))
+
+
+def stored_report(data):
+    """report()'s markdown rebuilt from a result file's JSON (its settings and summaries,
+    every trial included): the table follows this module, not the code that ran."""
+    args = argparse.Namespace(**data["settings"])
+    return report(args, data["summaries"], None).markdown
 
 
 # --------------------------------------------------------------------------

@@ -101,7 +101,10 @@ def experiment_block(data, name):
                 for s in summaries if s.get("first_failing_size") and s.get("failure")]
     lines += failures + ([""] if failures else [])
     lines += [f"    {data.get('result') or common.result_line(summaries)}", ""]
-    if data.get("extra_markdown"):
+    if script.startswith("keras_") and data.get("extra"):
+        import keras_common  # pylint: disable=import-outside-toplevel
+        lines += keras_common.stored_report(data).strip().splitlines() + [""]
+    elif data.get("extra_markdown"):
         extra = data["extra_markdown"].strip().splitlines()
         if extra and extra[0].startswith("#"):
             extra[0] = "**" + extra[0].lstrip("# ").strip() + "**"
