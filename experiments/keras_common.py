@@ -460,7 +460,8 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
     notes = [
         f"s per sample: the median of the steps after the first (and, for tfmem, after its "
         f"last change of plan) at the system's largest {size_name}; x plain's: against plain "
-        f"fit's at plain's largest",
+        f"fit's at plain's largest; re-plans: steps after the first whose plan had another "
+        f"partition count (what tfmem.keras's step statistics show of a re-plan)",
         f"losses: the per-step losses of the largest {size_name} both the system and plain fit "
         "trained (a system whose search started above plain's largest gets one more trial "
         "there), compared exactly",

@@ -57,7 +57,7 @@ EXPERIMENT = keras_common.experiment(
     model_args=("filters", "seed"),
     defaults=dict(filters=8, seed=0, batch_size=1, steps=6, trial_timeout=900.0),
     quick=dict(filters=8, cap_base=8, start=8, batch_size=1, steps=6, swap_min_bytes=65536,
-               trial_timeout=180.0, tolerance=0.25, search_time=240.0, max_trials=4),
+               trial_timeout=180.0, tolerance=0.125, search_time=300.0, max_trials=6),
     unit="volumes", remat_layer_names=blocks)
 
 
