@@ -195,13 +195,16 @@ def run_keras_trial(experiment, args):
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     if args.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    # the cap as one region, as a GPU's allocator holds it (this starts TensorFlow's context)
+    reserved = tfmem.reserve_emulated_memory() if args.allocator == "one-region" else None
     system = args.system[0]
     limit = accelerator.emulated_memory_mib()
     result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
                   size=args.size, index=experiment.index_of(args.size),
                   batch_size=args.batch_size, steps=args.steps,
                   device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,
-                  allocator_limit_mib=limit,
+                  allocator_limit_mib=limit, allocator=args.allocator,
+                  reserved_region_bytes=reserved,
                   kernel_path=child_env.kernel_path(child_env.onednn_from_env()),
                   model={name: getattr(args, name) for name in experiment.model_args},
                   status=None, ok=False, error=None, parameters=None, state_bytes=None,

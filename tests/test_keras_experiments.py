@@ -114,8 +114,10 @@ SYSTEMS = ("plain", "remat-full", "tfmem")
 @pytest.fixture(scope="module")
 def trials():
     args = common.parse_args(keras_transformer.EXPERIMENT, TRIAL)
-    # tfmem once more with a budget below what the step's largest op needs alone.
-    starved = common.parse_args(keras_transformer.EXPERIMENT, TRIAL + ["--budget", "1"])
+    # tfmem once more with a budget below what the step's largest op needs alone
+    # (its cap held as one region, as a GPU's allocator holds it).
+    starved = common.parse_args(keras_transformer.EXPERIMENT,
+                                TRIAL + ["--budget", "1", "--allocator", "one-region"])
     with ThreadPoolExecutor(len(SYSTEMS) + 1) as pool:
         futures = {system: pool.submit(common.spawn_trial, keras_transformer.EXPERIMENT, args,
                                        system, 16, 240) for system in SYSTEMS}
@@ -145,7 +147,11 @@ def test_what_stopped_tfmem_is_its_plans_figures(trials):
     """A budget nothing fits: the trial records the figures of tfmem's own error."""
     _, results = trials
     starved = results["starved"]
-    assert starved["status"] == "budget" and common.is_size_limit(starved), starved
+    assert starved["status"] == "budget" and common.is_size_limit(starved), (
+        starved["error"], starved.get("stderr_tail"))
+    assert starved["allocator"] == "one-region"
+    assert 0.9 * (CAP << 20) <= starved["reserved_region_bytes"] <= CAP << 20
+    assert results["tfmem"]["reserved_region_bytes"] is None  # the grown allocator
     figures = starved["budget_figures"]
     assert figures is not None, starved["error"]
     assert figures["budget_mib"] == 1.0
