@@ -134,6 +134,7 @@ def budget_figures(message):
     if match is None:
         return None
     return dict(budget_mib=float(match["budget"]), limit_mib=float(match["limit"]),
+                regions_refused="cannot serve its requests" in message,
                 held_mib=float(match["held"] or 0.0), one_op_mib=float(match["needs"]),
                 largest_op_mib=float(match["op_mib"]),
                 largest_op=f"{match['op']} ({match['kind']})")
@@ -348,12 +349,14 @@ def what_stopped(trial):
     figures (its budget error) or TensorFlow's OOM error; None when it says neither."""
     if trial is None:
         return None
-    figures = trial.get("budget_figures") or budget_figures(trial.get("error"))
+    figures = budget_figures(trial.get("error")) or trial.get("budget_figures")
     if figures:
+        regions = (", and the allocator's regions cannot serve its requests"
+                   if figures.get("regions_refused") else "")
         return (f"{trial['size']}: one op per partition needs {figures['one_op_mib']:g} MiB "
-                f"> {figures['limit_mib']:g} MiB allowed ({figures['held_mib']:g} MiB held "
-                f"between steps: variables); largest op {figures['largest_op_mib']:g} MiB "
-                f"(reads + writes + kernel scratch)")
+                f"of {figures['limit_mib']:g} MiB allowed{regions} ({figures['held_mib']:g} "
+                f"MiB held between steps: variables); largest op "
+                f"{figures['largest_op_mib']:g} MiB (reads + writes + kernel scratch)")
     allocation = failed_allocation(trial.get("error"))
     if allocation:
         return f"{trial['size']}: OOM allocating {allocation[1]} ({allocation[0]:g} MiB)"

@@ -159,7 +159,9 @@ def test_what_stopped_tfmem_is_its_plans_figures(trials):
     assert f"'{figures['largest_op'].rsplit(' (', 1)[0]}'" in starved["error"]
     text = keras_common.what_stopped(starved)
     assert text.startswith("256: one op per partition needs")
-    assert f"{figures['one_op_mib']:g} MiB > {figures['limit_mib']:g} MiB allowed" in text
+    assert f"{figures['one_op_mib']:g} MiB of {figures['limit_mib']:g} MiB allowed" in text
+    assert figures["regions_refused"] == ("cannot serve" in starved["error"]) == (
+        "regions cannot serve" in text)
 
 
 def test_what_stopped_plain_fit_is_the_allocation_it_was_refused():
