@@ -134,7 +134,7 @@ def budget_figures(message):
     if match is None:
         return None
     return dict(budget_mib=float(match["budget"]), limit_mib=float(match["limit"]),
-                regions_refused="cannot serve its requests" in message,
+                allocator_refused="cannot serve its requests" in message,
                 held_mib=float(match["held"] or 0.0), one_op_mib=float(match["needs"]),
                 largest_op_mib=float(match["op_mib"]),
                 largest_op=f"{match['op']} ({match['kind']})")
@@ -351,10 +351,11 @@ def what_stopped(trial):
         return None
     figures = budget_figures(trial.get("error")) or trial.get("budget_figures")
     if figures:
-        regions = (", and the allocator's regions cannot serve its requests"
-                   if figures.get("regions_refused") else "")
+        refused = (", and the allocator cannot serve its requests within the cap less the "
+                   "margin"
+                   if figures.get("allocator_refused") else "")
         return (f"{trial['size']}: one op per partition needs {figures['one_op_mib']:g} MiB "
-                f"of {figures['limit_mib']:g} MiB allowed{regions} ({figures['held_mib']:g} "
+                f"of {figures['limit_mib']:g} MiB allowed{refused} ({figures['held_mib']:g} "
                 f"MiB held between steps: variables); largest op "
                 f"{figures['largest_op_mib']:g} MiB (reads + writes + kernel scratch)")
     allocation = failed_allocation(trial.get("error"))

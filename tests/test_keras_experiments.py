@@ -160,8 +160,8 @@ def test_what_stopped_tfmem_is_its_plans_figures(trials):
     text = keras_common.what_stopped(starved)
     assert text.startswith("256: one op per partition needs")
     assert f"{figures['one_op_mib']:g} MiB of {figures['limit_mib']:g} MiB allowed" in text
-    assert figures["regions_refused"] == ("cannot serve" in starved["error"]) == (
-        "regions cannot serve" in text)
+    assert figures["allocator_refused"] == ("cannot serve" in starved["error"]) == (
+        "allocator cannot serve" in text)
 
 
 def test_what_stopped_plain_fit_is_the_allocation_it_was_refused():
