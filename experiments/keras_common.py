@@ -30,7 +30,7 @@ import re
 import statistics
 import time
 
-from experiments.harness import steady as steady_figures
+from experiments.harness import cap, steady as steady_figures
 from experiments.harness.child import spawn_trial
 from experiments.harness.experiment import MIB, Experiment, Extra, is_tfmem
 from experiments.harness.reports import cell
@@ -114,6 +114,43 @@ def _working_sets(tf, concrete):
     return best
 
 
+# tfmem's BudgetError (tfmem/memory/budget.py) states its plan figures in its message only.
+_BUDGET_FIGURES = re.compile(
+    r"budget of (?P<budget>[\d.]+) MiB \(predictions must stay under (?P<limit>[\d.]+) MiB"
+    r"(?:, after (?P<held>[\d.]+) MiB the device holds for other requests)?\): even one op "
+    r"per partition needs (?P<needs>[\d.]+) MiB.*?The largest op, '(?P<op>[^']*)' "
+    r"\((?P<kind>\w+)\), alone reads, writes and needs as scratch (?P<op_mib>[\d.]+) MiB", re.S)
+_OOM_SHAPE = re.compile(r"OOM when allocating tensor with shape\[(?P<shape>[\d,]*)\] and type "
+                        r"(?P<dtype>\w+)")
+_DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "int32": 4, "int64": 8, "bfloat16": 2}
+
+
+def budget_figures(message):
+    """The plan figures of tfmem's "nothing fits the budget" error, in MiB: the budget, the
+    limit predictions must stay under, what the device already held (the state), what one op
+    per partition needs, and the largest op (reads + writes + kernel scratch); or None."""
+    match = _BUDGET_FIGURES.search(message or "")
+    if match is None:
+        return None
+    return dict(budget_mib=float(match["budget"]), limit_mib=float(match["limit"]),
+                allocator_refused="cannot serve its requests" in message,
+                held_mib=float(match["held"] or 0.0), one_op_mib=float(match["needs"]),
+                largest_op_mib=float(match["op_mib"]),
+                largest_op=f"{match['op']} ({match['kind']})")
+
+
+def failed_allocation(message):
+    """(MiB, shape text) of the tensor TensorFlow's OOM error could not allocate, or None."""
+    match = _OOM_SHAPE.search(message or "")
+    if match is None or match["dtype"] not in _DTYPE_BYTES:
+        return None
+    shape = [int(d) for d in match["shape"].split(",") if d]
+    size = _DTYPE_BYTES[match["dtype"]]
+    for dim in shape:
+        size *= dim
+    return round(size / MIB, 1), f"[{match['shape']}] {match['dtype']}"
+
+
 def enough_steps(step_times, partitions, steps):
     """Whether a trial may stop: `steps` steps run, and STEADY_STEPS after the last change of
     plan (fewer only where `steps` leaves no room for them)."""
@@ -158,13 +195,16 @@ def run_keras_trial(experiment, args):
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     if args.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    # the cap as one region, as a GPU's allocator holds it (this starts TensorFlow's context)
+    reserved = tfmem.reserve_emulated_memory() if args.allocator == "one-region" else None
     system = args.system[0]
     limit = accelerator.emulated_memory_mib()
     result = dict(experiment=experiment.name, system=system, size_name=experiment.size,
                   size=args.size, index=experiment.index_of(args.size),
                   batch_size=args.batch_size, steps=args.steps,
                   device_memory_mib=None if limit == child_env.MEASURE_LIMIT_MIB else limit,
-                  allocator_limit_mib=limit,
+                  allocator_limit_mib=limit, allocator=args.allocator,
+                  reserved_region_bytes=reserved,
                   kernel_path=child_env.kernel_path(child_env.onednn_from_env()),
                   model={name: getattr(args, name) for name in experiment.model_args},
                   status=None, ok=False, error=None, parameters=None, state_bytes=None,
@@ -226,6 +266,7 @@ def run_keras_trial(experiment, args):
         result["error"] = f"{type(err).__name__}: {first_line(err.message)}"
     except tfmem.BudgetError as err:
         result["status"], result["error"] = "budget", str(err)
+        result["budget_figures"] = budget_figures(str(err))
     except tfmem.HostMemoryError as err:
         result["status"], result["error"] = "host-memory", str(err)
     except Exception as err:  # pylint: disable=broad-except
@@ -294,7 +335,35 @@ def _mib(value):
     return None if value is None else round(value / MIB, 1)
 
 
-def comparison(summaries, cap_mib=None):
+def _failed_trial(summary):
+    size = summary.get("first_failing_size")
+    for trial in summary["all_trials"]:
+        if trial.get("size") == size and not trial.get("ok"):
+            return trial
+    return None
+
+
+def what_stopped(trial):
+    """What filled the device in a system's first failing trial, in MiB, from tfmem's plan
+    figures (its budget error) or TensorFlow's OOM error; None when it says neither."""
+    if trial is None:
+        return None
+    figures = budget_figures(trial.get("error")) or trial.get("budget_figures")
+    if figures:
+        refused = (", and the allocator cannot serve its requests within the cap less the "
+                   "margin"
+                   if figures.get("allocator_refused") else "")
+        return (f"{trial['size']}: one op per partition needs {figures['one_op_mib']:g} MiB "
+                f"of {figures['limit_mib']:g} MiB allowed{refused} ({figures['held_mib']:g} "
+                f"MiB held between steps: variables); largest op "
+                f"{figures['largest_op_mib']:g} MiB (reads + writes + kernel scratch)")
+    allocation = failed_allocation(trial.get("error"))
+    if allocation:
+        return f"{trial['size']}: OOM allocating {allocation[1]} ({allocation[0]:g} MiB)"
+    return None
+
+
+def comparison(summaries, cap_mib=None, state_share=None):
     """Per system: its limit beside plain fit's (rows of dicts)."""
     by_system = {s["system"]: s for s in summaries}
     plain = by_system.get(BASELINE)
@@ -302,10 +371,14 @@ def comparison(summaries, cap_mib=None):
     rows = []
     for summary in summaries:
         best = _best(summary)
-        row = dict(system=summary["system"], max_size=summary["max_size"],
+        failed = _failed_trial(summary)
+        row = dict(system=summary["system"], setting=state_share, max_size=summary["max_size"],
                    ratio=(round(summary["max_size"] / plain["max_size"], 2)
                           if plain and plain["max_size"] and summary["max_size"] else None),
                    first_step_seconds=summary["first_step_seconds"],
+                   replans=summary.get("replans"), first_failing_size=failed and failed["size"],
+                   stopped_by=what_stopped(failed),
+                   budget_figures=(failed or {}).get("budget_figures"),
                    seconds_per_sample=None, time_ratio=None, losses_size=None,
                    losses_equal=None, max_loss_difference=None, state_mib=None,
                    state_share=None, largest_op_mib=None, largest_op=None, scratch_mib=None,
@@ -317,6 +390,8 @@ def comparison(summaries, cap_mib=None):
                     "seconds_per_sample"):
                 row["time_ratio"] = round(best["seconds_per_sample"]
                                           / plain_best["seconds_per_sample"], 2)
+            report = best.get("tfmem") or {}
+            row["predicted_peak_mib"] = _mib(report.get("predicted_peak_bytes"))
             row.update(state_mib=_mib(best.get("state_bytes")),
                        largest_op_mib=_mib(best.get("largest_op_bytes")),
                        largest_op=best.get("largest_op"),
@@ -339,9 +414,10 @@ def comparison(summaries, cap_mib=None):
 
 
 def comparison_markdown(rows, size_name):
-    head = ["system", f"max {size_name}", "x plain", "first step s", "s per sample",
-            "x plain's s per sample", f"losses = plain at {size_name}", "state MiB",
-            "state / cap", "largest op MiB", "kernel scratch MiB", "peak MiB"]
+    head = ["system", "state share", f"max {size_name}", "x plain", "first step s", "re-plans",
+            "s per sample", "x plain's s per sample", f"losses = plain at {size_name}",
+            "state MiB", "state / cap", "largest op MiB", "kernel scratch MiB",
+            "tfmem predicted peak MiB", "peak MiB", f"what stopped it (first failing {size_name})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         if row["losses_size"] is None:
@@ -350,10 +426,12 @@ def comparison_markdown(rows, size_name):
             losses = f"{row['losses_size']}: equal"
         else:
             losses = f"{row['losses_size']}: differ by {row['max_loss_difference']:.2g}"
-        cells = [row["system"], row["max_size"], row["ratio"], row["first_step_seconds"],
+        cells = [row["system"], row.get("setting"), row["max_size"], row["ratio"],
+                 row["first_step_seconds"], row.get("replans"),
                  None if row["seconds_per_sample"] is None else f"{row['seconds_per_sample']:.4f}",
                  row["time_ratio"], losses, row["state_mib"], row["state_share"],
-                 row["largest_op_mib"], row["scratch_mib"], row["peak_mib"]]
+                 row["largest_op_mib"], row["scratch_mib"], row.get("predicted_peak_mib"),
+                 row["peak_mib"], row.get("stopped_by") or row.get("limit")]
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -383,27 +461,31 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
     first the trials check_losses needs."""
     if experiment is not None:
         check_losses(experiment, args, summaries, out)
-    rows = comparison(summaries, args.device_memory)
+    rows = comparison(summaries, args.device_memory, getattr(args, "state_share", None))
     size_name = summaries[0]["size_name"] if summaries else "size"
     notes = [
         f"s per sample: the median of the steps after the first (and, for tfmem, after its "
         f"last change of plan) at the system's largest {size_name}; x plain's: against plain "
-        f"fit's at plain's largest",
+        f"fit's at plain's largest; re-plans: steps after the first whose plan had another "
+        f"partition count (what tfmem.keras's step statistics show of a re-plan)",
         f"losses: the per-step losses of the largest {size_name} both the system and plain fit "
         "trained (a system whose search started above plain's largest gets one more trial "
         "there), compared exactly",
-        "state: weights + gradients + optimizer slots; largest op: the largest inputs + "
-        "outputs of one op in the traced train step (static shapes); kernel scratch: tfmem's "
-        "measured largest per partition (tfmem systems only)"]
-    fraction = getattr(args, "state_fraction", None)
-    if fraction:
-        probes = ", ".join(f"{p['size']}: " + (f"{p['share']:.2f}" if p["share"] else p["status"])
-                           for p in getattr(args, "state_probes", []))
-        notes.append(f"setting: state at most {fraction:g} of plain fit's peak at the cap's "
-                     f"base {size_name} {args.cap_base} (state / plain peak per base tried: "
-                     f"{probes})")
-    else:
-        notes.append("setting: the cap's base size as given; state / cap is in the table")
+        f"at the system's largest {size_name}: state = weights + gradients + optimizer slots "
+        "(the model's variables); largest op: the largest inputs + outputs of one op in the "
+        "traced train step (static shapes); kernel scratch: the largest of any partition and "
+        "tfmem predicted peak: the plan's, from tfmem's memory report (tfmem systems only); "
+        "peak: TensorFlow's allocator",
+        f"what stopped it, at the first {size_name} that failed: for tfmem the figures of its "
+        "plan (budget mode's error: what one op per partition needs against what the "
+        "budget allows beside what the device holds between steps, and the largest op's "
+        "reads, writes and kernel scratch); for the others the tensor TensorFlow could not "
+        "allocate"]
+    share = getattr(args, "state_share", None)
+    notes.append(f"setting: state {share:g} of the cap (--state-share: the cap is the state "
+                 "divided by it)" if share else
+                 "setting: the cap from plain fit's peak at the cap's base size (or given); "
+                 "state / cap is in the table")
     markdown = "\n".join([f"**Against plain fit (cap {args.device_memory} MiB)**", "",
                           comparison_markdown(rows, size_name), ""]
                          + [f"- {note}" for note in notes]
@@ -412,45 +494,53 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
     return Extra(markdown=markdown, data=dict(comparison=rows))
 
 
+def stored_report(data):
+    """report()'s markdown rebuilt from a result file's JSON (its settings and summaries,
+    every trial included): the table follows this module, not the code that ran."""
+    args = argparse.Namespace(**data["settings"])
+    return report(args, data["summaries"], None).markdown
+
+
 # --------------------------------------------------------------------------
 # the setting: how much of the cap the state fills
 
 
-STATE_PROBES = 6  # doublings of the base size tried for --state-fraction
+STATE_SHARES = (0.1, 0.33)  # the papers' GPUs (state a tenth of 16 GB), and a third
 
 
 def add_setting_arguments(group):
-    group.add_argument("--state-fraction", type=float, metavar="F",
-                       help="without --device-memory: double --cap-base until the state "
-                            "(weights, gradients, optimizer slots) is at most F of plain fit's "
-                            "peak there, then derive the cap at that size (0.1: state a tenth "
-                            "of the cap, as on the GPUs of the papers; 0.33: a third)")
+    group.add_argument("--state-share", type=float, choices=STATE_SHARES, metavar="S",
+                       help="without --device-memory: the cap is the state (weights, "
+                            "gradients, optimizer slots) plain fit holds at --cap-base "
+                            "divided by S, so that the state fills S of the device (0.1: as on "
+                            "the GPUs of the papers; 0.33: a third)")
 
 
-def choose_cap_base(experiment, args, out=None):
-    """--state-fraction: the smallest base size (--cap-base doubled) at which the state is at
-    most that fraction of plain fit's peak; args.cap_base moves there, args.state_probes
-    records the trials."""
-    fraction = getattr(args, "state_fraction", None)
-    args.state_probes = []
-    if not fraction:
-        return
-    uncapped = argparse.Namespace(**vars(args))
-    uncapped.device_memory = None
-    index = experiment.index_of(args.cap_base)
-    for _ in range(STATE_PROBES):
-        size = experiment.sizes(index)
-        trial = spawn_trial(experiment, uncapped, BASELINE, size, args.trial_timeout)
-        share = (trial["state_bytes"] / trial["peak_bytes"]
-                 if trial.get("ok") and trial.get("peak_bytes") else None)
-        args.state_probes.append(dict(size=size, share=share, status=trial.get("status")))
-        if out:
-            out(f"state fraction: plain fit at {experiment.size}={size}: "
-                + (f"state {share:.2f} of its peak" if share else describe_trial(trial)))
-        if share is None or share <= fraction:
-            break
-        index *= 2
-    args.cap_base = size
+def derive_cap(experiment, args, out=None):
+    """The cap of a search: harness.cap.derive_cap (plain fit's peak at --cap-base), and with
+    --state-share S the state those trials measured divided by S; the cap info records
+    the state, the share, plain's peak and the rule."""
+    info = cap.derive_cap(experiment, args, out)
+    share = getattr(args, "state_share", None)
+    info["state_share"] = share
+    if not share or info["cap_mib"] is None:
+        return info
+    state = info["trial"].get("state_bytes")
+    if not state:
+        info.update(cap_mib=None, error=f"plain fit at {experiment.size}={args.cap_base} "
+                                        "reported no state size")
+        return info
+    info["state_mib"] = round(state / MIB, 2)
+    info["cap_mib"] = -(-int(state / share) // MIB)
+    info["factor"] = round(info["cap_mib"] / info["plain_peak_mib"], 3)
+    info["note"] = (f"{info['cap_mib']} MiB = the state plain fit holds at {experiment.size} "
+                    f"{args.cap_base} ({info['state_mib']} MiB: weights, gradients, optimizer "
+                    f"slots) / {share:g}, rounded up, so that the state fills {share:g} of it "
+                    f"(plain fit's peak there: {cap.cap_peak_text(info)}, "
+                    f"{info['kernel_path']}, BFC allocator without a cap)")
+    if out:
+        out(f"cap: {info['note']}")
+    return info
 
 
 # --------------------------------------------------------------------------
@@ -474,7 +564,7 @@ def experiment(*, name, title, size, size_help, sizes, index_of, build, data, sc
         build=build, script=script, add_arguments=arguments, model_args=model_args,
         defaults=defaults, quick=quick, unit=unit, systems=systems(blocks),
         labels=dict(LABELS), baseline=BASELINE, trial=run_keras_trial,
-        system_notes=system_notes, choose_cap_base=choose_cap_base)
+        system_notes=system_notes, derive_cap=derive_cap)
     exp.data = data
     exp.report = functools.partial(report, experiment=exp)
     exp.remat_layer_names = remat_layer_names

@@ -61,8 +61,8 @@ EXPERIMENT = keras_common.experiment(
     model_args=("d_model", "heads", "layers", "vocab", "seed"),
     defaults=dict(d_model=64, heads=4, layers=4, vocab=256, seed=0, batch_size=4, steps=6,
                   trial_timeout=900.0),
-    quick=dict(layers=2, cap_base=256, start=256, batch_size=4, steps=6, swap_min_bytes=65536,
-               trial_timeout=180.0, tolerance=0.25, search_time=240.0, max_trials=4),
+    quick=dict(layers=4, cap_base=64, start=64, batch_size=4, steps=6, swap_min_bytes=65536,
+               trial_timeout=180.0, tolerance=0.125, search_time=300.0, max_trials=6),
     unit="sequences", remat_layer_names=blocks)
 
 

@@ -57,8 +57,8 @@ EXPERIMENT = keras_common.experiment(
     build=build, data=data, script=__file__, add_arguments=add_arguments,
     model_args=("filters", "seed"),
     defaults=dict(filters=8, seed=0, batch_size=1, steps=6, trial_timeout=900.0),
-    quick=dict(filters=4, cap_base=32, start=32, batch_size=1, steps=6, swap_min_bytes=65536,
-               trial_timeout=180.0, tolerance=0.25, search_time=240.0, max_trials=4),
+    quick=dict(filters=8, cap_base=8, start=8, batch_size=1, steps=6, swap_min_bytes=65536,
+               trial_timeout=180.0, tolerance=0.125, search_time=300.0, max_trials=6),
     unit="volumes", remat_layer_names=blocks)
 
 

@@ -22,7 +22,7 @@ import pytest
 from tfmem.cli import keras_models
 
 from experiments import keras_common, keras_resnet50, keras_transformer, keras_unet3d
-from experiments.harness import child, experiment, options, reports, search
+from experiments.harness import cap, child, experiment, options, reports, search
 
 STEPS = 3
 
@@ -108,9 +108,15 @@ SYSTEMS = ("plain", "remat-full", "tfmem")
 @pytest.fixture(scope="module")
 def trials():
     args = options.parse_args(keras_transformer.EXPERIMENT, TRIAL)
-    with ThreadPoolExecutor(len(SYSTEMS)) as pool:
+    # tfmem once more with a budget below what the step's largest op needs alone
+    # (its cap held as one region, as a GPU's allocator holds it).
+    starved = options.parse_args(keras_transformer.EXPERIMENT,
+                                TRIAL + ["--budget", "1", "--allocator", "one-region"])
+    with ThreadPoolExecutor(len(SYSTEMS) + 1) as pool:
         futures = {system: pool.submit(child.spawn_trial, keras_transformer.EXPERIMENT, args,
                                        system, 16, 240) for system in SYSTEMS}
+        futures["starved"] = pool.submit(child.spawn_trial, keras_transformer.EXPERIMENT,
+                                         starved, "tfmem", 256, 240)
         return args, {system: future.result() for system, future in futures.items()}
 
 
@@ -130,6 +136,59 @@ def test_trials_in_child_processes(trials):
     # backend: a result of the experiment, not a failure of the run.
     assert remat["status"] == "unsupported" and not experiment.is_size_limit(remat)
     assert "custom_gradient" in remat["error"]
+
+
+@pytest.mark.slow
+def test_what_stopped_tfmem_is_its_plans_figures(trials):
+    """A budget nothing fits: the trial records the figures of tfmem's own error."""
+    _, results = trials
+    starved = results["starved"]
+    assert starved["status"] == "budget" and experiment.is_size_limit(starved), (
+        starved["error"], starved.get("stderr_tail"))
+    assert starved["allocator"] == "one-region"
+    assert 0.9 * (CAP << 20) <= starved["reserved_region_bytes"] <= CAP << 20
+    assert results["tfmem"]["reserved_region_bytes"] is None  # the grown allocator
+    figures = starved["budget_figures"]
+    assert figures is not None, starved["error"]
+    assert figures["budget_mib"] == 1.0
+    assert figures["one_op_mib"] > figures["limit_mib"] and figures["largest_op_mib"] > 0
+    assert f"'{figures['largest_op'].rsplit(' (', 1)[0]}'" in starved["error"]
+    text = keras_common.what_stopped(starved)
+    assert text.startswith("256: one op per partition needs")
+    assert f"{figures['one_op_mib']:g} MiB of {figures['limit_mib']:g} MiB allowed" in text
+    assert figures["allocator_refused"] == ("cannot serve" in starved["error"]) == (
+        "allocator cannot serve" in text)
+
+
+def test_what_stopped_plain_fit_is_the_allocation_it_was_refused():
+    error = ("ResourceExhaustedError: OOM when allocating tensor with shape[4,4,320,320] and "
+             "type float on /job:localhost")
+    assert keras_common.failed_allocation(error) == (
+        round(4 * 4 * 320 * 320 * 4 / 2**20, 1), "[4,4,320,320] float")
+    assert keras_common.what_stopped(dict(size=320, error=error)).startswith("320: OOM")
+    assert keras_common.what_stopped(dict(size=320, error="ValueError: no")) is None
+
+
+def test_state_share_derives_the_cap_from_the_state(monkeypatch, tmp_path):
+    args = options.parse_args(keras_transformer.EXPERIMENT, [
+        "--find-max", "--cap-base", "32", "--state-share", "0.33"])
+    state = 3 * 2**20 + 12345
+
+    def plain_peak(experiment, trial_args, out=None):
+        return dict(base_size=trial_args.cap_base, size_name="seq_len", factor=1.0,
+                    kernel_path="oneDNN off", plain_peak_mib=20.5, cap_mib=21,
+                    plain_peaks_mib=[20.5], error=None, trial=dict(state_bytes=state))
+
+    monkeypatch.setattr(cap, "derive_cap", plain_peak)
+    info = keras_common.derive_cap(keras_transformer.EXPERIMENT, args)
+    assert info["cap_mib"] == math.ceil(state / 0.33 / 2**20)
+    assert info["cap_mib"] * 0.33 * 2**20 >= state > (info["cap_mib"] - 1) * 0.33 * 2**20
+    assert info["state_share"] == 0.33 and "/ 0.33" in cap.cap_note(
+        keras_transformer.EXPERIMENT, args, info)
+    args.device_memory, args.out_dir = info["cap_mib"], tmp_path
+    assert reports.output_stem(keras_transformer.EXPERIMENT, args).name.endswith("-state0.33")
+    with pytest.raises(SystemExit):  # only the two settings of the experiments
+        options.parse_args(keras_transformer.EXPERIMENT, ["--find-max", "--state-share", "0.5"])
 
 
 @pytest.mark.slow
@@ -156,11 +215,13 @@ def test_reports_of_the_trials(trials, tmp_path):
     markdown = (tmp_path / "keras_transformer-tiny.md").read_text()
     assert "RESULT system=tfmem max=16 ratio=1.00" in markdown
     assert "the system refused the model" in markdown and "custom_gradient" in markdown
-    assert "| tfmem | 16 | 1.00 |" in markdown and "16: equal" in markdown
+    assert "| tfmem | - | 16 | 1.00 |" in markdown and "16: equal" in markdown
     saved = json.loads((tmp_path / "keras_transformer-tiny.json").read_text())
     assert saved["provenance"]["kernel_path"]["plain"] == "oneDNN off"
     assert set(saved["provenance"]["kernel_path"]) == set(keras_transformer.EXPERIMENT.systems)
     assert np.isclose(saved["extra"]["comparison"][0]["ratio"], 1.0)
+    # The docs' table is rebuilt from the stored trials: the same as the run wrote.
+    assert keras_common.stored_report(saved) == extra.markdown
 
 
 def test_largest_working_set_skips_ops_that_forward_their_inputs():

@@ -75,7 +75,9 @@ def experiment_block(data, name):
     command = data.get("command") or (
         f"python experiments/{script}.py" + (" --quick" if settings.get("quick") else ""))
     cap = data.get("cap")
-    if cap:
+    if cap and cap.get("note"):
+        cap_text = f"cap {cap['note']}"
+    elif cap:
         cap_text = (f"cap {cap['cap_mib']} MiB: plain TensorFlow's peak at {cap['size_name']} "
                     f"{cap['base_size']} measured on the machine ({cap_peak_text(cap)}, "
                     f"{cap['kernel_path']}, BFC allocator without a cap) x {cap['factor']:g}")
@@ -95,7 +97,10 @@ def experiment_block(data, name):
                 for s in summaries if s.get("first_failing_size") and s.get("failure")]
     lines += failures + ([""] if failures else [])
     lines += [f"    {data.get('result') or result_line(summaries)}", ""]
-    if data.get("extra_markdown"):
+    if script.startswith("keras_") and data.get("extra"):
+        from experiments import keras_common  # pylint: disable=import-outside-toplevel
+        lines += keras_common.stored_report(data).strip().splitlines() + [""]
+    elif data.get("extra_markdown"):
         extra = data["extra_markdown"].strip().splitlines()
         if extra and extra[0].startswith("#"):
             extra[0] = "**" + extra[0].lstrip("# ").strip() + "**"

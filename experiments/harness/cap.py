@@ -58,6 +58,8 @@ def cap_note(experiment, args, cap_info):
     """How the cap was chosen, in one line."""
     if cap_info is None:
         return f"cap: {args.device_memory} MiB, given (--device-memory)"
+    if cap_info.get("note"):
+        return f"cap: {cap_info['note']}"
     return (f"cap: {cap_info['cap_mib']} MiB = plain TensorFlow's peak at {experiment.size} "
             f"{cap_info['base_size']} measured on this machine ({cap_peak_text(cap_info)}, "
             f"{cap_info['kernel_path']}, BFC allocator without a cap) x "

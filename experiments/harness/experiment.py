@@ -104,8 +104,9 @@ class Experiment:
     baseline: str = "tf"
     trial: object = None
     system_notes: object = None
-    # (experiment, args, out) -> None: may move args.cap_base before the cap is derived.
-    choose_cap_base: object = None
+    # (experiment, args, out) -> cap info (derive_cap's dict, with a "note" saying how the
+    # cap was chosen): the experiment's own rule for the cap, in place of derive_cap.
+    derive_cap: object = None
 
 
 @dataclasses.dataclass

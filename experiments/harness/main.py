@@ -72,9 +72,7 @@ def _search_and_report(experiment, args):
     started, started_from = time.perf_counter(), tfmem_provenance.source()
     cap_info = None
     if args.device_memory is None:
-        if experiment.choose_cap_base is not None:
-            experiment.choose_cap_base(experiment, args, out=say)
-        cap_info = derive_cap(experiment, args, out=say)
+        cap_info = (experiment.derive_cap or derive_cap)(experiment, args, out=say)
         if cap_info["cap_mib"] is None:
             print(f"{experiment.title}: no cap, so no search: {cap_info['error']}")
             print(result_line([], reason=f"deriving the cap failed: {cap_info['error']}"),

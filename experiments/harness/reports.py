@@ -251,6 +251,8 @@ def output_stem(experiment, args):
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tag = args.tag or ("quick" if args.quick else f"cap{args.device_memory}-b{args.batch_size}")
+    if not args.tag and getattr(args, "state_share", None):  # the Keras experiments' setting
+        tag += f"-state{args.state_share:g}"
     return out_dir / f"{experiment.name}-{tag}"
 
 
