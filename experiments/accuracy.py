@@ -6,7 +6,7 @@
 The one measurement behind both `tests/test_simulate.py` (which bounds the
 errors) and the accuracy table of docs/results.md (rendered from the result file by
 `python tools/results_tables.py`): for each model of `MODELS` and partition
-size of `SIZES`, train `STEPS` steps through `TFMemSession(measure="every")`
+size of `SIZES`, train `STEPS` steps through `TFMemSession(options=tfmem.Options(measure="every"))`
 and compare, per step, TensorFlow's allocator peak with tfmem's two predicted
 figures (bytes requested; the same allocations replayed in BFC chunks).
 
@@ -73,7 +73,7 @@ def measured_session(builder, kwargs, batch, size):
     step's feed and fetches."""
     import tfmem  # pylint: disable=import-outside-toplevel
     model, sess = model_session(builder, kwargs)
-    tfs = tfmem.TFMemSession(sess, partition_size=size, measure="every")
+    tfs = tfmem.TFMemSession(sess, partition_size=size, options=tfmem.Options(measure="every"))
     # Not sess.run(init): a plain run caches the initializer's folded constants
     # in the session for good, and they would count in every step's peak.
     tfmem.TFMemSession(sess, partition_size=100000).run(model.init)

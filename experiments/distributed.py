@@ -415,7 +415,7 @@ def keys_client(args):
               "ratios": {}}
     for swap in ("none", "all"):
         tfs = tfmem.TFMemSession(sess, partition_size=args.partition_size, swap=swap,
-                                 swap_min_bytes=0, swap_distance=1)
+                                 swap_distance=1, options=tfmem.Options(swap_min_bytes=0))
         tfs.run(fetches, {x: batch})
         report[f"partitions_{swap}"] = tfs.last_step.partitions
         report[f"staged_{swap}"] = tfs.last_step.peak_device_handles

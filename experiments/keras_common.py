@@ -187,6 +187,7 @@ def run_keras_trial(experiment, args):
     import keras  # pylint: disable=import-outside-toplevel
 
     import tfmem  # pylint: disable=import-outside-toplevel
+    from tfmem.run.front_end.options import split_settings  # pylint: disable=import-outside-toplevel
     from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
     from tfmem.cli import keras_models  # pylint: disable=import-outside-toplevel
     from tfmem.run.placement import accelerator  # pylint: disable=import-outside-toplevel
@@ -230,7 +231,8 @@ def run_keras_trial(experiment, args):
         step = None
         if is_tfmem(system):
             options = tfmem_options(args)
-            tfmem.keras.partitioned(model, **options)
+            everyday, rest = split_settings(options)
+            tfmem.keras.partitioned(model, **everyday, options=rest)
             result["tfmem"] = dict(options, budget_mib=args.budget or (
                 result["device_memory_mib"] if args.partition_size == "auto" else None))
         result["build_seconds"] = time.perf_counter() - started

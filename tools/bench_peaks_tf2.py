@@ -65,7 +65,7 @@ def main():
         for name, profiled in (("tfmem", False), ("profiled", True)):
             model = build_resnet(keras, (2, 2, 2))
             sides[name] = tfmem.function(make_step(tf, keras, model), partition_size=size,
-                                         profile_peaks=profiled)
+                                         options=tfmem.Options(profile_peaks=profiled))
         for _ in range(args.warmup):
             for fn in sides.values():
                 _timed(fn, *data)

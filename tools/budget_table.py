@@ -38,7 +38,8 @@ graph, x, loss, train, init = build_model(tf, layers=24, batch=2048, width=256, 
 feed_value = np.random.default_rng(0).standard_normal((2048, 256)).astype(np.float32)
 config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
 sess = tf.compat.v1.Session(graph=graph, config=config)
-runner = tfmem.TFMemSession(sess, partition_size="auto", measure="every") if cap else sess
+runner = tfmem.TFMemSession(sess, partition_size="auto",
+                            options=tfmem.Options(measure="every")) if cap else sess
 runner.run(init)
 out = {"losses": [], "peaks": [], "times": []}
 for _ in range(steps):

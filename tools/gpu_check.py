@@ -126,8 +126,8 @@ def worker(system, cap_mib, stand_in, partition_size, trace_path, model):
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2}) if stand_in else None
     sess = tf.compat.v1.Session(graph=graph, config=config)
     runner = sess if system == "tf" else tfmem.TFMemSession(
-        sess, partition_size=partition_size, accelerator_device=device if stand_in else None,
-        trace=trace_path)
+        sess, partition_size=partition_size, trace=trace_path,
+        options=tfmem.Options(accelerator_device=device if stand_in else None))
     rng = np.random.default_rng(MODEL["seed"])
     batches = [rng.standard_normal((model["batch"], model["width"])).astype(np.float32)
                for _ in range(model["steps"])]

@@ -140,8 +140,8 @@ def _soak(args):
     model, feeds = _model(args)
     tfs = tfmem.TFMemSession(_session(tf, model.graph), partition_size=args.partition_size,
                              swap=args.swap,
-                             prefetch=args.prefetch, swap_min_bytes=0,
-                             measure="every")  # the peak of every step is the soak's figure
+                             prefetch=args.prefetch,  # the peak of every step is the figure
+                             options=tfmem.Options(swap_min_bytes=0, measure="every"))
     tfs.run(model.init)
     plan = tfs.plan([model.train, model.loss], feed_dict=feeds[0])
     process = psutil.Process()

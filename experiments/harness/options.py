@@ -60,7 +60,7 @@ def build_parser(experiment):
     trial.add_argument("--device-memory", type=positive_int, metavar="MiB",
                        help="emulated device-memory cap (TensorFlow's CPU allocator capped, "
                             "tfmem.emulate_accelerator); a search without it derives the cap "
-                            f"from plain TensorFlow's peak at --cap-base")
+                            "from plain TensorFlow's peak at --cap-base")
     trial.add_argument("--onednn", type=int, choices=(0, 1),
                        help="tfmem trials' kernel path (TF_ENABLE_ONEDNN_OPTS, default 0); plain "
                             "TensorFlow trials always run with 0: oneDNN kernels have crashed at "

@@ -11,6 +11,7 @@ import time
 
 import tfmem
 from tfmem.cli import child_env
+from tfmem.run.front_end.options import split_settings
 
 from experiments.harness import steady
 from experiments.harness.experiment import GRAPPLER_MEMORY_OPTIMIZATION, MIB, is_size_limit
@@ -98,7 +99,8 @@ def run_trial(experiment, args):
         settings = tfmem_settings(args)
         if args.budget is not None:
             settings["device_memory_budget"] = args.budget * MIB
-        runner = tfmem.TFMemSession(sess, **settings)
+        everyday, options = split_settings(settings)
+        runner = tfmem.TFMemSession(sess, **everyday, options=options)
         budget = args.budget if args.budget is not None else (
             result["device_memory_mib"] if args.partition_size == "auto" else None)
         result["tfmem"] = dict(settings, budget_mib=budget, step_paths=[])

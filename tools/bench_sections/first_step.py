@@ -27,7 +27,6 @@ def run(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 200),
     """
     log = log or (lambda text: None)
     tf = tensorflow()
-    tf1 = tf.compat.v1
     from tfmem.cli import models  # pylint: disable=import-outside-toplevel
     rows = []
     for config in configs:
@@ -53,11 +52,11 @@ def run(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 200),
             for size in sizes:
                 if own:  # a session of its own, on a copy of what it reaches
                     tfs = tfmem.Session(graph=model.graph, partition_size=size,
-                                        partial_runs=partial_runs)
+                                        options=tfmem.Options(partial_runs=partial_runs))
                     tfs.run(model.init)
                 else:  # the user's session, wrapped: its graph is the whole user graph
                     tfs = tfmem.TFMemSession(wrapped, partition_size=size,
-                                             partial_runs=partial_runs)
+                                             options=tfmem.Options(partial_runs=partial_runs))
                 started = time.perf_counter()
                 tfs.run(fetches, feed)
                 first_s = time.perf_counter() - started

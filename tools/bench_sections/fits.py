@@ -51,7 +51,7 @@ def run(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
     for size in partition_sizes:
         kwargs = dict(device_memory_budget=budget) if size == "auto" else {}
         tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap,
-                                 partial_runs=partial_runs, **kwargs)
+                                 options=tfmem.Options(partial_runs=partial_runs), **kwargs)
         t0 = time.perf_counter()
         tfs.run(fetches, feed)  # plans, rewrites, compiles
         first_s = time.perf_counter() - t0
