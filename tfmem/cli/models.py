@@ -180,6 +180,24 @@ def moe(experts=8, d_model=64, hidden=128, tokens=64, top_k=2, classes=16, seed=
     return _finish(g, (x, y), loss, 0.01, feed)
 
 
+def _dense_classifier_loss(h, labels, classes, seed):
+    """Mean softmax cross-entropy of one dense layer from the flattened `h` to `classes`."""
+    flat = tf.reshape(h, [-1, int(np.prod(h.shape[1:]))])
+    w = tf1.get_variable("fc", [flat.shape[-1], classes],
+                         initializer=tf1.glorot_uniform_initializer(seed=seed))
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=tf.matmul(flat, w)))
+
+
+def _image_feed(x, y, image, classes):
+    """feed(batch, data_seed): seeded random images and labels for `x` and `y`."""
+    def feed(batch, data_seed=0):
+        rng = np.random.RandomState(data_seed)
+        return {x: rng.randn(batch, image, image, 3).astype(np.float32),
+                y: rng.randint(0, classes, batch)}
+    return feed
+
+
 def convnet(channels=(13, 29, 47), image=36, strides=(1, 2, 1), kernel=(5, 3, 3),
             pool="max", classes=10, seed=0):
     """A plain convolution net of odd shapes the simulator was not tuned on: odd channel
@@ -197,17 +215,8 @@ def convnet(channels=(13, 29, 47), image=36, strides=(1, 2, 1), kernel=(5, 3, 3)
             h = tf.nn.relu(tf.nn.conv2d(h, w, strides=stride,
                                         padding="VALID" if i == 0 else "SAME"))
             h = pooling(h, 2, 2, "SAME")
-        flat = tf.reshape(h, [-1, int(np.prod(h.shape[1:]))])
-        w = tf1.get_variable("fc", [flat.shape[-1], classes],
-                             initializer=tf1.glorot_uniform_initializer(seed=seed))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=tf.matmul(flat, w)))
-
-    def feed(batch, data_seed=0):
-        rng = np.random.RandomState(data_seed)
-        return {x: rng.randn(batch, image, image, 3).astype(np.float32),
-                y: rng.randint(0, classes, batch)}
-    return _finish(g, (x, y), loss, 0.05, feed)
+        loss = _dense_classifier_loss(h, y, classes, seed)
+    return _finish(g, (x, y), loss, 0.05, _image_feed(x, y, image, classes))
 
 
 def vgg(widths=(24, 24, 40, 40, 72, 72), image=48, classes=10, seed=0):
@@ -226,14 +235,5 @@ def vgg(widths=(24, 24, 40, 40, 72, 72), image=48, classes=10, seed=0):
             h = tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(h, w, 1, "SAME"), b))
             if i % 2 == 1:
                 h = tf.nn.max_pool2d(h, 2, 2, "SAME")
-        flat = tf.reshape(h, [-1, int(np.prod(h.shape[1:]))])
-        w = tf1.get_variable("fc", [flat.shape[-1], classes],
-                             initializer=tf1.glorot_uniform_initializer(seed=seed))
-        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=tf.matmul(flat, w)))
-
-    def feed(batch, data_seed=0):
-        rng = np.random.RandomState(data_seed)
-        return {x: rng.randn(batch, image, image, 3).astype(np.float32),
-                y: rng.randint(0, classes, batch)}
-    return _finish(g, (x, y), loss, 0.05, feed)
+        loss = _dense_classifier_loss(h, y, classes, seed)
+    return _finish(g, (x, y), loss, 0.05, _image_feed(x, y, image, classes))
