@@ -34,7 +34,7 @@ from experiments.harness import cap, steady as steady_figures
 from experiments.harness.child import spawn_trial
 from experiments.harness.experiment import MIB, Experiment, Extra, is_tfmem
 from experiments.harness.reports import cell
-from experiments.harness.trial import describe_trial, first_line, report_phase
+from experiments.harness.trial import describe_trial, first_line, report_phase, size_limit
 
 REMAT_MODES = ("full", "activations", "larger_than", "list_of_layers")
 BASELINE = "plain"
@@ -263,20 +263,18 @@ def run_keras_trial(experiment, args):
         model.fit(x, y, batch_size=len(x), epochs=args.steps + EXTRA_STEPS, shuffle=False,
                   verbose=0, callbacks=[Measure()])
         result["status"], result["ok"] = "ok", True
-    except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too
-        result["status"] = "oom"
-        result["error"] = f"{type(err).__name__}: {first_line(err.message)}"
-    except tfmem.BudgetError as err:
-        result["status"], result["error"] = "budget", str(err)
-        result["budget_figures"] = budget_figures(str(err))
-    except tfmem.HostMemoryError as err:
-        result["status"], result["error"] = "host-memory", str(err)
     except Exception as err:  # pylint: disable=broad-except
         # A Keras rematerialisation mode that cannot run this model is a result; anything
-        # else (tfmem refusing the model included) is a failure of the run.
-        result["status"] = "unsupported" if remat_mode(system) and not is_tfmem(
-            system) else "error"
-        result["error"] = error_text(err)
+        # else but a size limit (tfmem refusing the model included) is a failure of the run.
+        limit = size_limit(err, tf)
+        if limit is not None:
+            result["status"], result["error"] = limit
+            if limit[0] == "budget":
+                result["budget_figures"] = budget_figures(str(err))
+        else:
+            result["status"] = "unsupported" if remat_mode(system) and not is_tfmem(
+                system) else "error"
+            result["error"] = error_text(err)
     if not result["ok"]:
         result["failed_in"] = f"{phase} (step {len(result['step_times'])})"
     peaks = [p for p in result["step_peaks"] if p]

@@ -33,6 +33,19 @@ def session_config(tf, system, inter_op_threads=0, intra_op_threads=0, kind="def
     return config
 
 
+def size_limit(err, tf):
+    """(status, error text) of a trial's exception that says the size does not fit: the
+    device ran out ("oom"; tfmem's DeviceMemoryError is one), budget mode found no plan
+    ("budget") or the host cannot hold the swapped tensors ("host-memory"); else None."""
+    if isinstance(err, tf.errors.ResourceExhaustedError):
+        return "oom", f"{type(err).__name__}: {first_line(err.message)}"
+    if isinstance(err, tfmem.BudgetError):
+        return "budget", str(err)
+    if isinstance(err, tfmem.HostMemoryError):
+        return "host-memory", str(err)
+    return None
+
+
 def first_line(message):
     """The line of an error message that says what failed (an OOM's shape, not its device)."""
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
@@ -140,17 +153,11 @@ def run_trial(experiment, args):
                            else step == 0)
             step += 1
         result["status"], result["ok"] = "ok", True
-    except tf.errors.ResourceExhaustedError as err:  # tfmem's DeviceMemoryError is one too
-        result["status"] = "oom"
-        result["error"] = f"{type(err).__name__}: {first_line(err.message)}"
-    except tfmem.BudgetError as err:
-        result["status"], result["error"] = "budget", str(err)
-    except tfmem.HostMemoryError as err:
-        result["status"], result["error"] = "host-memory", str(err)
     except Exception as err:  # pylint: disable=broad-except
-        # Not "does not fit": a bug or a broken setup.  The search reports it as a
-        # failure of the run (is_size_limit), never as a size limit.
-        result["status"], result["error"] = "error", f"{type(err).__name__}: {first_line(err)}"
+        # Anything but "does not fit" is a bug or a broken setup.  The search reports it
+        # as a failure of the run (is_size_limit), never as a size limit.
+        result["status"], result["error"] = size_limit(err, tf) or (
+            "error", f"{type(err).__name__}: {first_line(err)}")
     if not result["ok"]:
         result["failed_in"] = phase
     result["peak_bytes"] = peak or None
