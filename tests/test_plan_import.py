@@ -14,8 +14,6 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from tfmem.plan import stretches
-from tfmem.run.compiling import plan_import
 
 tf1 = tf.compat.v1
 
@@ -49,24 +47,19 @@ def _config():
 
 def _steps(one_import, swap, steps=3, stretched=True):
     graph, x, loss, train, init, data = _model()
-    previous = plan_import.ENABLED
-    plan_import.ENABLED = one_import
-    stretches.ENABLED = stretched
-    try:
-        with tf1.Session(graph=graph, config=_config()) as sess:
-            tfs = tfmem.TFMemSession(sess, partition_size=4, swap=swap, swap_distance=1)
-            sess.run(init)
-            before = graph.version
-            losses = [tfs.run([train, loss], {x: data})[1] for _ in range(steps)]
-            plan = tfs.plan([train, loss], {x: data})
-            # the per-partition import maps each deleter's edge to its last reader through
-            # a constant (rewrite.rewrite_partition: input_map names tensors only)
-            gates = sum(1 for op in graph.get_operations()
-                        if op.type == "Const" and "_in/freed" in op.name)
-            return losses, graph.version - before - gates, plan, sess.run(graph.weights)
-    finally:
-        plan_import.ENABLED = previous
-        stretches.ENABLED = True
+    options = tfmem.Options(one_import=one_import, stretches=stretched)
+    with tf1.Session(graph=graph, config=_config()) as sess:
+        tfs = tfmem.TFMemSession(sess, partition_size=4, swap=swap, swap_distance=1,
+                                 options=options)
+        sess.run(init)
+        before = graph.version
+        losses = [tfs.run([train, loss], {x: data})[1] for _ in range(steps)]
+        plan = tfs.plan([train, loss], {x: data})
+        # the per-partition import maps each deleter's edge to its last reader through
+        # a constant (rewrite.rewrite_partition: input_map names tensors only)
+        gates = sum(1 for op in graph.get_operations()
+                    if op.type == "Const" and "_in/freed" in op.name)
+        return losses, graph.version - before - gates, plan, sess.run(graph.weights)
 
 
 def _plain(steps=3):

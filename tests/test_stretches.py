@@ -122,15 +122,12 @@ def test_an_original_reading_state_the_stretch_wrote_starts_a_new_stretch(two_se
     feed = {x: np.arange(4, dtype=np.float32)}
     results = {}
     for enabled in (False, True):
-        stretches.ENABLED = enabled
-        try:
-            _, wrapped = two_sessions(g)
-            wrapped.run(init)
-            tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="none")
-            plan = tfs.plan(out, feed)
-            results[enabled] = tfs.run(out, feed)
-        finally:
-            stretches.ENABLED = True
+        _, wrapped = two_sessions(g)
+        wrapped.run(init)
+        tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="none",
+                                 options=tfmem.Options(stretches=enabled))
+        plan = tfs.plan(out, feed)
+        results[enabled] = tfs.run(out, feed)
     reader = next(p.index for p in plan.partitions if "late_read" in p.ops)
     writer = next(p.index for p in plan.partitions if update.name in p.ops)
     assert writer < reader, "the plan must read after the update for this test to mean anything"
@@ -145,7 +142,6 @@ import tfmem
 tfmem.emulate_accelerator(1024)
 import tensorflow as tf
 from tfmem.cli import models
-from tfmem.plan import stretches
 tf1 = tf.compat.v1
 model = models.resnet(blocks=(2, 2, 2), width=16, image=32)
 session = tf1.Session(graph=model.graph, config=tfmem.session_config(
@@ -155,8 +151,8 @@ feed = model.feed(32)
 out = {}
 for name, enabled in (("partitions", False), ("stretches", True), ("partitions2", False),
                       ("stretches2", True)):
-    stretches.ENABLED = enabled
-    tfs = tfmem.TFMemSession(session, partition_size=30, swap="none", measure="every")
+    tfs = tfmem.TFMemSession(session, partition_size=30, swap="none",
+                             options=tfmem.Options(measure="every", stretches=enabled))
     tfs.run([model.train, model.loss], feed)
     steps, parts = [], []
     for _ in range(3):

@@ -168,6 +168,7 @@ def run_all(args, log=None):
                                      budget=args.budget, swap=args.swap,
                                      tfmem_config=args.tfmem_config,
                                      partial_runs=args.partial_runs,
+                                     one_import=not args.per_partition_rewrite,
                                      partition_sizes=tuple(
                                          p if p == "auto" else int(p)
                                          for p in args.partition_sizes),
@@ -223,8 +224,8 @@ def build_parser():
                         help="config of tfmem's session in (a): tfmem.session_config() "
                              "(default) or TensorFlow's default; plain always uses the default")
     parser.add_argument("--per-partition-rewrite", action="store_true",
-                        help="copy plans with one import per partition (the rewrite before "
-                             "plan_import), to compare")
+                        help="(a) copies plans with one import per partition "
+                             "(tfmem.Options(one_import=False)), to compare")
     parser.add_argument("--partial-runs", action="store_true",
                         help="TFMemSession(partial_runs=True) in (a) and (c): one partial run "
                              "per step instead of one callable per stretch of partitions")
@@ -253,9 +254,6 @@ def main(argv=None):
     # before TensorFlow starts here: the kernel path is chosen, never the machine's default
     onednn = args.onednn or ("1" if child_env.onednn_from_env(default=False) else "0")
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = onednn
-    if args.per_partition_rewrite:
-        from tfmem.run.compiling import plan_import  # pylint: disable=import-outside-toplevel
-        plan_import.ENABLED = False
     started_from = provenance.source()
     started = time.perf_counter()
     results = run_all(args)

@@ -37,8 +37,6 @@ from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.build import Partition, Transfer, connected_inputs
 from tfmem.plan.swap import Span
 
-ENABLED = True  # False: one callable per partition (to compare the two)
-
 
 class _StateTouched:
     """The state sources that the stretch's ops with side effects read so far, and whether
@@ -122,7 +120,7 @@ def _merged_transfer(transfer, stretch_of):
 def merged(plan):
     """The plan whose partitions are the stretches of `plan`, each with its `stages`
     (the partitions it runs); a plan of one stretch per partition is returned as it is."""
-    groups = stretches(plan) if ENABLED else ()
+    groups = stretches(plan)
     if not groups or len(groups) == len(plan.partitions):
         return plan
     stretch_of = {i: s for s, group in enumerate(groups) for i in group}

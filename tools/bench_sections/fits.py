@@ -19,7 +19,7 @@ def _request_ops(tfs, fetches, feed):
 
 def run(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
                warmup=2, budget="8GiB", breakdown_steps=2, width=16, image=32, swap="auto",
-               tfmem_config="tfmem", partial_runs=False, log=None):
+               tfmem_config="tfmem", partial_runs=False, one_import=True, log=None):
     """Plain vs tfmem on one graph in this process; a dict with one entry per partition size.
 
     The plain session has TensorFlow's default config; tfmem's has `tfmem_config`.
@@ -51,7 +51,8 @@ def run(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
     for size in partition_sizes:
         kwargs = dict(device_memory_budget=budget) if size == "auto" else {}
         tfs = tfmem.TFMemSession(wrapped, partition_size=size, swap=swap,
-                                 options=tfmem.Options(partial_runs=partial_runs), **kwargs)
+                                 options=tfmem.Options(partial_runs=partial_runs,
+                                                       one_import=one_import), **kwargs)
         t0 = time.perf_counter()
         tfs.run(fetches, feed)  # plans, rewrites, compiles
         first_s = time.perf_counter() - t0

@@ -181,17 +181,15 @@ class _External:
         return key
 
 
-ENABLED = True  # False: every plan goes through rewrite.rewrite (to compare the two)
+def imports_whole_plans(residence, one_import=True):
+    """Whether plans are copied by one import here (which can run stretches: `stretches`);
+    `one_import` False copies them partition by partition (Options.one_import)."""
+    return one_import and supports(residence)
 
 
-def imports_whole_plans(residence):
-    """Whether plans are copied by one import here (which can run stretches: `stretches`)."""
-    return ENABLED and supports(residence)
-
-
-def rewrite_plan(graph, plan, scope, residence):
+def rewrite_plan(graph, plan, scope, residence, one_import=True):
     """The plan's Programs: one import where the residence allows it, else per partition."""
-    if imports_whole_plans(residence):
+    if imports_whole_plans(residence, one_import):
         return rewrite(graph, plan, scope, residence)
     return partition_rewrite.rewrite(graph, plan, scope, residence)
 

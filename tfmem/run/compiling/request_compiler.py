@@ -39,6 +39,8 @@ class SessionRuntime:
     measure_device: bool  # TensorFlow keeps allocator figures (see accelerator.keeps_figures)
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
     partial_runs: bool = False  # steps of plans that allow it run as partial runs
+    stretches: bool = True  # runs of partitions in one call (Options.stretches)
+    one_import: bool = True  # a plan's copies in one import (Options.one_import)
     cancelled_by: object = None  # the OpError of a failed partial-run step (see partial_run)
     # budget mode: a measured step stays a partial run, read by the process figures (call_peaks)
     measure_partial_runs: bool = False
@@ -123,9 +125,10 @@ class RequestCompiler:
         residence = self._runtime.residence.for_plan(scope)
         # one partial run per step where it serves, else callables (see partial_run)
         # the callables run the plan's stretches where the residence's ops allow it
-        run_plan = stretches.merged(plan) if plan_import.imports_whole_plans(residence) else plan
+        one_import = plan_import.imports_whole_plans(residence, self._runtime.one_import)
+        run_plan = stretches.merged(plan) if one_import and self._runtime.stretches else plan
         partial, programs = partial_run.copy_plan(self._session, plan, scope, residence,
-                                                  partial_runs, run_plan)
+                                                  partial_runs, run_plan, one_import)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "

@@ -233,18 +233,20 @@ class PartialStep:
         return self._diagnosis.failure(index, error)
 
 
-def copy_plan(session, plan, scope, residence, enabled=True, callables_plan=None):
+def copy_plan(session, plan, scope, residence, enabled=True, callables_plan=None,
+              one_import=True):
     """(PartialRun or None, the callables' Programs or a function making them): a plan
     whose steps can run as partial runs is copied for them now, and for its callables
     only when a step first needs them (options, run_metadata, measured peaks).
-    `callables_plan`: what the callables run (the plan's stretches, see stretches)."""
+    `callables_plan`: what the callables run (the plan's stretches, see stretches);
+    `one_import`: copy them in one import where the residence allows (plan_import)."""
     graph = session.graph
 
     def for_callables():
         with graph.as_default():
             callable_scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         return plan_import.rewrite_plan(graph, callables_plan or plan, callable_scope,
-                                        residence)
+                                        residence, one_import)
 
     why = _unsupported(session, plan, residence) if enabled else "partial_runs=False"
     if why is not None:

@@ -62,6 +62,14 @@ class Options:
     distributed session).  False leaves their order to TensorFlow's executor, as a plain
     step runs its ops."""
 
+    stretches: bool = True
+    """TFMemSession: consecutive partitions with nothing to do between them (no swap,
+    no upload, no result) run in one Session call; False runs one call per partition."""
+
+    one_import: bool = True
+    """TFMemSession: a plan's copies are added to the session's graph in one import;
+    False adds them partition by partition (and runs no stretches)."""
+
     profile_peaks: bool = False
     """tfmem.function: measure every partition's device peak on every step with
     TensorFlow's profiler (costs tens to hundreds of milliseconds a step)."""
@@ -71,7 +79,8 @@ class Options:
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
             raise ValueError(f"Options.swap_min_bytes must be an integer >= 0, got {size!r}")
         sampling.check_mode(self.measure)
-        for name in ("place_state_on_host", "partial_runs", "chain_copies", "profile_peaks"):
+        for name in ("place_state_on_host", "partial_runs", "chain_copies", "stretches",
+                     "one_import", "profile_peaks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Options.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
