@@ -154,14 +154,12 @@ def _waits_for_delete(op):
 
 
 @pytest.mark.parametrize("writer", ["whole plan", "partial run", "per partition"])
-def test_a_freed_input_is_deleted_before_its_last_reader(writer, two_sessions, monkeypatch):
+def test_a_freed_input_is_deleted_before_its_last_reader(writer, two_sessions):
     """A tensor swapped out and uploaded for the next partition is read there last by a
     sine: the copy of the sine waits for the upload's deleter, so it holds the only
     reference and TensorFlow may write the sine into the tensor's buffer (the simulator
     counts it: test_memory_model).  Every copy writer adds the edge; values stay
     bit-equal."""
-    from tfmem.run.compiling import plan_import  # pylint: disable=import-outside-toplevel
-    monkeypatch.setattr(plan_import, "ENABLED", writer != "per partition")
     graph = tf.Graph()
     with graph.as_default():
         x = tf1.placeholder(tf.float32, [None, 64], name="x")
@@ -171,6 +169,7 @@ def test_a_freed_input_is_deleted_before_its_last_reader(writer, two_sessions, m
     tfs = tfmem.TFMemSession(wrapped, partition_size=1, swap="all",
                              options=tfmem.Options(swap_min_bytes=0,
                                                    partial_runs=writer == "partial run",
+                                                   one_import=writer != "per partition",
                                                    measure="off"))
     feed = {x: np.random.RandomState(0).uniform(-1, 1, (32, 64)).astype(np.float32)}
     for _ in range(2):

@@ -21,7 +21,6 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 
 import tfmem
-from tfmem.run.compiling import plan_import
 from conftest import new_session
 
 tf1 = tf.compat.v1
@@ -94,16 +93,15 @@ def _tf1_model(resource_only=False):
 
 
 @pytest.mark.parametrize("route", ["plan_import", "per_partition", "partial_runs"])
-def test_tfmem_session_changes_no_user_op(route, monkeypatch, mutations):
-    if route == "per_partition":
-        monkeypatch.setattr(plan_import, "ENABLED", False)
+def test_tfmem_session_changes_no_user_op(route, mutations):
     graph, x, loss, train, init = _tf1_model(resource_only=(route == "partial_runs"))
     before = _snapshot(graph.get_operations())
     changes = mutations(graph)
     sess = new_session(graph)
     sess.run(init)  # the user's ops have run: a change now would be lost, and warned of
     tfs = tfmem.TFMemSession(sess, partition_size=3,
-                             options=tfmem.Options(partial_runs=(route == "partial_runs")))
+                             options=tfmem.Options(partial_runs=(route == "partial_runs"),
+                                                   one_import=(route != "per_partition")))
     tfs.run(init)  # the initialisers are originals the init NoOp's copy waits for
     feed = {x: np.ones((8, 6), np.float32)}
     for _ in range(2):
