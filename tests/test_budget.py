@@ -277,10 +277,10 @@ def test_a_generous_budget_plans_one_partition():
         assert plan.num_ops == len(plan.view.nodes)
 
 
-def test_fit_picks_the_fewest_partitions_that_fit():
-    """One partition fewer, the ops sliced evenly as the search slices them, does not fit
-    budget * (1 - margin) at any swap distance the search tries; predictions include
-    kernel scratch."""
+def test_fit_picks_the_largest_partition_size_that_fits():
+    """One more op per partition than the chosen size does not fit budget * (1 - margin),
+    at any swap distance the search tries (the search is exact below twice
+    budget.SIZE_PRECISION ops); predictions include kernel scratch."""
     model = models.mlp(layers=12)
     x, = model.inputs
     fetches, targets, feed_shapes = [model.loss], [model.train], {x.name: (1024, 256)}
@@ -300,13 +300,11 @@ def test_fit_picks_the_fewest_partitions_that_fit():
     # ... and in BFC chunks where the allocator replay reads more than the requests.
     assert all(p.device_peak >= p.device_peak_chunks for p in trace.partitions)
     assert 1 < len(plan.partitions)
-    size, ops = plan.partition_size, len(view.nodes)
-    assert size < ops
-    # the partition size of one partition fewer: the smallest even slicing above `size`
-    fewer = min(-(-ops // count) for count in range(1, ops + 1) if -(-ops // count) > size)
+    size = plan.partition_size
+    assert size < min(len(view.nodes), 2 * budget.SIZE_PRECISION)  # where it is exact
     groups, placement = units(view), place(view, None)
     for distance in range(policy.swap_distance, -1, -1):
-        bigger = build_plan(view, partition(view, groups, fewer), fewer,
+        bigger = build_plan(view, partition(view, groups, size + 1), size + 1,
                             dataclasses.replace(policy, swap_distance=distance), placement)
         assert simulate(bigger, shapes, early_frees=False, scratch=kernel_scratch,
                         slack=slack, chunks=True).peak_device > limit, distance

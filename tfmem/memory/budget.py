@@ -5,13 +5,14 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 
 1. the whole step as one partition: if it fits, the step runs at plain
    TensorFlow's speed;
-2. otherwise slice the step into partitions of about equal ops, doubling
-   their number until a plan fits, then bisect between that number and half
-   of it for the fewest that fits.  Only the fewest partitions matter (each
-   costs a `Session.run`); equal ones leave each the most room below the
-   budget.  At each size, try the user's swap distance first and shorter
-   distances (more swapping) after.  A candidate is rejected at its first
-   partition over the budget, unsimulated after it;
+2. otherwise halve the partition size until a plan fits, then search between
+   that size and the one above it for the largest that fits, exactly below
+   2 x `SIZE_PRECISION` ops and to within 1/`SIZE_PRECISION` of it above (a few
+   ops more or less in a partition of thousands change nothing a step costs,
+   and every bisection step is a whole prediction); at each size, try the
+   user's swap distance first and shorter distances (more swapping) after.
+   A candidate is rejected at its first partition over the budget,
+   unsimulated after it;
 3. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -163,6 +164,11 @@ class Correction:
         return new
 
 
+# The bisection stops when the bracket is within 1/SIZE_PRECISION of the largest size
+# that fits (exact below twice that many ops).
+SIZE_PRECISION = 32
+
+
 def learned_factor(correction):
     """The factor `correction` has learned (1.0 before any, or without a correction)."""
     return correction.factor if correction is not None else 1.0
@@ -292,8 +298,8 @@ def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
-    """(plan, trace) of the fewest partitions, of about equal ops, whose predicted peak
-    fits the budget.
+    """(plan, trace) of the largest partition size (to within 1/SIZE_PRECISION of it)
+    whose predicted peak fits the budget.
 
     `view`: the request as `analyse` returned it; `sizing`: its `Sizing` at the fed
     shapes (tensor shapes and kernel scratch, read from the graph once by the caller).
@@ -365,15 +371,10 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         return tried[size]
 
     whole = max(len(view.nodes), 1)
-
-    def sliced_into(count):
-        """The partition size that slices the request into about `count` equal partitions."""
-        return -(-whole // count)
-
-    count, fits = 1, attempt(whole)
-    while fits is None and sliced_into(count) > 1:
-        count = min(count * 2, whole)
-        fits = attempt(sliced_into(count))
+    size, fits = whole, attempt(whole)
+    while fits is None and size > 1:
+        size = max(size // 2, 1)
+        fits = attempt(size)
     if fits is None:
         trace = scaled(simulate(build_plan(view, slice_order(groups, order, 1), 1,
                                            dataclasses.replace(policy, swap_distance=0),
@@ -395,13 +396,13 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
             + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
-    fewest, most = count // 2, count  # `most` partitions fit, `fewest` do not
-    while most - fewest > 1:
-        middle = (fewest + most) // 2
-        if attempt(sliced_into(middle)) is None:
-            fewest = middle
+    low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit
+    while high - low > max(1, low // SIZE_PRECISION):
+        middle = (low + high) // 2
+        if attempt(middle) is None:
+            high = middle
         else:
-            most = middle
-    plan, trace = tried[sliced_into(most)]
+            low = middle
+    plan, trace = tried[low]
     validate(plan)
     return plan, trace
