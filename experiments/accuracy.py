@@ -233,7 +233,8 @@ def _band(error):
 
 
 def summary(rows, target=0.10, worst_target=0.15):
-    """One line: how many configurations meet issue 10's targets, by either figure."""
+    """One line: how many configurations meet the accuracy targets (`target` for the
+    median error, `worst_target` for the worst), by either figure."""
     median = sum(abs(r["error"]) <= target for r in rows)
     worst = sum(abs(r["worst_error"]) <= worst_target for r in rows)
     chunks = sum(abs(_chunks_error(r, "measured")) <= target for r in rows)

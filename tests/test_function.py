@@ -397,7 +397,7 @@ def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     assert result["unchanged"]  # the failed step updated no variable
     assert result["cause_node_traced"], result["cause_node"]
     # No peak-within-cap check: a step that ran under the hard cap is within it by
-    # construction (issue 11); test_function_measure.py checks the measured figures.
+    # construction; test_function_measure.py checks the measured figures.
     assert result["partitions"] > 1
 
 

@@ -1,5 +1,5 @@
 """Every public name of `tfmem` resolves, in a fresh process: a name whose module moved
-(issue 17's wings) must fail here, not only in the one test that happens to use it,
+(into another wing or folder) must fail here, not only in the one test that happens to use it,
 and not pass because another test imported the module first."""
 
 import os

@@ -109,7 +109,7 @@ def test_accuracy_run_measured_every_configuration(accuracy):
 # Allocations outside the partitions' traced kernels (feeds, uploads on the prefetch
 # thread, first runs of callables): the oneDNN ResNet at size 20 read 18.67 MiB in
 # TensorFlow's figure and 16.57 MiB in tfmem's on the step that was the run's peak,
-# within the ~2 MiB this open gap of issue 10 is documented at.
+# within the ~2 MiB this open gap of the measurement is documented at (docs/how-it-works.md).
 UNTRACED_BYTES = 2 << 20
 
 
@@ -122,7 +122,7 @@ def test_tfmem_measures_the_allocator_peak_of_every_step(accuracy):
     (reporting the process-wide peak would). A single step can read low: up to ~2 MiB
     (10 %) on ResNet at partition size 20, now and then, when allocations outside the
     partitions' traced kernels (uploads on the prefetch thread, first runs of callables)
-    set that step's peak. An open gap of the measurement (issue 10), not of the model."""
+    set that step's peak. An open gap of the measurement, not of the model."""
     for key, row in accuracy.items():
         ours, tensorflows = row["tfmem_peaks"], row["peaks"]
         warm_ours, warm_tf = max(ours[1:]), max(tensorflows[1:])  # step 1 on, as accuracy
