@@ -109,7 +109,8 @@ def test_accuracy_run_measured_every_configuration(accuracy):
 # Allocations outside the partitions' traced kernels (feeds, uploads on the prefetch
 # thread, first runs of callables): the oneDNN ResNet at size 20 read 18.67 MiB in
 # TensorFlow's figure and 16.57 MiB in tfmem's on the step that was the run's peak,
-# within the ~2 MiB this open gap of the measurement is documented at (docs/how-it-works.md).
+# within the ~2 MiB this open gap of the measurement is documented at (docs/how-it-works.md,
+# "What the measurement does not see").
 UNTRACED_BYTES = 2 << 20
 
 
