@@ -135,6 +135,44 @@ def test_functions_and_their_gradients_are_copied(own_and_plain):
                                       plain.run([train, loss], feed)[1])
 
 
+def test_ops_sharing_many_control_inputs_wait_on_them_through_one_op(own_and_plain):
+    """`with control_dependencies(update_ops): minimize(loss)` gives every gradient op a
+    control edge from every update: the copy writes each shared set once, and the
+    updates still run with the step (the moving averages equal the plain session's)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [8, 6], name="x")
+        h, averages = x, []
+        for layer in range(12):
+            w = tf1.get_variable(f"w{layer}", [6, 6], initializer=tf1.glorot_uniform_initializer(seed=layer))
+            h = tf.tanh(tf.matmul(h, w))
+            average = tf1.get_variable(f"average{layer}", [], initializer=tf1.zeros_initializer())
+            averages.append(average)
+            tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, average.assign(
+                0.9 * average + 0.1 * tf.reduce_mean(h)))
+        loss = tf.reduce_sum(h * h)
+        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
+            train = tf1.train.GradientDescentOptimizer(0.05).minimize(loss)
+        init = tf1.global_variables_initializer()
+    tfs, plain = own_and_plain(g)
+    tfs.run(init)
+    plain.run(init)
+    feed = {x: np.linspace(-1, 1, 48, dtype=np.float32).reshape(8, 6)}
+    for _ in range(3):
+        tfs.run(train, feed)
+        plain.run(train, feed)
+    for got, expected in zip(tfs.run(averages), plain.run(averages)):
+        assert got == expected != 0.0
+
+    def control_edges(graph, of):
+        return sum(len(op.control_inputs) for op in graph.get_operations() if op.name in of)
+
+    users = {op.name for op in g.get_operations()}
+    copied = users & {op.name for op in tfs.session.graph.get_operations()}
+    assert control_edges(g, copied) > 250
+    assert control_edges(tfs.session.graph, copied) < control_edges(g, copied) / 5
+
+
 def test_a_user_op_with_the_name_of_tfmems_own_is_refused_clearly(own_and_plain):
     model, tfs, plain = _initialised(own_and_plain, _filled_mlp(10))
     feed = model.feed(8)

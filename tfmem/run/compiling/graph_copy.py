@@ -12,7 +12,13 @@ bound to a graph of its own instead, which holds:
   targets read, by data or control edges, with the ops they are colocated
   with and the ops named as their name scopes, copied on a request's first
   run; and
-* tfmem's copies of plans, as in a wrapped session's graph.
+* tfmem's copies of plans, as in a wrapped session's graph; and
+* one NoOp (`tfmem/shared_controls`) for each set of many control inputs that
+  several copied ops share.  `with tf.control_dependencies(update_ops):
+  train = optimizer.minimize(loss)` gives every gradient op created inside a
+  control edge from every update op: hundreds of thousands of edges in a deep
+  network, which DirectSession copies for every callable.  Through the NoOp the
+  ops wait for the same ops, and each shared set is written once.
 
 The user's graph is never changed: plan copies go into this graph.  Copied
 ops are not updated when the user later changes an op (a device set after the
@@ -26,6 +32,10 @@ import tensorflow as tf
 from tfmem import tf_private
 from tfmem.plan.analyse import canonical_input
 
+# An op with at least this many control inputs waits on them through a shared NoOp.
+SHARED_CONTROLS_MIN = 8
+_SHARED_CONTROLS_NAME = "tfmem/shared_controls"
+
 
 class GraphCopy:
     """`graph`: the session graph; `source`: the user's graph it copies from."""
@@ -35,6 +45,7 @@ class GraphCopy:
         self.graph = tf.Graph()
         self._copied = set()  # names of the source's ops in `graph`
         self._functions = set()  # names of the source's functions in `graph`
+        self._shared_controls = {}  # frozenset of "^name" control inputs -> its NoOp's name
         self._lock = threading.Lock()
 
     def reach(self, ops):
@@ -71,12 +82,15 @@ class GraphCopy:
         graph_def.versions.CopyFrom(self.source.graph_def_versions)
         new_functions = tf_private.function_library(self.source, self._functions)
         graph_def.library.CopyFrom(new_functions)
-        tensors, controls = {}, {}  # what the new ops read of ops copied before
         for _, node in found.values():
             graph_def.node.append(node)
+        self._share_controls(graph_def)
+        new = {node.name for node in graph_def.node}
+        tensors, controls = {}, {}  # what the new ops read of ops copied before
+        for node in graph_def.node:
             for name in node.input:
                 source = name.lstrip("^").partition(":")[0]
-                if source in found:
+                if source in new:
                     continue
                 if name.startswith("^"):
                     controls[source] = self.graph.get_operation_by_name(source)
@@ -99,6 +113,24 @@ class GraphCopy:
                     copied.set_shape(tensor.shape)
         self._copied.update(found)
         self._functions.update(f.signature.name for f in new_functions.function)
+
+    def _share_controls(self, graph_def):
+        """Give the nodes of `graph_def` with many control inputs one shared NoOp per set
+        (see the module docstring), reusing the NoOps of earlier imports.  The NodeDefs
+        are the copy's own (`Operation.node_def` returns a new one)."""
+        for node in list(graph_def.node):
+            controls = [name for name in node.input if name.startswith("^")]
+            if len(controls) < SHARED_CONTROLS_MIN:
+                continue
+            key = frozenset(controls)
+            shared = self._shared_controls.get(key)
+            if shared is None:
+                shared = self.graph.unique_name(_SHARED_CONTROLS_NAME, mark_as_used=True)
+                graph_def.node.add(name=shared, op="NoOp", input=sorted(key))
+                self._shared_controls[key] = shared
+            inputs = [name for name in node.input if not name.startswith("^")]
+            del node.input[:]
+            node.input.extend(inputs + ["^" + shared])
 
     def tensor(self, tensor):
         """The copy of a source tensor."""
