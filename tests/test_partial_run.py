@@ -17,7 +17,6 @@ import pytest
 import tensorflow as tf
 
 import tfmem
-from conftest import tfmem_config
 from tfmem.cli import models
 from tfmem.run.executing.partial_run import SessionCancelledError
 

@@ -13,7 +13,13 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    user's swap distance first and shorter distances (more swapping) after.
    A candidate is rejected at its first partition over the budget,
    unsimulated after it;
-3. if even one op per partition with every tensor swapped does not fit, say
+3. coarsen: one large partition usually does not fit where one op of the step
+   (a convolution's gradient and its scratch) fills the device, while everywhere
+   else it would.  So partitions of 2, 4, 8 ... times the size found, sliced at
+   that size only where such a partition goes over the budget (each partition
+   over it makes its ops fine, and the plan is predicted again), for as long
+   as that gives fewer partitions: fewer Session calls, fewer callables;
+4. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
 Predictions include each kernel's scratch memory, measured once per kernel
@@ -49,7 +55,7 @@ import re
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
-from tfmem.plan.partition import depth_first_order, slice_order
+from tfmem.plan.partition import depth_first_order, slice_order, slice_order_mixed
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan, validate
 from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simulate,
@@ -167,6 +173,9 @@ class Correction:
 # The bisection stops when the bracket is within 1/SIZE_PRECISION of the largest size
 # that fits (exact below twice that many ops).
 SIZE_PRECISION = 32
+# A coarsened plan (step 3 of the search) is predicted at most this many times per
+# partition size: each prediction makes the partitions that went over fine.
+COARSENING_ROUNDS = 12
 
 
 def learned_factor(correction):
@@ -404,5 +413,44 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         else:
             low = middle
     plan, trace = tried[low]
+
+    def coarsened(size, fine):
+        """(plan, trace) with partitions of `size` ops, but of `low` ops at the positions
+        of the order in `fine` (grown in place where a partition goes over), or None."""
+        for _ in range(COARSENING_ROUNDS):
+            partitions, positions = slice_order_mixed(groups, order, size, low, fine)
+            if len(partitions) >= len(plan.partitions):
+                return None
+            coarse = build_plan(view, partitions, size, plan.policy, placement)
+            over = []
+
+            def give_up(partition):
+                if over_budget(partition):
+                    over.append(partition.index)
+                    return True
+                return False
+
+            coarse_trace = simulate(coarse, shapes, early_frees=False, scratch=scratch,
+                                    slack=slack, chunks=True, share=share, give_up=give_up,
+                                    **options)
+            if within_budget(coarse_trace):
+                return coarse, coarse_trace
+            worst = over[0] if over else max(coarse_trace.partitions,
+                                             key=lambda p: p.device_peak).index
+            # its ops fine already: the coarse partitions before it hold too much
+            coarse_before = [i for i in range(worst, -1, -1)
+                             if not fine.issuperset(positions[i])]
+            if not coarse_before:
+                return None
+            fine.update(positions[coarse_before[0]])
+        return None
+
+    size, fine = low * 2, set()
+    while size < whole:
+        better = coarsened(size, fine)
+        if better is None:
+            break
+        plan, trace = better
+        size *= 2
     validate(plan)
     return plan, trace

@@ -119,6 +119,32 @@ def slice_order(groups, order, partition_size):
     return partitions
 
 
+def slice_order_mixed(groups, order, partition_size, fine_size, fine):
+    """As `slice_order`, but the units at the positions in `fine` (of `order`) in
+    partitions of at most `fine_size` ops, apart from the others.
+
+    Returns (partitions, positions): per partition its units, and the positions in
+    `order` they hold."""
+    partitions, positions = [], []
+    current, held, size, current_fine = [], [], 0, False
+    for position, index in enumerate(order):
+        unit = groups[index]
+        is_fine = position in fine
+        limit = fine_size if is_fine else partition_size
+        if current and (is_fine != current_fine or size + len(unit) > limit):
+            partitions.append(tuple(current))
+            positions.append(tuple(held))
+            current, held, size = [], [], 0
+        current.append(unit)
+        held.append(position)
+        size += len(unit)
+        current_fine = is_fine
+    if current:
+        partitions.append(tuple(current))
+        positions.append(tuple(held))
+    return partitions, positions
+
+
 def partition(view, groups, partition_size):
     """The view's units (`groups`) as an ordered list of partitions (tuples of units)."""
     return slice_order(groups, depth_first_order(view, groups), partition_size)
