@@ -310,6 +310,53 @@ def test_fit_picks_the_largest_partition_size_that_fits():
                         slack=slack, chunks=True).peak_device > limit, distance
 
 
+def _one_wide_layer_mlp():
+    """A 40-layer MLP of width 256 whose layer 13 is 8,192 wide: (graph, x, loss, train,
+    init).  Only the partitions around the wide layer need to be small."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf1.placeholder(tf.float32, [256, 256], name="x")
+        h = x
+        for layer in range(40):
+            width = 8192 if layer == 13 else 256
+            w = tf1.get_variable(f"w{layer}", [h.shape[-1], width],
+                                 initializer=tf1.glorot_uniform_initializer(seed=layer))
+            h = tf.tanh(tf.matmul(h, w))
+        loss = tf.reduce_mean(h * h)
+        train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        init = tf1.global_variables_initializer()
+    return g, x, loss, train, init
+
+
+def test_fit_coarsens_where_the_step_allows_and_trains_as_plain(monkeypatch):
+    """One wide layer sets the partition size the search finds; the plan it returns has
+    larger partitions elsewhere, fewer of them, and still fits."""
+    g, x, loss, train, init = _one_wide_layer_mlp()
+    view = analyse([loss], [train], [x])
+    sizing = Sizing.of(g, view, {x.name: (256, 256)})
+    floor, whole = (budget.predict(build_plan(view, partition(view, units(view), size), size),
+                                   sizing).peak_device for size in (1, len(view.nodes)))
+    budget_bytes = int((floor + (whole - floor) / 8) / (1 - budget.DEFAULT_MARGIN))
+    plan, trace = budget.fit(view, sizing, budget_bytes)
+    monkeypatch.setattr(budget, "COARSENING_ROUNDS", 0)
+    uniform, _ = budget.fit(view, sizing, budget_bytes)
+    monkeypatch.undo()
+    sizes = {len(p.ops) for p in plan.partitions}
+    assert len(plan.partitions) < len(uniform.partitions)
+    assert max(sizes) > uniform.partition_size >= min(sizes) and plan.partition_size > 1
+    assert trace.peak_device <= budget_bytes * (1 - budget.DEFAULT_MARGIN)
+    assert trace == budget.predict(plan, sizing)
+    feed = {x: np.random.RandomState(0).standard_normal((256, 256)).astype(np.float32)}
+    with tf1.Session(graph=g) as plain, tf1.Session(graph=g) as wrapped:
+        tfs = tfmem.TFMemSession(wrapped, partition_size="auto", device_memory_budget=budget_bytes)
+        plain.run(init)
+        tfs.run(init)
+        for _ in range(2):
+            np.testing.assert_array_equal(tfs.run([train, loss], feed)[1],
+                                          plain.run([train, loss], feed)[1])
+        assert len(tfs.plan([train, loss], feed).partitions) == len(plan.partitions)
+
+
 # ---------------------------------------------------------------------------
 # one capped process
 

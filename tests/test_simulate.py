@@ -9,7 +9,6 @@ TensorFlow already).  The pure properties plan and simulate in this process and
 run no step.
 """
 
-import os
 
 import numpy as np
 import pytest
