@@ -416,33 +416,31 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
 
     def coarsened(size, fine):
         """(plan, trace) with partitions of `size` ops, but of `low` ops at the positions
-        of the order in `fine` (grown in place where a partition goes over), or None."""
-        for _ in range(COARSENING_ROUNDS):
+        of the order in `fine` (grown in place where partitions go over), or None."""
+        for round_ in range(COARSENING_ROUNDS):
             partitions, positions = slice_order_mixed(groups, order, size, low, fine)
             if len(partitions) >= len(plan.partitions):
                 return None
             coarse = build_plan(view, partitions, size, plan.policy, placement)
-            over = []
-
-            def give_up(partition):
-                if over_budget(partition):
-                    over.append(partition.index)
-                    return True
-                return False
-
             coarse_trace = simulate(coarse, shapes, early_frees=False, scratch=scratch,
-                                    slack=slack, chunks=True, share=share, give_up=give_up,
-                                    **options)
+                                    slack=slack, chunks=True, share=share, **options)
             if within_budget(coarse_trace):
                 return coarse, coarse_trace
-            worst = over[0] if over else max(coarse_trace.partitions,
-                                             key=lambda p: p.device_peak).index
-            # its ops fine already: the coarse partitions before it hold too much
-            coarse_before = [i for i in range(worst, -1, -1)
-                             if not fine.issuperset(positions[i])]
-            if not coarse_before:
+            over = [p.index for p in coarse_trace.partitions
+                    if over_budget(dataclasses.replace(p, device_peak=p.device_peak_requested))
+                    ] or [max(coarse_trace.partitions, key=lambda p: p.device_peak).index]
+            # Fine: the coarse partitions among each one over and the ones before it,
+            # 1, 2, 4 ... of them in successive rounds (what the partitions before hold
+            # can be what does not fit).
+            grown = set()
+            for index in over:
+                coarse_before = [i for i in range(index, -1, -1)
+                                 if not fine.issuperset(positions[i])]
+                for i in coarse_before[:2 ** round_]:
+                    grown.update(positions[i])
+            if not grown:
                 return None
-            fine.update(positions[coarse_before[0]])
+            fine.update(grown)
         return None
 
     size, fine = low * 2, set()
