@@ -328,7 +328,7 @@ def _one_wide_layer_mlp():
     return g, x, loss, train, init
 
 
-def test_fit_coarsens_where_the_step_allows_and_trains_as_plain(monkeypatch):
+def test_fit_coarsens_where_the_step_allows_and_trains_as_plain():
     """One wide layer sets the partition size the search finds; the plan it returns has
     larger partitions elsewhere, fewer of them, and still fits."""
     g, x, loss, train, init = _one_wide_layer_mlp()
@@ -338,9 +338,7 @@ def test_fit_coarsens_where_the_step_allows_and_trains_as_plain(monkeypatch):
                                    sizing).peak_device for size in (1, len(view.nodes)))
     budget_bytes = int((floor + (whole - floor) / 8) / (1 - budget.DEFAULT_MARGIN))
     plan, trace = budget.fit(view, sizing, budget_bytes)
-    monkeypatch.setattr(budget, "COARSENING_ROUNDS", 0)
-    uniform, _ = budget.fit(view, sizing, budget_bytes)
-    monkeypatch.undo()
+    uniform, _ = budget.fit(view, sizing, budget_bytes, coarsen=False)
     sizes = {len(p.ops) for p in plan.partitions}
     assert len(plan.partitions) < len(uniform.partitions)
     assert max(sizes) > uniform.partition_size >= min(sizes) and plan.partition_size > 1

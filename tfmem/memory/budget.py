@@ -16,9 +16,11 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 3. coarsen: one large partition usually does not fit where one op of the step
    (a convolution's gradient and its scratch) fills the device, while everywhere
    else it would.  So partitions of 2, 4, 8 ... times the size found, sliced at
-   that size only where such a partition goes over the budget (each partition
-   over it makes its ops fine, and the plan is predicted again), for as long
-   as that gives fewer partitions: fewer Session calls, fewer callables;
+   that size only where such a partition goes over the budget (each
+   prediction makes the partitions over it fine, with 1, 2, 4 ... of the
+   coarse partitions before them in successive rounds, and the plan is
+   predicted again), for as long as that gives fewer partitions: fewer
+   Session calls, fewer callables;
 4. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -306,7 +308,7 @@ def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
 
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
-        margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=()):
+        margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=(), coarsen=True):
     """(plan, trace) of the largest partition size (to within 1/SIZE_PRECISION of it)
     whose predicted peak fits the budget.
 
@@ -322,6 +324,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     `prefer`: plans of the same request already compiled (for other feed shapes); the
     one with the fewest partitions that fits these shapes is returned, so its copies
     serve them and the session graph does not grow.
+    `coarsen`: False for a plan whose partitions all have the size found (step 3 of
+    the search left out), as a `partition_size` the user may set would make.
     """
     groups = units(view)
     order = depth_first_order(view, groups)  # every candidate slices this one order
@@ -444,7 +448,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         return None
 
     size, fine = low * 2, set()
-    while size < whole:
+    while coarsen and size < whole:
         better = coarsened(size, fine)
         if better is None:
             break

@@ -89,8 +89,9 @@ def suggest(plan, sizing, capacity, failed_peak, resident_bytes=0):
         target = capacity or failed_peak
         for _ in range(MAX_HALVINGS if target else 0):  # 0: the simulator could size nothing
             try:
+                # advice names one partition_size: a plan of partitions all that size
                 fitted, trace = budget.fit(plan.view, sizing, target, policy,
-                                           resident_bytes=resident_bytes)
+                                           resident_bytes=resident_bytes, coarsen=False)
             except errors.BudgetError:
                 break
             cautious = fitted.partition_size, target, trace.peak_device, policy
