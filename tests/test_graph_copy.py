@@ -39,12 +39,17 @@ def own_and_plain(closed_at_teardown):
         tf1.Session(graph=graph, config=tfmem_config()))
 
 
+def _both_initialised(own_and_plain, graph, init):
+    """(tfmem.Session, plain session) of `graph`, `init` run in both."""
+    tfs, plain = own_and_plain(graph)
+    tfs.run(init)
+    plain.run(init)
+    return tfs, plain
+
+
 def _initialised(own_and_plain, model):
     """(model, tfmem.Session, plain session), the model's variables initialised in both."""
-    tfs, plain = own_and_plain(model.graph)
-    tfs.run(model.init)
-    plain.run(model.init)
-    return model, tfs, plain
+    return (model, *_both_initialised(own_and_plain, model.graph, model.init))
 
 
 def test_unrelated_ops_stay_out_and_the_users_graph_is_unchanged(own_and_plain):
@@ -126,9 +131,7 @@ def test_functions_and_their_gradients_are_copied(own_and_plain):
         loss = tf.reduce_sum(h * h)
         train = tf1.train.GradientDescentOptimizer(0.1).minimize(loss)
         init = tf1.global_variables_initializer()
-    tfs, plain = own_and_plain(g)
-    tfs.run(init)
-    plain.run(init)
+    tfs, plain = _both_initialised(own_and_plain, g, init)
     feed = {x: np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}
     for _ in range(2):
         np.testing.assert_array_equal(tfs.run([train, loss], feed)[1],
@@ -144,9 +147,11 @@ def test_ops_sharing_many_control_inputs_wait_on_them_through_one_op(own_and_pla
         x = tf1.placeholder(tf.float32, [8, 6], name="x")
         h, averages = x, []
         for layer in range(12):
-            w = tf1.get_variable(f"w{layer}", [6, 6], initializer=tf1.glorot_uniform_initializer(seed=layer))
+            w = tf1.get_variable(f"w{layer}", [6, 6],
+                                 initializer=tf1.glorot_uniform_initializer(seed=layer))
             h = tf.tanh(tf.matmul(h, w))
-            average = tf1.get_variable(f"average{layer}", [], initializer=tf1.zeros_initializer())
+            average = tf1.get_variable(f"average{layer}", [],
+                                       initializer=tf1.zeros_initializer())
             averages.append(average)
             tf1.add_to_collection(tf1.GraphKeys.UPDATE_OPS, average.assign(
                 0.9 * average + 0.1 * tf.reduce_mean(h)))
@@ -154,9 +159,7 @@ def test_ops_sharing_many_control_inputs_wait_on_them_through_one_op(own_and_pla
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train = tf1.train.GradientDescentOptimizer(0.05).minimize(loss)
         init = tf1.global_variables_initializer()
-    tfs, plain = own_and_plain(g)
-    tfs.run(init)
-    plain.run(init)
+    tfs, plain = _both_initialised(own_and_plain, g, init)
     feed = {x: np.linspace(-1, 1, 48, dtype=np.float32).reshape(8, 6)}
     for _ in range(3):
         tfs.run(train, feed)
