@@ -23,7 +23,7 @@ from tfmem.run.executing import partial_run
 from tfmem.run.compiling import plan_import
 from tfmem.run.executing.buffers import HostBufferPool
 from tfmem.run.compiling.compile_stats import CompileStats
-from tfmem.run.executing.execute import CallableThreads, Executor
+from tfmem.run.executing.execute import Executor
 from tfmem.run.executing.host_memory import check_host_memory
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,6 @@ class SessionRuntime:
     cancelled_by: object = None  # the OpError of a failed partial-run step (see partial_run)
     # budget mode: a measured step stays a partial run, read by the process figures (call_peaks)
     measure_partial_runs: bool = False
-    # callables made on threads of their own (see execute.BACKGROUND_AFTER_SECONDS)
-    callable_threads: CallableThreads = dataclasses.field(default_factory=CallableThreads)
 
 
 class RequestCompiler:

@@ -13,7 +13,6 @@ requested tensors it computes.  The swap manager holds the transfers in
 between; if a step fails it releases what the step held.
 """
 
-import logging
 import re
 import threading
 import time
@@ -34,39 +33,6 @@ from tfmem.run.executing.step_loop import Wiring, run_step
 from tfmem.run.executing.swap_manager import SwapManager
 from tfmem.run.measuring.trace import NO_TIMELINE
 from tfmem import tf_private
-
-log = logging.getLogger(__name__)
-
-# Callables without allocation tracking, made after the measuring ones (a plan's first
-# steps are measured, see sampling), are made on a thread of their own when the
-# measuring ones took at least this long: meanwhile the measuring ones run the steps.
-BACKGROUND_AFTER_SECONDS = 2.0
-
-
-class CallableThreads:
-    """The threads making callables for one session's executors (see
-    BACKGROUND_AFTER_SECONDS); `stop()` before the session closes."""
-
-    def __init__(self):
-        self.stopping = threading.Event()
-        self._threads = []
-
-    def start(self, target, *args):
-        thread = threading.Thread(target=target, args=args, name="tfmem-callables",
-                                  daemon=True)
-        self._threads.append(thread)
-        thread.start()
-        return thread
-
-    def stop(self):
-        """Stop making callables (each thread finishes the one it is making) and wait."""
-        self.stopping.set()
-        for thread in self._threads:
-            thread.join()
-
-
-class _Stopped(Exception):
-    """The session closes: the callables being made on a thread are not needed."""
 
 
 def _callable_options(program, run_options, measure):
@@ -229,9 +195,6 @@ class Executor:
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
-        self._making_seconds = {}  # key of _callables -> seconds its callables took
-        self._background = {}  # key of _callables -> the thread making them
-        self._threads = runtime.callable_threads
         # per callable: ((partition of the plan, its ops), ...) it runs, and {op: stage}
         # where it runs more than one (see stretches)
         self._stages = [p.stages or ((p.index, p.ops),) for p in self.run_plan.partitions]
@@ -286,45 +249,12 @@ class Executor:
         # run path: see c_path (keeps the step's run metadata)
         key = (serialized, bool(measure), run_path_wanted)
         with self._callables_lock:
-            if key in self._callables:
-                return self._callables[key]
-            measuring = (serialized, True, run_path_wanted)
-            if not measure and self._making_seconds.get(measuring, 0) >= BACKGROUND_AFTER_SECONDS:
-                # Made again without tracking, they cost what the plan's first step did
-                # (DirectSession copies its whole graph per callable): the measuring ones
-                # run the steps (their tracking costs a little; nothing is read) until
-                # these are made, on a thread that releases the GIL inside TensorFlow.
-                if key not in self._background and not self._threads.stopping.is_set():
-                    self._background[key] = self._threads.start(
-                        self._make_in_background, key, options, run_path_wanted)
-                return self._callables[measuring]
-            started = time.perf_counter()
-            self._callables[key] = self._make_callables(options, measure, run_path_wanted)
-            self._making_seconds[key] = time.perf_counter() - started
+            if key not in self._callables:
+                self._callables[key] = self._make_callables(options, measure, run_path_wanted)
             return self._callables[key]
 
-    def _make_in_background(self, key, options, run_path_wanted):
-        try:
-            made = self._make_callables(options, False, run_path_wanted,
-                                        self._threads.stopping)
-        except _Stopped:
-            return
-        except Exception:  # pylint: disable=broad-except
-            # the measuring callables go on running the steps
-            log.warning("tfmem: callables without allocation tracking not made",
-                        exc_info=True)
-            return
-        with self._callables_lock:
-            self._callables[key] = made
-
-    def wait_for_callables(self):
-        """Wait until the callables being made on a thread of their own are made."""
-        for thread in list(self._background.values()):
-            thread.join()
-
-    def _make_callables(self, options, measure, run_path_wanted, stopping=None):
-        """One callable per partition for these run options (`stopping`: an Event that
-        stops the making, raising _Stopped)."""
+    def _make_callables(self, options, measure, run_path_wanted):
+        """One callable per partition for these run options."""
         def make(program):
             callable_options = _callable_options(program, options, measure)
             # TF_SessionRun cannot connect tensors (see rewrite): such a partition
@@ -333,12 +263,7 @@ class Executor:
                 return tf_private.make_callable(self.session, callable_options)
             return c_path.RunPathCallable(self.session, callable_options)
 
-        made = []
-        for program in self.programs:
-            if stopping is not None and stopping.is_set():
-                raise _Stopped()
-            made.append(make(program))
-        return made
+        return [make(p) for p in self.programs]
 
     def stages(self, index):
         """((partition of the plan, its ops), ...) that callable `index` runs."""

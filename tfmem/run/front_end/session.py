@@ -307,7 +307,6 @@ class TFMemSession(SessionInterfaceMethods):
         RPC when it is collected, which blocks for minutes against a dead distributed
         master; a closed session's callables skip it."""
         try:
-            self._runtime.callable_threads.stop()
             self._session.close()
         finally:
             self._release()
