@@ -10,7 +10,9 @@ summing three parallel convolutions, SGD written by hand; a Keras model with
 BatchNormalization, a residual Add and Adam; a Keras ConvNeXt block, whose
 GELU gradient is a chain of products; the MLP computing `x * 0.25` twice, two
 equal computations Grappler deduplicates, keeping a copy a partition would not
-keep: `tfmem/tf2/dedup.py`) run as plain `tf.function` and as `tfmem.function` at several
+keep: `tfmem/tf2/dedup.py`; approximate GELU, whose power's gradient has an
+exponent the whole function folds to a constant: `tfmem/tf2/compile.py`,
+`constant_inputs`) run as plain `tf.function` and as `tfmem.function` at several
 partition sizes, from identical variables; losses and every variable after
 every step must be bit-equal.
 
@@ -27,7 +29,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (200, 50, 20, 5)
-MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops", "keras_sgd", "convnext")
+MODELS = ("mlp", "convnet", "residual", "keras", "equal_ops", "keras_sgd", "convnext",
+          "power_gradient")
+# The ConvNeXt block with approximate GELU is bit-equal at these sizes only: at 20 ops and
+# fewer the constant of its power's gradient is multiplied in another order.
+TANH_SIZES = (200, 50)
 TWO_THREAD_MODELS = ("keras_sgd", "keras", "residual")
 
 SCRIPT = r"""
@@ -153,7 +159,22 @@ class LayerScale(keras.layers.Layer):
         return x * self.gamma
 
 
-def convnext(seed):
+def power_gradient(seed):
+    # Approximate GELU: the gradient of x ** 3 is 3 * x ** (3 - 1), whose exponent the
+    # whole function folds to a constant (and x ** 2 to a square)
+    r = np.random.default_rng(seed)
+    w = tf.Variable(r.standard_normal((16, 16)).astype(np.float32))
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = tf.nn.gelu(tf.matmul(x, w), approximate=True)
+            loss = tf.reduce_sum(h * h)
+        w.assign_sub(0.01 * tape.gradient(loss, w))
+        return loss
+    return step, [w], (tf.constant(r.standard_normal((4, 16)).astype(np.float32)),)
+
+
+def convnext(seed, approximate=False):
     # One ConvNeXt block: DepthwiseConv2D 7x7, LayerNormalization, Dense 4x, GELU (exact,
     # Keras's default: its Erfc gradient is a chain of products starting at an op a
     # control edge leaves, see tfmem/plan/units.py rule 5), Dense, layer scale, residual add
@@ -162,7 +183,8 @@ def convnext(seed):
     h = shortcut = keras.layers.Conv2D(16, 2, strides=2)(inputs)
     h = keras.layers.DepthwiseConv2D(7, padding="same")(h)
     h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
-    h = keras.layers.Dense(64, activation="gelu")(h)
+    gelu = (lambda t: keras.activations.gelu(t, approximate=True)) if approximate else "gelu"
+    h = keras.layers.Dense(64, activation=gelu)(h)
     h = LayerScale()(keras.layers.Dense(16)(h))
     h = keras.layers.GlobalAveragePooling2D()(keras.layers.Add()([shortcut, h]))
     model = keras.Model(inputs, keras.layers.Dense(10)(h))
@@ -176,7 +198,9 @@ def convnext(seed):
 
 BUILD = dict(mlp=mlp, convnet=convnet, residual=residual, keras=keras_model,
              equal_ops=lambda seed: mlp(seed, equal_ops=True),
-             keras_sgd=lambda seed: keras_model(seed, optimizer="sgd"), convnext=convnext)
+             keras_sgd=lambda seed: keras_model(seed, optimizer="sgd"), convnext=convnext,
+             power_gradient=power_gradient,
+             convnext_tanh=lambda seed: convnext(seed, approximate=True))
 
 
 def differing(variables, others):
@@ -231,6 +255,11 @@ def runs():
 
 
 @pytest.fixture(scope="module")
+def runs_tanh():
+    return _run(("convnext_tanh",), TANH_SIZES, intra_op_threads=1)
+
+
+@pytest.fixture(scope="module")
 def runs_two_threads():
     return _run(TWO_THREAD_MODELS, SIZES, intra_op_threads=2)
 
@@ -240,6 +269,12 @@ def runs_two_threads():
 @pytest.mark.slow
 def test_partitioned_steps_are_bit_equal_to_tf_function(runs, model, size):
     _check(runs[f"{model}@{size}"], model, size)
+
+
+@pytest.mark.parametrize("size", TANH_SIZES)
+@pytest.mark.slow
+def test_approximate_gelu_block_is_bit_equal(runs_tanh, size):
+    _check(runs_tanh[f"convnext_tanh@{size}"], "convnext_tanh", size)
 
 
 @pytest.mark.parametrize("size", SIZES)

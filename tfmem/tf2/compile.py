@@ -25,11 +25,14 @@ import dataclasses
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
-from tfmem.plan.analyse import canonical_input
+from tfmem.plan.analyse import canonical_input, split_tensor_name, tensor_bytes
 from tfmem.run.compiling.rewrite import keep_colocation_within
 from tfmem.tf2 import dedup, sorted_names
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
+# A transfer computed from constants alone, up to this size, is computed again in the
+# partition that reads it (see constant_inputs).
+CONSTANT_INPUT_MAX_BYTES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +45,20 @@ class PartitionFunction:
     concrete: object  # the ConcreteFunction, kept alive while `call` is used
 
 
-def partition_graph_def(graph, view, partition, library, seen, read=lambda tensor: tensor):
+def partition_graph_def(graph, view, partition, library, seen, read=lambda tensor: tensor,
+                        constant=((), ())):
     """A GraphDef of the partition's ops and the constants (state sources) they read,
     every node named `sorted_names.encode` of the name Grappler sees in the whole
     function (`seen(op name)`), so that it orders a sum's inputs as there; `read`: the
-    tensor a reader of a tensor reads (see tfmem.tf2.dedup)."""
-    members = set(partition.ops)
+    tensor a reader of a tensor reads (see tfmem.tf2.dedup); `constant`: (ops,
+    constants) of inputs computed again inside (see constant_inputs)."""
+    ops, sources = constant
+    sources = tuple(dict.fromkeys(tuple(partition.sources) + sources))
+    members = set(partition.ops) | set(ops)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
     graph_def.library.CopyFrom(library)
-    for name in tuple(partition.sources) + tuple(partition.ops):
+    for name in sources + ops + tuple(partition.ops):
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
         data = [_reference(read(inp), seen) for inp in node.input if not inp.startswith("^")]
@@ -66,6 +73,50 @@ def partition_graph_def(graph, view, partition, library, seen, read=lambda tenso
                 for c in node.attr["_class"].list.s]
         node.name = sorted_names.encode(seen(name))
     return graph_def
+
+
+def constant_inputs(view, inputs):
+    """(ops, their constants, inputs) of the partition's small inputs computed from
+    constants alone (pure ops without control inputs, on constants): the ops to compute
+    again inside the partition, in producer-first order.
+
+    Grappler folds such an expression into its reader in the whole function (the
+    `y - 1` of a power's gradient, which makes `pow(x, 2)` a square); read as an
+    argument, the partition would compute `pow(x, 2.0)`, and differ in the last bits."""
+    constant = {}  # op name -> whether it computes from constants alone
+
+    def is_constant(name):
+        if name not in constant:
+            if name in view.sources:
+                constant[name] = view.sources[name].type == "Const"
+            else:
+                node = view.nodes.get(name)
+                constant[name] = bool(
+                    node is not None and not node.side_effects and not node.control_inputs
+                    and node.inputs and all(is_constant(op) for op in node.input_ops))
+        return constant[name]
+
+    ops, sources, replaced = {}, {}, []
+
+    def add(name):
+        if name in ops or name in sources:
+            return
+        if name in view.sources:
+            sources[name] = None
+            return
+        for producer in view.nodes[name].input_ops:
+            add(producer)
+        ops[name] = None
+
+    for tensor in inputs:
+        info = view.tensor(tensor)
+        nbytes = tensor_bytes(info.dtype, info.shape)
+        producer = split_tensor_name(tensor)[0]
+        if nbytes is not None and nbytes <= CONSTANT_INPUT_MAX_BYTES and \
+                producer in view.nodes and is_constant(producer):
+            add(producer)
+            replaced.append(tensor)
+    return tuple(ops), tuple(sources), tuple(replaced)
 
 
 def _reference(tensor, seen):
@@ -103,10 +154,14 @@ def compile_partition(graph, plan, partition, library, seen, kept=None):
     inputs = tuple(partition.inputs) + tuple(partition.feeds)
     outputs = tuple(dict.fromkeys(tuple(partition.outputs) + tuple(partition.fetches)))
     originals = [graph.get_tensor_by_name(name) for name in inputs]
-    names = dedup.PartitionNames(seen, kept or {},
-                                 tuple(partition.ops) + tuple(partition.sources), inputs)
+    constant_ops, constant_sources, recomputed = constant_inputs(plan.view, partition.inputs)
+    names = dedup.PartitionNames(
+        seen, kept or {}, tuple(partition.ops) + tuple(partition.sources) + constant_ops
+        + constant_sources, inputs)
     seen = names.seen
-    graph_def = partition_graph_def(graph, plan.view, partition, library, seen, names.read)
+    graph_def = partition_graph_def(graph, plan.view, partition, library, seen, names.read,
+                                    (constant_ops, constant_sources))
+    recomputed = {canonical_input(_reference(name, seen)) for name in recomputed}
     specs = [tf.TensorSpec(t.shape, t.dtype, name=sorted_names.argument_name(
         seen(t.op.name), t.value_index)) for t in originals]
     encoded_inputs = [_reference(name, seen) for name in inputs]
@@ -121,8 +176,9 @@ def compile_partition(graph, plan, partition, library, seen, kept=None):
                 handle_data_util.copy_handle_data(original, arg)
         if not graph_def.node:
             return []
+        # an input whose readers read an equal one, or computed again here, is left out
         mapped = {name: arg for name, arg in zip(map(canonical_input, encoded_inputs), args)
-                  if name in read}  # an input whose readers read an equal one is left out
+                  if name in read and name not in recomputed}
         imported = tf.graph_util.import_graph_def(  # no prefix: the names as encoded
             graph_def, input_map=mapped,
             return_elements=[canonical_input(name) for name in encoded_outputs], name="")
