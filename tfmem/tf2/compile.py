@@ -109,11 +109,12 @@ def constant_inputs(view, inputs):
         ops[name] = None
 
     for tensor in inputs:
+        producer = split_tensor_name(tensor)[0]
+        if producer not in view.nodes or not is_constant(producer):
+            continue  # (a piece's inputs include the function's own: not nodes)
         info = view.tensor(tensor)
         nbytes = tensor_bytes(info.dtype, info.shape)
-        producer = split_tensor_name(tensor)[0]
-        if nbytes is not None and nbytes <= CONSTANT_INPUT_MAX_BYTES and \
-                producer in view.nodes and is_constant(producer):
+        if nbytes is not None and nbytes <= CONSTANT_INPUT_MAX_BYTES:
             add(producer)
             replaced.append(tensor)
     return tuple(ops), tuple(sources), tuple(replaced)
