@@ -6,6 +6,7 @@ outputs, the variable updates; feeds: its inputs, captured variable handles
 included).  Each partition then becomes a new function:
 
     partition ops (NodeDefs copied) + the constants they read
+             (+ the ops of small inputs made from constants alone: constant_inputs)
     inputs:  transfers from earlier partitions, then the traced graph's inputs
              it reads (arguments and captured handles, fed unchanged)
     outputs: transfers to later partitions and the function's outputs it makes
