@@ -59,7 +59,10 @@ def partition_graph_def(graph, view, partition, library, seen, read=lambda tenso
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
     graph_def.library.CopyFrom(library)
-    for name in sources + ops + tuple(partition.ops):
+    # in the traced graph's order: Grappler rewrites a chain of products node by node,
+    # and the order it meets them in decides where a constant is multiplied in
+    position = {op.name: index for index, op in enumerate(graph.get_operations())}
+    for name in sorted(sources + ops + tuple(partition.ops), key=position.__getitem__):
         node = graph_def.node.add()
         node.CopyFrom(graph.get_operation_by_name(name).node_def)
         data = [_reference(read(inp), seen) for inp in node.input if not inp.startswith("^")]
