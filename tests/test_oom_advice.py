@@ -36,7 +36,10 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 from tfmem.run.placement import accelerator
 rs = np.random.RandomState(0)
-ws = [tf.Variable(rs.standard_normal((512, 512)).astype(np.float32) * 0.04) for _ in range(40)]
+# made by a kernel, so that each is allocated on the device: TensorFlow may keep a numpy
+# array that happens to be aligned as the tensor's buffer, off the device
+ws = [tf.Variable(tf.constant(rs.standard_normal((512, 512)).astype(np.float32)) * 0.04)
+      for _ in range(40)]
 x = tf.constant(rs.standard_normal((1024, 512)).astype(np.float32))
 
 
