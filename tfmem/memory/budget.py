@@ -20,7 +20,7 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    prediction makes the partitions over it fine, with 1, 2, 4 ... of the
    coarse partitions before them in successive rounds, and the plan is
    predicted again), for as long as that gives fewer partitions: fewer
-   Session calls, fewer callables;
+   Session calls, fewer callables (not once budget mode has learned);
 4. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -447,8 +447,11 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
             fine.update(grown)
         return None
 
+    # Once budget mode has learned (after a step over its prediction or out of memory),
+    # plans stay uniform: one factor scales every working set, and a coarse partition
+    # holding a tensor of unknown size ran out again and again (tests/test_oom_run_again.py).
     size, fine = low * 2, set()
-    while coarsen and size < whole:
+    while coarsen and correction is None and size < whole:
         better = coarsened(size, fine)
         if better is None:
             break
