@@ -67,7 +67,7 @@ def test_the_copies_run_in_the_simulated_order(partition_size, closed_at_teardow
     plan = tfs.plan(out, feed)
     assert (len(plan.partitions) == 1) == (partition_size == 100000)
     for partition in plan.partitions:
-        orders = partition_orders(plan.view, partition.ops, plan.view.originals)
+        orders = list(partition_orders(plan.view, partition.ops, plan.view.originals))
         assert len(orders) == 1, "a chained partition has one order to simulate"
         ran = [op for op in orders[0] if op in started]
         assert len(ran) > len(partition.ops) // 2
@@ -114,7 +114,7 @@ def test_originals_and_v1_loops_keep_the_executor_order(control_flow):
     assert draw, "the random op must run as the user's op for this test"
     for ops in (draw + ["add"], loop_ops):
         assert op_order.chained_order(view, ops) is None
-        assert len(partition_orders(view, ops, view.originals)) > 1
+        assert len(list(partition_orders(view, ops, view.originals))) > 1
     simple = [op for op in view.nodes if op.startswith(("mul", "plain_sum"))]
     assert op_order.chained_order(view, simple) == op_order.dependency_order(view, simple)
     assert op_order.chained_order(unchained, simple) is None

@@ -6,13 +6,15 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
 1. the whole step as one partition: if it fits, the step runs at plain
    TensorFlow's speed;
 2. otherwise halve the partition size until a plan fits, then search between
-   that size and the one above it for the largest that fits, exactly below
-   2 x `SIZE_PRECISION` ops and to within 1/`SIZE_PRECISION` of it above (a few
-   ops more or less in a partition of thousands change nothing a step costs,
-   and every bisection step is a whole prediction); at each size, try the
-   user's swap distance first and shorter distances (more swapping) after.
-   A candidate is rejected at its first partition over the budget,
-   unsimulated after it;
+   that size and the one above it for the fewest partitions that fit, exactly
+   below 2 x `SIZE_PRECISION` ops and to within 1/`SIZE_PRECISION` of the size
+   above (a few ops more or less in a partition of thousands change nothing a
+   step costs, and every bisection step is a whole prediction); a size that
+   slices as many partitions as the best found so far is not predicted: it
+   would save no Session call.  At each size, try the user's swap distance
+   first and shorter distances (more swapping) after.  A candidate is rejected
+   at its first partition over the budget, unsimulated after it, and a
+   partition as soon as one of the orders its ops may run in goes over;
 3. coarsen: one large partition usually does not fit where one op of the step
    (a convolution's gradient and its scratch) fills the device, while everywhere
    else it would.  So partitions of 2, 4, 8 ... times the size found, sliced at
@@ -309,8 +311,8 @@ def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=(), coarsen=True):
-    """(plan, trace) of the largest partition size (to within 1/SIZE_PRECISION of it)
-    whose predicted peak fits the budget.
+    """(plan, trace) of the fewest partitions (to within 1/SIZE_PRECISION of the largest
+    size) whose predicted peak fits the budget.
 
     `view`: the request as `analyse` returned it; `sizing`: its `Sizing` at the fed
     shapes (tensor shapes and kernel scratch, read from the graph once by the caller).
@@ -364,6 +366,9 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 
+    def partition_count(size):  # of a plan at this size: not more at a larger one
+        return len(slice_order(groups, order, size))
+
     def candidate(size, distance):
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
@@ -409,13 +414,19 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
             + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
             f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
-    low, high = size, min(size * 2, whole)  # low fits; search (low, high) for the largest fit
+    # `found` fits; search (found, high) for the largest size that fits, where sizes
+    # slicing as many partitions as `found`'s are not tried: they would save no call.
+    found = low = size
+    high = min(size * 2, whole)
     while high - low > max(1, low // SIZE_PRECISION):
         middle = (low + high) // 2
-        if attempt(middle) is None:
+        if partition_count(middle) >= partition_count(found):
+            low = middle
+        elif attempt(middle) is None:
             high = middle
         else:
-            low = middle
+            found = low = middle
+    low = found
     plan, trace = tried[low]
 
     def coarsened(size, fine):

@@ -128,27 +128,33 @@ def is_chained(view, ops):
 
 def partition_orders(view, ops, originals=frozenset()):
     """The orders the simulator tries for a partition, the worst counting: the chained
-    order alone where the runner chains the partition, else `candidate_orders`."""
+    order alone where the runner chains the partition, else `candidate_orders`.  An
+    iterator, each order made when it is asked for: a search that rejects a candidate
+    on the first order's peak emulates no executor."""
     order = chained_order(view, ops)
-    return [order] if order is not None else candidate_orders(view, ops, originals)
+    if order is not None:
+        yield order
+    else:
+        yield from candidate_orders(view, ops, originals)
 
 
 def candidate_orders(view, ops, originals=frozenset()):
     """The orders the simulator tries, the worst counting: the plan's (depth first), and
-    the executor's with each op's readers in node-id order and reversed."""
+    the executor's with each op's readers in node-id order and reversed (an iterator)."""
     depth_first = dependency_order(view, ops)
-    return [depth_first] + executor_orders(view, ops, originals, depth_first)
+    yield depth_first
+    yield from executor_orders(view, ops, originals, depth_first)
 
 
 def executor_orders(view, ops, originals=frozenset(), depth_first=None):
     """The partition's ops in the order TensorFlow's executor runs them with one inter-op
-    thread (see the module docstring): [with each op's readers in the order of their
-    node ids, with them reversed]; ops in a cycle, which it never runs, last.
+    thread (see the module docstring), with each op's readers in the order of their node
+    ids, then with them reversed (an iterator); ops in a cycle, which it never runs, last.
     `depth_first`: `dependency_order(view, ops)`, when the caller has it."""
     folded = folded_constants(view, ops, depth_first)
     node_id = _node_ids(view, ops, originals)
-    return [_executor_order(view, ops, folded, node_id, reversed_readers)
-            for reversed_readers in (False, True)]
+    for reversed_readers in (False, True):
+        yield _executor_order(view, ops, folded, node_id, reversed_readers)
 
 
 def _executor_order(view, ops, folded, node_id, reversed_readers):

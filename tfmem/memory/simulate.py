@@ -251,50 +251,74 @@ class _RecordedEvents:
             getattr(log, method)(*args)
 
 
+class _Hopeless(Exception):
+    """A partition's working set (at least `working_set` bytes) already puts the candidate
+    plan over its budget."""
+
+    def __init__(self, working_set):
+        super().__init__(working_set)
+        self.working_set = working_set
+
+
 def _working_set_of(view, partition, size, keep_until_end, freed_inside, scratch, events,
-                    working_sets, **options):
+                    working_sets, hopeless=None, **options):
     """`_working_set`, taken from `working_sets` (a dict, or None) where a candidate plan
     before had this partition with the same tensors kept and freed in it."""
     if working_sets is None:
         return _working_set(view, partition, size, keep_until_end, freed_inside, scratch,
-                            events, **options)
+                            events, hopeless, **options)
     key = (partition.ops, frozenset(keep_until_end), frozenset(freed_inside.items()),
            options.get("forwardable"), frozenset((options.get("copy_on_write") or {}).items()))
-    if key not in working_sets:
+    known = working_sets.get(key)
+    if known is not None and known[1] is None and hopeless is not None and hopeless(known[0]):
+        raise _Hopeless(known[0])  # what was walked before is over again
+    if known is None or known[1] is None:
         recorded = _RecordedEvents()
-        working_sets[key] = (_working_set(view, partition, size, keep_until_end,
-                                          dict(freed_inside), scratch, recorded, **options),
-                             recorded)
-    peak, recorded = working_sets[key]
+        try:
+            known = working_sets[key] = (
+                _working_set(view, partition, size, keep_until_end, dict(freed_inside),
+                             scratch, recorded, hopeless, **options), recorded)
+        except _Hopeless as over:
+            working_sets[key] = (over.working_set, None)  # at least that much
+            raise
+    peak, recorded = known
+    if hopeless is not None and hopeless(peak):
+        raise _Hopeless(peak)
     recorded.replay(events)
     return peak
 
 
 def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, events=None,
-                 **options):
+                 hopeless=None, **options):
     """Peak bytes the partition allocates beyond what is resident when it starts, in the
     worst of the orders TensorFlow's executor may take (`partition_orders`); `events`
-    record that order.  See `_in_order` for the arguments.
+    record that order.  See `_in_order` for the other arguments.
+
+    `hopeless`: a test of a working set; once one order's passes it, `_Hopeless` is
+    raised and the other orders are neither made nor walked (the worst can only be
+    larger).
 
     Chained copies (op_order.chained_order) run one kernel at a time, and are not
     merged: equal ops waiting for different ops before them are not equal to Grappler.
     Their last reader of a `forwardable` input runs after its deleter
     (rewrite.freed_last_readers), so it may write its output into that input."""
-    orders = partition_orders(view, partition.ops, view.originals)
     if op_order.is_chained(view, partition.ops):
         options = dict(options, signatures=None, concurrent_ops=1)
     else:
         options = dict(options, forwardable=frozenset())
-    orders = [order for i, order in enumerate(orders) if order not in orders[:i]]
-    if len(orders) == 1:
-        return _in_order(view, orders[0], size, keep_until_end, freed_inside, scratch, events,
-                         **options)
-    runs = []
-    for order in orders:
+    walked, worst = [], None
+    for order in partition_orders(view, partition.ops, view.originals):
+        if order in walked:
+            continue
+        walked.append(order)
         recorded = _RecordedEvents() if events is not None else None
-        runs.append((_in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
-                               recorded, **options), recorded))
-    peak, recorded = max(runs, key=lambda run: run[0])  # the first of the worst
+        peak = _in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
+                         recorded, **options)
+        if worst is None or peak > worst[0]:  # the first of the worst
+            worst = (peak, recorded)
+        if hopeless is not None and hopeless(peak):
+            raise _Hopeless(peak)
+    peak, recorded = worst
     if recorded is not None:
         recorded.replay(events)
     return peak
@@ -557,13 +581,23 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
-        peak = before + _working_set_of(view, partition, size, keep_until_end, freed_inside,
-                                        scratch or {}, log,
-                                        share.working_sets if share is not None else None,
-                                        forwardable=forwardable,
+        hopeless = None
+        if give_up is not None:
+            def hopeless(working_set, index=index, before=before):
+                return give_up(PartitionMemory(index, before, before + working_set + slack,
+                                               0, 0, 0, 0))
+        try:
+            working_set = _working_set_of(view, partition, size, keep_until_end, freed_inside,
+                                          scratch or {}, log,
+                                          share.working_sets if share is not None else None,
+                                          hopeless, forwardable=forwardable,
                                         workspaces=workspaces or Workspaces(),
-                                        signatures=signatures, concurrent_ops=concurrent_ops,
-                                        early_scratch=early_scratch, copy_on_write=copies)
+                                          signatures=signatures,
+                                          concurrent_ops=concurrent_ops,
+                                          early_scratch=early_scratch, copy_on_write=copies)
+        except _Hopeless:
+            return None
+        peak = before + working_set
         for op in copies:  # the variable's new buffer is its state from now on
             log.release((op, "copy on write"))
         for key in schedule.frees[index]:
