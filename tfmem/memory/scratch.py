@@ -366,18 +366,20 @@ def write_stale_cache(path, graph, view, feed_shapes, session=None):
         json.dump(stale, file)
 
 
-def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None):
+def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None, scratch_graph=None):
     """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
     the scratch graph, {op name: scratch bytes allocated before its outputs}) of the
     request's calibratable ops: `calibrate`'s figures, the bytes of outputs their kernels
     return past the op's own (see workspace.py), what workspace.py needs to measure
-    pairs in the same configurations, and `scratch_before_outputs`."""
+    pairs in the same configurations, and `scratch_before_outputs`.  `scratch_graph`:
+    `import_request(graph, view, feed_shapes)`, when the caller has made it."""
     cache = default_cache() if cache is None else cache
     threads = threads_of(session)
     candidates = [name for name, node in view.nodes.items() if _calibratable(node)]
     if not candidates:
         return {}, {}, {}, None, {}
-    scratch_graph = import_request(graph, view, feed_shapes)
+    if scratch_graph is None:
+        scratch_graph = import_request(graph, view, feed_shapes)
     keys, missing = {}, {}
     limit = _input_limit()
     for name in candidates:

@@ -50,18 +50,21 @@ def import_request(graph, view, feed_shapes):
     return scratch
 
 
-def resolve_shapes(graph, view, feed_shapes):
+def resolve_shapes(graph, view, feed_shapes, scratch=None):
     """{tensor name: shape tuple or None} for every output of the view's nodes and sources.
 
     `feed_shapes` maps fed tensor names to concrete shapes.  Without feeds of
-    unknown shape, the view's static shapes are returned as they are.
+    unknown shape, the view's static shapes are returned as they are.  `scratch`:
+    `import_request(graph, view, feed_shapes)`, when the caller has made it (a copy of
+    a 100k-op request takes seconds).
     """
     static = {f"{name}:{i}": info.shape
               for nodes in (view.nodes, view.sources) for name, node in nodes.items()
               for i, info in enumerate(node.outputs)}
     if not feed_shapes:
         return static
-    scratch = import_request(graph, view, feed_shapes)
+    if scratch is None:
+        scratch = import_request(graph, view, feed_shapes)
     resolved = {}
     for name in static:
         shape = scratch.get_tensor_by_name("s/" + name).shape

@@ -22,7 +22,7 @@ import dataclasses
 
 from tfmem.memory import dedup, emulated, workspace
 from tfmem.memory.allocator import Regions
-from tfmem.memory.shapes import resolve_shapes
+from tfmem.memory.shapes import import_request, resolve_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +42,11 @@ class Sizing:
         """The sizing of the request `view` of `graph` at `feed_shapes` ({fed tensor name:
         shape}); kernel scratch measured under `session`'s threads (see scratch);
         `concurrent_ops`: how many kernels the device may run at once."""
-        scratch, workspaces, early = workspace.measure(graph, view, feed_shapes, session)
-        return cls(resolve_shapes(graph, view, feed_shapes), scratch, workspaces,
+        # Both read shapes inferred at the fed shapes from one copy of the request.
+        copy = import_request(graph, view, feed_shapes) if feed_shapes else None
+        scratch, workspaces, early = workspace.measure(graph, view, feed_shapes, session,
+                                                       scratch_graph=copy)
+        return cls(resolve_shapes(graph, view, feed_shapes, copy), scratch, workspaces,
                    dedup.signatures(graph, view, session), concurrent_ops,
                    emulated.allocator_regions(), early)
 

@@ -45,14 +45,16 @@ class Workspaces:
         return bool(self.extra)
 
 
-def measure(graph, view, feed_shapes, session=None, cache=None):
+def measure(graph, view, feed_shapes, session=None, cache=None, scratch_graph=None):
     """({op name: scratch bytes}, Workspaces, {op name: scratch bytes allocated before its
     outputs}) of the request: `scratch.calibrate`'s figures, the workspaces and paired
     scratch of the ops whose kernels return extra outputs (measured once per
-    configuration pair, cached like the scratch), and `scratch.scratch_before_outputs`."""
+    configuration pair, cached like the scratch), and `scratch.scratch_before_outputs`.
+    `scratch_graph`: `shapes.import_request(graph, view, feed_shapes)`, when the caller
+    has made it."""
     cache = kernels.default_cache() if cache is None else cache
     scratch, extra, keys, scratch_graph, early = kernels.calibrate_kernels(
-        graph, view, feed_shapes, session, cache)
+        graph, view, feed_shapes, session, cache, scratch_graph)
     if not extra:
         return scratch, Workspaces(), early
     pairs = {}  # reader -> (forward, pair key, forward's output index, reader's input index)
