@@ -99,8 +99,8 @@ def duplicates(view, order, signatures, keep=()):
         if signature is None:
             continue
         node = view.nodes[name]
-        inputs = [(standing_for(op), split_tensor_name(tensor)[1])
-                  for op, tensor in zip(node.input_ops, node.inputs)]
+        inputs = [(standing_for(op), index)
+                  for op, index in zip(node.input_ops, node.input_indices)]
         if node.type in COMMUTATIVE:
             inputs.sort()
         # Control inputs Grappler cannot merge stand for themselves, compared as a set in

@@ -121,6 +121,11 @@ class OpNode:
         return tuple(split_tensor_name(t)[0] for t in self.inputs)
 
     @functools.cached_property
+    def input_indices(self):
+        """The output index of each data input, in input order."""
+        return tuple(split_tensor_name(t)[1] for t in self.inputs)
+
+    @functools.cached_property
     def data_producers(self):
         """The ops whose outputs this op reads, as a set."""
         return frozenset(self.input_ops)
@@ -157,6 +162,16 @@ class GraphView:
     # Whether the runner chains each partition's copies in one order (TFMemSession does,
     # tfmem.function does not); the simulator then counts that order (op_order).
     chained: bool = False
+
+    @functools.cached_property
+    def readers(self):
+        """{tensor: the nodes that read it, in node order}: every candidate plan's
+        transfers come from these edges."""
+        readers = {}
+        for name, node in self.nodes.items():
+            for tensor in node.inputs:
+                readers.setdefault(tensor, []).append(name)
+        return {tensor: tuple(names) for tensor, names in readers.items()}
 
     def tensor(self, name):
         """TensorInfo of a tensor produced by a node or a source."""
@@ -198,8 +213,9 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types):
-    """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type."""
+def _node(op, stateful_types, controls=()):
+    """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
+    `controls`: `control_inputs(op)`."""
     frame = None
     if op.type in optypes.ENTER:
         frame = op.get_attr("frame_name")
@@ -212,7 +228,7 @@ def _node(op, stateful_types):
         name=op.name,
         type=op.type,
         inputs=tuple(t.name for t in inputs),
-        control_inputs=tuple(c.name for c in control_inputs(op)),
+        control_inputs=tuple(c.name for c in controls),
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
         stateful=stateful,
         side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
@@ -248,8 +264,7 @@ def _drop_unobservable(nodes, keep):
     control_readers = {name: set() for name in nodes}
     control = {name: dict.fromkeys(node.control_inputs) for name, node in nodes.items()}
     for name, node in nodes.items():
-        for tensor in node.inputs:
-            producer = split_tensor_name(tensor)[0]
+        for producer in node.input_ops:
             if producer in nodes:
                 data_readers[producer] += 1
         for src in node.control_inputs:
@@ -261,8 +276,8 @@ def _drop_unobservable(nodes, keep):
         if name in keep or node.side_effects or data_readers[name] or \
                 node.type in optypes.CONTROL_FLOW:
             return False
-        producers = (split_tensor_name(t)[0] for t in node.inputs)
-        return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW for p in producers)
+        return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW
+                       for p in node.input_ops)
 
     removed = set()
     pending = [name for name in nodes if removable(name)]
@@ -271,8 +286,7 @@ def _drop_unobservable(nodes, keep):
         if name in removed or not removable(name):
             continue
         removed.add(name)
-        data_sources = [p for p in (split_tensor_name(t)[0] for t in nodes[name].inputs)
-                        if p in nodes]
+        data_sources = [p for p in nodes[name].input_ops if p in nodes]
         producers = list(dict.fromkeys(data_sources + [c for c in control[name] if c in nodes]))
         for reader in control_readers[name]:
             if reader in removed:
@@ -401,14 +415,15 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
                     "Create the variable/table/queue outside control_dependencies.")
             sources[op.name] = _node(op, stateful_types)
             continue
-        nodes[op.name] = _node(op, stateful_types)
-        if all(optypes.is_source(c) for c in op.control_inputs):
+        controls = control_inputs(op)
+        nodes[op.name] = _node(op, stateful_types, controls)
+        if all(optypes.is_source(c) for c in controls):
             control_on_sources.add(op.name)
         if optypes.draws_random_stream(op):
             draws.add(op.name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
-        pending += [c for c in control_inputs(op)
+        pending += [c for c in controls
                     if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}

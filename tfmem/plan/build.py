@@ -124,11 +124,8 @@ class Plan:
 
 def _consumers(view, partition_of):
     """tensor name -> sorted partitions of the copied ops that read it."""
-    readers = {}
-    for node in view.nodes.values():
-        for tensor in node.inputs:
-            readers.setdefault(tensor, set()).add(partition_of[node.name])
-    return {t: tuple(sorted(p)) for t, p in readers.items()}
+    return {tensor: tuple(sorted({partition_of[name] for name in names}))
+            for tensor, names in view.readers.items()}
 
 
 def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), placement=None):
@@ -172,7 +169,8 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
 
     built = []
     for i, ops in enumerate(partitions):
-        used = [(t, split_tensor_name(t)[0]) for name in ops for t in view.nodes[name].inputs]
+        used = [pair for name in ops
+                for pair in zip(view.nodes[name].inputs, view.nodes[name].input_ops)]
         used += [(src + ":0", src) for name in ops if name in view.originals  # runs it: feed it
                  for src in view.nodes[name].control_inputs if src + ":0" in view.feeds]
         fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]

@@ -92,10 +92,8 @@ class _UnionFind:
 
 def _producers(view, node):
     """(producer op name, tensor name) of the data inputs copied with the view."""
-    for tensor in node.inputs:
-        op_name, _ = split_tensor_name(tensor)
-        if op_name in view.nodes:
-            yield op_name, tensor
+    return [(op_name, tensor) for op_name, tensor in zip(node.input_ops, node.inputs)
+            if op_name in view.nodes]
 
 
 def _topological_order(view):
@@ -316,20 +314,43 @@ def _join_merged_kernels(view, uf):
 
 def _merge_cycles(view, uf):
     """Rule 6: units on a cycle of the unit graph become one unit."""
-    graph = nx.DiGraph()
-    graph.add_nodes_from({uf.find(name) for name in view.nodes})
+    edges = set()
     for node in view.nodes.values():
         dst = uf.find(node.name)
-        sources = [p for p, _ in _producers(view, node)]
-        sources += [c for c in node.control_inputs if c in view.nodes]
-        for src in sources:
-            src = uf.find(src)
-            if src != dst:
-                graph.add_edge(src, dst)
+        for src in node.producers:
+            if src in view.nodes:
+                src = uf.find(src)
+                if src != dst:
+                    edges.add((src, dst))
+    if _acyclic({uf.find(name) for name in view.nodes}, edges):
+        return  # the usual case, told in linear time
+    graph = nx.DiGraph()
+    graph.add_nodes_from({uf.find(name) for name in view.nodes})
+    graph.add_edges_from(edges)
     for component in nx.strongly_connected_components(graph):
         first, *rest = component
         for other in rest:
             uf.union(first, other)
+
+
+def _acyclic(vertices, edges):
+    """Whether the directed graph of `vertices` and `edges` ((src, dst) pairs) has no cycle:
+    Kahn's walk takes every vertex."""
+    indegree = dict.fromkeys(vertices, 0)
+    successors = {}
+    for src, dst in edges:
+        indegree[dst] += 1
+        successors.setdefault(src, []).append(dst)
+    ready = [v for v, count in indegree.items() if count == 0]
+    taken = 0
+    while ready:
+        vertex = ready.pop()
+        taken += 1
+        for dst in successors.get(vertex, ()):
+            indegree[dst] -= 1
+            if indegree[dst] == 0:
+                ready.append(dst)
+    return taken == len(indegree)
 
 
 def units(view):
