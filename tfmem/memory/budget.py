@@ -61,7 +61,7 @@ from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
 from tfmem.plan.partition import depth_first_order, slice_order, slice_order_mixed
 from tfmem.plan.place import place
-from tfmem.plan.build import build_plan, validate
+from tfmem.plan.build import Slicing, build_plan, validate
 from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simulate,
                                    state_bytes)
 from tfmem.memory.sizes import MIB, mib
@@ -369,10 +369,14 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     def partition_count(size):  # of a plan at this size: not more at a larger one
         return len(slice_order(groups, order, size))
 
+    slicings = {}  # size -> its Slicing, for every swap distance tried at that size
+
     def candidate(size, distance):
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
-        plan = build_plan(view, slice_order(groups, order, size), size, swaps, placement)
+        if size not in slicings:
+            slicings[size] = Slicing.of(view, slice_order(groups, order, size))
+        plan = build_plan(view, None, size, swaps, placement, slicings[size])
         return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
                               chunks=True, share=share, give_up=over_budget, **options)
 

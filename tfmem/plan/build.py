@@ -128,33 +128,74 @@ def _consumers(view, partition_of):
             for tensor, names in view.readers.items()}
 
 
-def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), placement=None):
-    """The Plan that runs the partitions (tuples of units of op names) in order."""
-    partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
-    partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
-    readers = _consumers(view, partition_of)
+@dataclasses.dataclass(frozen=True)
+class Slicing:
+    """What a plan of given partitions is whatever its swap policy: its partitions' ops
+    and edges, and the tensors that cross from one partition to later ones.  A budget
+    search predicts one slicing under several swap distances."""
+    partitions: tuple  # ops per partition
+    units: tuple  # units per partition
+    crossings: tuple  # (tensor, producer, later readers, whether it may be swapped)
+    feeds: tuple  # fed tensors per partition
+    sources: tuple  # state sources per partition
+    fetches: tuple  # fetched tensors per partition
+
+    @classmethod
+    def of(cls, view, partitioned_units):
+        """The slicing of `view` into `partitioned_units` (tuples of units of op names)."""
+        partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
+        partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
+        crossings = []
+        for tensor, parts in _consumers(view, partition_of).items():
+            if tensor in view.feeds:
+                continue  # fed: every reader gets the fed value
+            op_name, _ = split_tensor_name(tensor)
+            producer = partition_of.get(op_name)
+            later = tuple(p for p in parts if p != producer)
+            if producer is not None and later:
+                crossings.append((tensor, producer, later,
+                                  not optypes.reads_state(view.nodes[op_name], view.sources)))
+        crossings.sort(key=lambda c: (c[1], c[0]))
+
+        fetch_home = {}
+        last = max(len(partitions) - 1, 0)
+        for tensor in view.fetches:
+            fetch_home[tensor] = partition_of.get(split_tensor_name(tensor)[0], last)
+        if not partitions and fetch_home:
+            partitions = [()]  # only state sources are fetched: one run reads them
+        fetches = [[] for _ in partitions]
+        for tensor, home in fetch_home.items():
+            fetches[home].append(tensor)
+        feeds, sources = [], []
+        for i, ops in enumerate(partitions):
+            used = [pair for name in ops
+                    for pair in zip(view.nodes[name].inputs, view.nodes[name].input_ops)]
+            used += [(src + ":0", src) for name in ops if name in view.originals  # runs it: feed it
+                     for src in view.nodes[name].control_inputs if src + ":0" in view.feeds]
+            fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
+                               if split_tensor_name(t)[0] in view.sources]
+            feeds.append(tuple(dict.fromkeys(t for t, _ in used if t in view.feeds)))
+            sources.append(tuple(dict.fromkeys(
+                [op for _, op in used if op in view.sources] + fetched_sources)))
+        return cls(tuple(partitions),
+                   tuple(len(units) for units in partitioned_units) if partitioned_units
+                   else tuple(0 for _ in partitions),
+                   tuple(crossings), tuple(feeds), tuple(sources),
+                   tuple(tuple(f) for f in fetches))
+
+
+def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), placement=None,
+               slicing=None):
+    """The Plan that runs the partitions (tuples of units of op names) in order.
+    `slicing`: `Slicing.of(view, partitioned_units)`, when the caller has it."""
+    slicing = slicing or Slicing.of(view, partitioned_units)
     transfers = []
-    for tensor, parts in readers.items():
-        if tensor in view.feeds:
-            continue  # fed: every reader gets the fed value
-        op_name, _ = split_tensor_name(tensor)
-        producer = partition_of.get(op_name)
-        later = tuple(p for p in parts if p != producer)
-        if producer is not None and later:
-            can_swap = worth_swapping(view.tensor(tensor), policy) and \
-                not optypes.reads_state(view.nodes[op_name], view.sources)
-            transfers.append(Transfer(tensor, producer, later,
-                                      spans(producer, later, policy, can_swap)))
-    transfers.sort(key=lambda t: (t.producer, t.tensor))
+    for tensor, producer, later, may_swap in slicing.crossings:
+        can_swap = may_swap and worth_swapping(view.tensor(tensor), policy)
+        transfers.append(Transfer(tensor, producer, later,
+                                  spans(producer, later, policy, can_swap)))
 
-    fetch_home = {}
-    last = max(len(partitions) - 1, 0)
-    for tensor in view.fetches:
-        op_name, _ = split_tensor_name(tensor)
-        fetch_home[tensor] = partition_of.get(op_name, last)
-    if not partitions and fetch_home:
-        partitions = [()]  # only state sources are fetched: one run reads them
-
+    partitions = slicing.partitions
     inputs, outputs, uploads = ([[] for _ in partitions] for _ in range(3))
     for t in transfers:
         outputs[t.producer].append(t.tensor)
@@ -163,30 +204,11 @@ def build_plan(view, partitioned_units, partition_size, policy=SwapPolicy(), pla
         for span in t.spans:
             if span.uploaded:
                 uploads[span.start].append(t.tensor)
-    fetches = [[] for _ in partitions]
-    for tensor, home in fetch_home.items():
-        fetches[home].append(tensor)
-
-    built = []
-    for i, ops in enumerate(partitions):
-        used = [pair for name in ops
-                for pair in zip(view.nodes[name].inputs, view.nodes[name].input_ops)]
-        used += [(src + ":0", src) for name in ops if name in view.originals  # runs it: feed it
-                 for src in view.nodes[name].control_inputs if src + ":0" in view.feeds]
-        fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
-                           if split_tensor_name(t)[0] in view.sources]
-        built.append(Partition(
-            index=i,
-            ops=tuple(ops),
-            units=len(partitioned_units[i]) if partitioned_units else 0,
-            inputs=tuple(inputs[i]),
-            outputs=tuple(outputs[i]),
-            feeds=tuple(dict.fromkeys(t for t, _ in used if t in view.feeds)),
-            sources=tuple(dict.fromkeys(
-                [op for _, op in used if op in view.sources] + fetched_sources)),
-            fetches=tuple(fetches[i]),
-            uploads=tuple(dict.fromkeys(uploads[i])),
-        ))
+    built = [Partition(index=i, ops=ops, units=slicing.units[i], inputs=tuple(inputs[i]),
+                       outputs=tuple(outputs[i]), feeds=slicing.feeds[i],
+                       sources=slicing.sources[i], fetches=slicing.fetches[i],
+                       uploads=tuple(dict.fromkeys(uploads[i])))
+             for i, ops in enumerate(partitions)]
     return Plan(view=view, partition_size=partition_size, partitions=tuple(built),
                 transfers=tuple(transfers), policy=policy,
                 placement=placement or place(view, None))
