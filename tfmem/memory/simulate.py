@@ -365,19 +365,23 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     workspaces_dying = {}  # step -> the forward ops whose extra outputs are freed after it
     for op, end in workspace_end.items():
         workspaces_dying.setdefault(end, []).append(op)
-    last_read, last_held = {}, {}
+    nodes = view.nodes
+    last_read, last_held, reads = {}, {}, []  # reads: the buffers each step reads
     for step, name in enumerate(order):
-        for tensor in view.nodes[name].inputs:
-            last_held[root.get(tensor, tensor)] = step
-            if view.nodes[name].type not in SHAPE_ONLY:
-                last_read[root.get(tensor, tensor)] = step
+        node = nodes[name]
+        read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))
+        reads.append(read)
+        reads_data = node.type not in SHAPE_ONLY
+        for buffer in read:
+            last_held[buffer] = step
+            if reads_data:
+                last_read[buffer] = step
     # A kept view keeps its buffer; the simulate loop finds it under the view's name.
     kept = {root.get(t, t) for t in keep_until_end}
     handed_on = {root[t]: t for t in keep_until_end if t in root and root[t] not in keep_until_end}
     live, current, peak = {}, 0, 0
     for step, name in enumerate(order):
-        node = view.nodes[name]
-        read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))  # buffers it reads
+        node, read = nodes[name], reads[step]
         dying = [b for b in read if b in live and last_read.get(b) == step and b not in kept]
         early = min(early_scratch.get(name, 0), scratch.get(name, 0)) if early_scratch else 0
         if events is not None and early:

@@ -121,10 +121,11 @@ def _topological_order(view):
 
 
 def _join_run_bound_edges(view, uf):
-    for node in view.nodes.values():
-        for producer, tensor in _producers(view, node):
-            if view.tensor(tensor).run_bound:
-                uf.union(producer, node.name)
+    bound = {f"{name}:{index}" for name, node in view.nodes.items()
+             for index, output in enumerate(node.outputs) if output.run_bound}
+    for tensor in bound:
+        for reader in view.readers.get(tensor, ()):
+            uf.union(split_tensor_name(tensor)[0], reader)
 
 
 def _family(node):
@@ -191,20 +192,10 @@ def _pruned_forward(view, node, controlled):
 
 def _join_regrouped_arithmetic(view, uf):
     """Rule 5: trees Grappler's arithmetic optimizer regroups stay whole, with their leaves."""
-    consumers = {name: [] for name in view.nodes}
-    readers = {}
-    controlled = set()
-    for node in view.nodes.values():
-        for producer, tensor in _producers(view, node):
-            consumers[producer].append(node.name)
-            readers.setdefault(tensor, []).append(node.name)
-        controlled.update(c for c in node.control_inputs if c in view.nodes)
-    successors = {name: list(users) for name, users in consumers.items()}
-    for node in view.nodes.values():
-        for c in node.control_inputs:
-            if c in view.nodes:
-                successors[c].append(node.name)
-    position = {name: i for i, name in enumerate(_topological_order(view))}
+    readers = view.readers
+    controlled = {c for node in view.nodes.values() for c in node.control_inputs
+                  if c in view.nodes}
+    paths = None  # (successors, position), made for the first tree that needs them
     trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
     forwards, inner_reads = {}, set()  # member -> forwards to its consumer; (op, tensor)
     for name in trees.parent:
@@ -240,9 +231,22 @@ def _join_regrouped_arithmetic(view, uf):
                 p is not None and view.nodes[p].type in optypes.PRODUCTS | optypes.QUOTIENTS
                 for p, _ in leaves)
         producers = {p for p, _ in leaves if p is not None}
-        if (len(leaves) >= 3 or hoisted) and not _on_one_path(producers, successors, position):
-            for producer in producers:
-                uf.union(tree[0], producer)
+        if len(leaves) >= 3 or hoisted:
+            paths = paths or _paths(view)
+            if not _on_one_path(producers, *paths):
+                for producer in producers:
+                    uf.union(tree[0], producer)
+
+
+def _paths(view):
+    """({op: the ops that wait for it, by data or control}, {op: its place in a
+    topological order}): what `_on_one_path` walks."""
+    successors = {name: [] for name in view.nodes}
+    for node in view.nodes.values():
+        for producer in node.producers:
+            if producer in successors:
+                successors[producer].append(node.name)
+    return successors, {name: i for i, name in enumerate(_topological_order(view))}
 
 
 def _join_frames_and_conds(view, uf):
