@@ -269,17 +269,17 @@ def _working_set_of(view, partition, size, keep_until_end, freed_inside, scratch
                             events, hopeless, **options)
     key = (partition.ops, frozenset(keep_until_end), frozenset(freed_inside.items()),
            options.get("forwardable"), frozenset((options.get("copy_on_write") or {}).items()))
-    known = working_sets.get(key)
-    if known is not None and known[1] is None and hopeless is not None and hopeless(known[0]):
-        raise _Hopeless(known[0])  # what was walked before is over again
+    known = working_sets.get(key)  # (peak, recorded), or (a lower bound, None)
     if known is None or known[1] is None:
+        if known is not None and hopeless is not None and hopeless(known[0]):
+            raise _Hopeless(known[0])
         recorded = _RecordedEvents()
         try:
             known = working_sets[key] = (
                 _working_set(view, partition, size, keep_until_end, dict(freed_inside),
                              scratch, recorded, hopeless, **options), recorded)
         except _Hopeless as over:
-            working_sets[key] = (over.working_set, None)  # at least that much
+            working_sets[key] = (over.working_set, None)
             raise
     peak, recorded = known
     if hopeless is not None and hopeless(peak):
@@ -595,7 +595,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                                           scratch or {}, log,
                                           share.working_sets if share is not None else None,
                                           hopeless, forwardable=forwardable,
-                                        workspaces=workspaces or Workspaces(),
+                                          workspaces=workspaces or Workspaces(),
                                           signatures=signatures,
                                           concurrent_ops=concurrent_ops,
                                           early_scratch=early_scratch, copy_on_write=copies)
