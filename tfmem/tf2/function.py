@@ -53,6 +53,7 @@ from tfmem.tf2 import prediction
 from tfmem.tf2.dedup import kept_copies
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
 from tfmem.tf2.memory_report import function_memory_report
+from tfmem.tf2.own_buffers import own_buffers, updated_variables
 from tfmem.tf2.streams import TraceStreams, compile_with_streams
 from tfmem.tf2.transfers import DroppedHandles, EagerPrefetcher
 from tfmem.run.measuring.trace import Timeline, write_chrome_trace
@@ -306,6 +307,8 @@ class PartitionedFunction:
                 # shapes serves them with the same compiled partitions (nothing is compiled
                 # again; random streams continue either way, see tfmem.tf2.streams).
                 earlier = [t for t in self._traced.values() if t.concrete is concrete]
+                if not earlier:  # the device holds what the first step will hold
+                    own_buffers(updated_variables(concrete, view))
                 sizing = prediction.sizing(graph, view, shapes, runtime.device)
                 plan, trace = self._fit(view, sizing, None, earlier)
         _check_sources(plan.view)
