@@ -178,7 +178,8 @@ class Correction:
 # that fits (exact below twice that many ops).
 SIZE_PRECISION = 32
 # A coarsened plan (step 3 of the search) is predicted at most this many times per
-# partition size: each prediction makes the partitions that went over fine.
+# partition size: each prediction makes fine the partitions that went over and
+# 1, 2, 4 ... of the coarse ones before each.
 COARSENING_ROUNDS = 12
 
 
@@ -354,8 +355,9 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         return trace is not None and _fits(scaled(trace, factor), budget_bytes, limit, others,
                                            margin)
 
-    def over_budget(partition):  # its bytes requested alone fail `_fits`, in any chunks
-        return _grown(partition.device_peak, partition.device_before, factor) > limit
+    def over_budget(partition, peak=None):  # its bytes requested alone fail `_fits`
+        peak = partition.device_peak if peak is None else peak
+        return _grown(peak, partition.device_before, factor) > limit
 
     for plan in sorted(prefer, key=lambda p: len(p.partitions)):
         if plan.view == view:  # its placement is the caller's to check
@@ -446,8 +448,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
             if within_budget(coarse_trace):
                 return coarse, coarse_trace
             over = [p.index for p in coarse_trace.partitions
-                    if over_budget(dataclasses.replace(p, device_peak=p.device_peak_requested))
-                    ] or [max(coarse_trace.partitions, key=lambda p: p.device_peak).index]
+                    if over_budget(p, p.device_peak_requested)] or \
+                [max(coarse_trace.partitions, key=lambda p: p.device_peak).index]
             # Fine: the coarse partitions among each one over and the ones before it,
             # 1, 2, 4 ... of them in successive rounds (what the partitions before hold
             # can be what does not fit).
