@@ -121,11 +121,12 @@ def _topological_order(view):
 
 
 def _join_run_bound_edges(view, uf):
-    bound = {f"{name}:{index}" for name, node in view.nodes.items()
-             for index, output in enumerate(node.outputs) if output.run_bound}
-    for tensor in bound:
-        for reader in view.readers.get(tensor, ()):
-            uf.union(split_tensor_name(tensor)[0], reader)
+    """Rule 1: a run-bound tensor (a reference, a handle) with its producer and readers."""
+    for name, node in view.nodes.items():
+        for tensor, output in zip(node.output_names, node.outputs):
+            if output.run_bound:
+                for reader in view.readers.get(tensor, ()):
+                    uf.union(name, reader)
 
 
 def _family(node):
