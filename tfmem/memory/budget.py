@@ -99,13 +99,14 @@ def parse_bytes(value):
 
 def _largest_op(view, size_of, scratch):
     """(name, type, bytes read, written and scratch) of the op that needs the most memory
-    alone."""
+    alone; an op whose outputs view its inputs (Identity, IdentityN) writes nothing."""
     best = ("", "", 0)
     known = set(view.nodes) | set(view.sources)
     for name, node in view.nodes.items():
         total = scratch.get(name, 0)
         total += sum(size_of(t) for t in node.inputs if split_tensor_name(t)[0] in known)
-        total += sum(size_of(f"{name}:{i}") for i in range(len(node.outputs)))
+        if node.type not in ALIASING:
+            total += sum(size_of(t) for t in node.output_names)
         if total > best[2]:
             best = (name, node.type, total)
     return best
