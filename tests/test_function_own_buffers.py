@@ -89,3 +89,27 @@ def test_first_plan_counts_the_optimizer_slots_the_first_step_copies(onednn):
     assert abs(figures["after_first"] - first_plan) <= 1 << 20, figures
     assert figures["losses"] == figures["plain_losses"], figures
     assert figures["same_weights"], figures
+
+
+def test_a_variable_without_a_copy_kernel_is_left_as_it_is(monkeypatch):
+    """Where the device has no DeepCopy kernel for a variable's dtype (TensorFlow raises
+    NotFoundError), that variable keeps its buffer and the others are still copied."""
+    import tensorflow as tf
+
+    from tfmem.tf2 import own_buffers
+
+    weights = tf.Variable([1.0, 2.0])
+    steps = tf.Variable(3, dtype=tf.int64)
+    copy = tf.raw_ops.DeepCopy
+    copied = []
+
+    def deep_copy(x):
+        if x.dtype == tf.int64:
+            raise tf.errors.NotFoundError(None, None, "no DeepCopy kernel for int64 here")
+        copied.append(x.dtype)
+        return copy(x=x)
+
+    monkeypatch.setattr(tf.raw_ops, "DeepCopy", deep_copy)
+    own_buffers.own_buffers([steps, weights])
+    assert copied == [tf.float32]
+    assert weights.numpy().tolist() == [1.0, 2.0] and int(steps.numpy()) == 3

@@ -30,7 +30,13 @@ def updated_variables(concrete, view):
 
 
 def own_buffers(variables):
-    """Assign each of `variables` a copy of its value (see the module docstring)."""
+    """Assign each of `variables` a copy of its value (see the module docstring).  A
+    variable whose device has no copy kernel for its dtype is left as it is: the plan
+    may then miss its first update's copy, which budget mode learns from."""
     for variable in variables:
         with tf.device(variable.device):
-            variable.assign(tf.raw_ops.DeepCopy(x=variable.read_value()), read_value=False)
+            try:
+                copy = tf.raw_ops.DeepCopy(x=variable.read_value())
+            except tf.errors.NotFoundError:  # no DeepCopy kernel there for this dtype
+                continue
+            variable.assign(copy, read_value=False)
