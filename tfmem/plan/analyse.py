@@ -112,6 +112,9 @@ class OpNode:
     frame: str | None = None  # frame_name of a v1 Enter op
     device: str = ""  # the device the graph requests for the op
     state_bytes: int = 0  # bytes of the variable a state source holds, when its shape is known
+    # The type Grappler's arithmetic optimizer gives the op before it regroups, where it
+    # is not `type`: "Mul" for a power of 3 (x ** 3 becomes x * square(x)).
+    arithmetic_type: str = ""
 
     # Edges by op, derived once: the simulator and the planners walk them for every
     # candidate plan.
@@ -235,7 +238,18 @@ def _node(op, stateful_types, controls=()):
         frame=frame,
         device=op.device,
         state_bytes=_variable_bytes(op),
+        arithmetic_type=_arithmetic_type(op),
     )
+
+
+def _arithmetic_type(op):
+    """OpNode.arithmetic_type: Grappler rewrites a `Pow` whose exponent is a constant
+    3 into a product on the CPU, which then joins a chain of products (rule 5 of
+    plan/units.py) and has constants multiplied into it there."""
+    if op.type != "Pow" or op.inputs[1].op.type != "Const":
+        return ""
+    exponent = tf.make_ndarray(op.inputs[1].op.get_attr("value"))
+    return "Mul" if exponent.size and (exponent == 3).all() else ""
 
 
 def _variable_bytes(op):

@@ -130,8 +130,9 @@ def _join_run_bound_edges(view, uf):
 
 
 def _family(node):
+    kind = node.arithmetic_type or node.type
     for family in (optypes.SUMS, optypes.PRODUCTS):
-        if node.type in family:
+        if kind in family:
             return family
     return None
 

@@ -28,7 +28,7 @@ from tensorflow.python.ops import handle_data_util
 
 from tfmem.plan.analyse import canonical_input, split_tensor_name, tensor_bytes
 from tfmem.run.compiling.rewrite import keep_colocation_within
-from tfmem.tf2 import dedup, sorted_names
+from tfmem.tf2 import cubes, dedup, sorted_names
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 # A transfer computed from constants alone, up to this size, is computed again in the
@@ -166,6 +166,9 @@ def compile_partition(graph, plan, partition, library, seen, kept=None):
     seen = names.seen
     graph_def = partition_graph_def(graph, plan.view, partition, library, seen, names.read,
                                     (constant_ops, constant_sources))
+    if cubes.functions_run_on_cpu():
+        cubes.write_out(graph_def, graph, plan.view, partition.ops,
+                        lambda name: sorted_names.encode(seen(name)))
     recomputed = {canonical_input(_reference(name, seen)) for name in recomputed}
     specs = [tf.TensorSpec(t.shape, t.dtype, name=sorted_names.argument_name(
         seen(t.op.name), t.value_index)) for t in originals]
