@@ -96,3 +96,30 @@ def test_a_runner_that_cannot_start_leaves_calibration_in_this_process(monkeypat
         scratch = kernel_runner.run_alone(graph, [name], 1)[0]
     assert "could not start the kernel runner" in caplog.text
     assert scratch[name] > 0
+
+
+@pytest.mark.parametrize("budget_mode", [True, False])
+def test_budget_mode_starts_the_runner_when_it_is_set_up(monkeypatch, budget_mode):
+    """The child imports TensorFlow while the program builds its model, not in the first
+    step: both front ends start it when budget mode is set up, and only then."""
+    import tfmem  # pylint: disable=import-outside-toplevel
+    monkeypatch.setattr(kernel_runner, "_COMMAND",  # a child that waits for its input
+                        [sys.executable, "-c", "import sys; sys.stdin.read()"])
+    settings = dict(partition_size="auto", device_memory_budget="64MiB") if budget_mode \
+        else dict(partition_size=50)
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.placeholder(tf.float32, [4])
+    started = []
+    for make in (lambda: tfmem.TFMemSession(tf.compat.v1.Session(graph=graph), **settings),
+                 lambda: tfmem.function(lambda x: x + 1, **settings)):
+        monkeypatch.setattr(kernel_runner, "_RUNNER", None)
+        made = make()
+        runner = kernel_runner._RUNNER  # pylint: disable=protected-access
+        started.append(runner is not None)
+        if runner:
+            assert runner._child.poll() is None  # pylint: disable=protected-access
+            runner.close()
+        if isinstance(made, tfmem.TFMemSession):
+            made.close()
+    assert started == [budget_mode, budget_mode]

@@ -181,6 +181,13 @@ def _runner():
         return _RUNNER or None
 
 
+def start():
+    """Start the kernel runner now (budget mode does, when it is set up): the child then
+    imports TensorFlow while the program builds and initialises its model, not during
+    the first step's calibration."""
+    _runner()
+
+
 def _serve():
     """The child: answer one request per line until standard input closes."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

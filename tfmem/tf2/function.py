@@ -34,7 +34,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from tfmem.run.placement import accelerator
-from tfmem.memory import budget
+from tfmem.memory import budget, kernel_runner
 from tfmem.run.front_end import options as run_options
 from tfmem.run.front_end.budget_learning import BudgetLearning
 from tfmem.run.executing.buffers import HostBufferPool
@@ -138,6 +138,8 @@ def function(func=None, *, partition_size=200, device_memory_budget=None, swap="
         budget.parse_bytes(device_memory_budget)  # a bad size fails here, not at the first call
         size = "auto"
     settings = _Settings(size, policy, device_memory_budget, trace, options.profile_peaks)
+    if size == "auto":  # budget mode measures kernels when it first plans a trace
+        kernel_runner.start()
 
     def decorate(python_function):
         return PartitionedFunction(python_function, settings, tf_function_kwargs)

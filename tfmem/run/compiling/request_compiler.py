@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 
-from tfmem.memory import budget, first_updates
+from tfmem.memory import budget, first_updates, kernel_runner
 from tfmem.memory.concurrency import session_kernels_at_once
 from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
@@ -57,6 +57,8 @@ class RequestCompiler:
         self._budget = budget_bytes
         self._streams = StreamLedger()  # which plan draws each seeded random stream
         self.last_compile = None
+        if budget_bytes is not None:  # budget mode sizes every request, kernels measured
+            kernel_runner.start()
 
     def sizing(self, view, feed_shapes):
         """The request's Sizing at these fed shapes (kernel scratch under this session's
