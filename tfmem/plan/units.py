@@ -44,7 +44,10 @@ survive one.  Seven rules join ops into one unit:
    under `control_dependencies([grad])`, so an edge starts at the product
    `grad` that begins the chain `grad * -2/sqrt(pi) * exp(-z*z) * 1/sqrt(2)`;
    the whole function folds the two constants into one and multiplies in
-   another order.)  A member with control inputs still ends its chain.
+   another order.)  A member with control inputs still ends its chain.  A
+   cube `pow(x, 3)` is a product (`OpNode.arithmetic_type`): Grappler writes
+   it as `x * square(x)` on the CPU and multiplies the chain's constant into
+   one of its factors (tfmem/tf2/cubes.py).
    The rule applies only where the arithmetic optimizer runs
    (`view.regrouped_arithmetic`): a session without it (tfmem.Session's
    config) adds an AddN's inputs in input order whichever partition made
