@@ -6,13 +6,6 @@ never copies the master's metadata into the caller's), while its ordinary
 run returns it.  So on a distributed session, a step that asks for
 `run_metadata` runs each partition this way: the same feeds, fetches,
 targets and run options as the callable, through `TF_SessionRun`.
-
-A local session whose steps are sampled (`Options.measure="sample"`) runs
-every step this way: DirectSession keys `Session.run`'s executors by feeds,
-fetches and targets, not by run options, so measured steps (traced) and the
-others share one executor per partition, where a callable bakes its run
-options in and each kind would build its own.  A call costs a few
-microseconds more than a callable's.
 """
 
 from tensorflow.python.client import pywrap_tf_session as tf_c

@@ -206,16 +206,9 @@ class Executor:
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(schedule.uploads) if keys}
-        # Measured and unmeasured steps share TensorFlow's executors where steps are
-        # sampled on a local session: both go through Session.run's C path, whose executors
-        # DirectSession keys by feeds, fetches and targets alone (a trace is a run option),
-        # where a callable bakes its run options in, and two sets of callables would build
-        # every partition twice, the second time in the first unmeasured step.
-        self._shared_run_path = (runtime.measure == "sample" and runtime.measure_device
-                                 and not session.sess_str)
         # Every op exists now: the callables below extend the session's graph once.
         if partial is None:
-            self._callables_for(None, measure=runtime.measure_device and runtime.measure != "off")
+            self._callables_for(None, measure=runtime.measure_device)
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         # A stretch uploads only where its first partition does (see stretches).
@@ -252,9 +245,8 @@ class Executor:
         """The partitions' callables for these run options; measuring ones (allocation
         tracking on) apart, since tracking costs time on every step (see sampling)."""
         serialized = options.SerializeToString(deterministic=True) if options is not None else b""
-        run_path_wanted = c_path.wants_run_path(self.session, run_metadata) or \
-            self._shared_run_path
-        # run path: see c_path (keeps the step's run metadata; shares executors)
+        run_path_wanted = c_path.wants_run_path(self.session, run_metadata)
+        # run path: see c_path (keeps the step's run metadata)
         key = (serialized, bool(measure), run_path_wanted)
         with self._callables_lock:
             if key not in self._callables:
