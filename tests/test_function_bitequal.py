@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
-from tfmem.cli.tf2_models import make_step  # the Keras training step tools/bench_tf2.py times
+from tfmem.cli.tf2_models import convnext_block, make_step  # as tools/bench_tf2.py times
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[3]))
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
@@ -148,17 +148,6 @@ def keras_model(seed, optimizer="adam"):
     return step, model.variables + optimizer.variables, (x, y)
 
 
-class LayerScale(keras.layers.Layer):
-    # a learned per-channel multiplier (ConvNeXt's layer scale)
-
-    def build(self, shape):
-        self.gamma = self.add_weight(shape=(shape[-1],),
-                                     initializer=keras.initializers.Constant(0.1))
-
-    def call(self, x):
-        return x * self.gamma
-
-
 def power_gradient(seed):
     # Approximate GELU: the gradient of x ** 3 is 3 * x ** (3 - 1), whose exponent the
     # whole function folds to a constant (and x ** 2 to a square)
@@ -193,13 +182,8 @@ def convnext(seed, approximate=False):
     # control edge leaves, see tfmem/plan/units.py rule 5), Dense, layer scale, residual add
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((16, 16, 3))
-    h = shortcut = keras.layers.Conv2D(16, 2, strides=2)(inputs)
-    h = keras.layers.DepthwiseConv2D(7, padding="same")(h)
-    h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
-    gelu = (lambda t: keras.activations.gelu(t, approximate=True)) if approximate else "gelu"
-    h = keras.layers.Dense(64, activation=gelu)(h)
-    h = LayerScale()(keras.layers.Dense(16)(h))
-    h = keras.layers.GlobalAveragePooling2D()(keras.layers.Add()([shortcut, h]))
+    h = convnext_block(keras, keras.layers.Conv2D(16, 2, strides=2)(inputs), approximate)
+    h = keras.layers.GlobalAveragePooling2D()(h)
     model = keras.Model(inputs, keras.layers.Dense(10)(h))
     optimizer = keras.optimizers.Adam(1e-2)
     step = make_step(tf, keras, model, optimizer)

@@ -26,31 +26,18 @@ import numpy as np
 import tensorflow as tf
 import keras
 import tfmem
+from tfmem.cli.tf2_models import convnext_block
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.experimental.enable_op_determinism()
 
 
-class LayerScale(keras.layers.Layer):
-    def build(self, shape):
-        self.gamma = self.add_weight(shape=(shape[-1],),
-                                     initializer=keras.initializers.Constant(0.1))
-
-    def call(self, x):
-        return x * self.gamma
-
-
 def build(approximate):
     keras.utils.set_random_seed(3)
-    gelu = lambda t: keras.activations.gelu(t, approximate=approximate)
     inputs = keras.Input((16, 16, 3))
     h = keras.layers.Conv2D(16, 2, strides=2)(inputs)
     for _ in range(2):
-        block = keras.layers.DepthwiseConv2D(7, padding="same")(h)
-        block = keras.layers.LayerNormalization(epsilon=1e-6)(block)
-        block = keras.layers.Dense(64, activation=gelu)(block)
-        block = LayerScale()(keras.layers.Dense(16)(block))
-        h = keras.layers.Add()([h, block])
+        h = convnext_block(keras, h, approximate)
     h = keras.layers.GlobalAveragePooling2D()(h)
     model = keras.Model(inputs, keras.layers.Dense(10)(h))
     model.compile(optimizer=keras.optimizers.Adam(1e-2),

@@ -79,6 +79,29 @@ def build_convnet(tf, np, seed, batch=32):
     return step, variables, (x, y)
 
 
+def convnext_block(keras, h, approximate=False):
+    """One ConvNeXt block on `h`: depthwise 7x7 convolution, LayerNormalization, Dense to
+    4x the channels with GELU (Keras's exact one, or its tanh approximation), Dense back,
+    a learned per-channel layer scale, and the residual add."""
+    layers = keras.layers
+
+    class LayerScale(layers.Layer):
+        def build(self, shape):
+            self.gamma = self.add_weight(shape=(shape[-1],),
+                                         initializer=keras.initializers.Constant(0.1))
+
+        def call(self, x):
+            return x * self.gamma
+
+    channels = h.shape[-1]
+    gelu = (lambda t: keras.activations.gelu(t, approximate=True)) if approximate else "gelu"
+    block = layers.DepthwiseConv2D(7, padding="same")(h)
+    block = layers.LayerNormalization(epsilon=1e-6)(block)
+    block = layers.Dense(4 * channels, activation=gelu)(block)
+    block = LayerScale()(layers.Dense(channels)(block))
+    return layers.Add()([h, block])
+
+
 def make_step(tf, keras, model, optimizer=None):
     """A custom training step: cross-entropy, `optimizer` (default SGD with momentum,
     built here), BN statistics updated."""
