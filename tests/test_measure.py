@@ -97,18 +97,26 @@ sess = tf1.Session(graph=model.graph, config=config)
 tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
 feed, fetches = model.feed(256), [model.train, model.loss]
 sampled = out["sampled"] = {}
+from tfmem import tf_private
+made = []  # the session callables TensorFlow builds (each from the whole session graph)
+make_callable = tf_private.make_callable
+tf_private.make_callable = lambda *args: made.append(1) or make_callable(*args)
 for mode in sampling.MODES:
     tfs = tfmem.TFMemSession(sess, partition_size=10, measure=mode)
     flags, reports = [], []
+    made.clear()
     for _ in range(sampling.WARMUP_STEPS + sampling.SAMPLE_EVERY + 8):
         tfs.run(fetches, feed)
+        if len(flags) == 0:
+            built_in_first_step = len(made)
         flags.append(tfs.last_step.measured)
         assert (tfs.last_step.device_peak_bytes is None) != tfs.last_step.measured
         report = tfs.memory_report()
         reports.append([report.step, report.measured_step, report.device_peak])
     traced = tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE)
     tfs.run(fetches, feed, options=traced, run_metadata=tf1.RunMetadata())
-    sampled[mode] = dict(flags=flags, reports=reports, traced=tfs.last_step.measured)
+    sampled[mode] = dict(flags=flags, reports=reports, traced=tfs.last_step.measured,
+                         built_in_first_step=built_in_first_step)
 # Budget mode, figures stable and sampled: shrink the plan's prediction as a model that
 # went stale would, and the next sampled step must re-plan (and measure every step again).
 # A budget below the device: its ceiling is the in-use figure a measured step reads (on
@@ -202,6 +210,10 @@ def test_sampled_measurement_measures_warmup_then_one_step_in_fifty(measured):
         assert measured_step is not None and peak > 0
         assert (measured_step == step) == was_measured
     assert all(r[1] is None and r[2] is None for r in off["reports"])
+    # A plan's first step builds the callables it runs, once: measured ones, or with
+    # measuring off unmeasured ones (not measured ones it never runs, then the others)
+    built = [sampled[m]["built_in_first_step"] for m in ("sample", "every", "off")]
+    assert built[0] == built[1] == built[2] > 0, sampled
 
 
 @pytest.mark.slow

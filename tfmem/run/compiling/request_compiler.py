@@ -37,6 +37,7 @@ class SessionRuntime:
     prefetcher: object  # prefetch.Prefetcher
     residence: object  # where kept tensors wait: residence.SessionHandles or WorkerStaging
     measure_device: bool  # TensorFlow keeps allocator figures (see accelerator.keeps_figures)
+    measure: str = "sample"  # which steps are measured (Options.measure, see sampling)
     remote_info: object = None  # remote.RemoteInfo of a session on TF's distributed runtime
     partial_runs: bool = False  # steps of plans that allow it run as partial runs
     stretches: bool = True  # runs of partitions in one call (Options.stretches)

@@ -206,9 +206,10 @@ class Executor:
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(schedule.uploads) if keys}
-        # Every op exists now: the callables below extend the session's graph once.
+        # Every op exists now: the callables below extend the session's graph once.  They
+        # are the first step's: measured unless measuring is off.
         if partial is None:
-            self._callables_for(None, measure=runtime.measure_device)
+            self._callables_for(None, measure=runtime.measure_device and runtime.measure != "off")
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         # A stretch uploads only where its first partition does (see stretches).

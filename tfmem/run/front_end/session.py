@@ -103,7 +103,7 @@ class TFMemSession(SessionInterfaceMethods):
             (remote_info is None or remote_info.allocator_local)
         self._runtime = SessionRuntime(
             device, HostBufferPool(), Prefetcher(sess), residence.for_session(sess, device),
-            measure_device=measurable, remote_info=remote_info,
+            measure_device=measurable, measure=options.measure, remote_info=remote_info,
             partial_runs=options.partial_runs, measure_partial_runs=settings.budget is not None,
             stretches=options.stretches, one_import=options.one_import)
         self._plans = PlanCache()  # each request planned once, compiled once
