@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -112,6 +113,35 @@ def test_a_trial_over_its_time_limit_is_a_timeout():
     result = child.spawn_trial(resnet.EXPERIMENT, args, "tf", 8, timeout=0.5)
     assert result["status"] == "timeout" and not result["ok"]
     assert "within" in result["error"]
+
+
+IDLE_IN_A_STEP = """
+import sys, time
+print("PHASE step 0 0.1", file=sys.stderr, flush=True)
+time.sleep(60) if sys.argv[-1] == "idle" else [0 for _ in iter(int, 1)]
+"""
+
+
+@pytest.mark.parametrize("kind", ["idle", "busy"])
+def test_a_trial_idle_in_a_step_is_waiting_for_memory(tmp_path, monkeypatch, kind):
+    # TensorFlow's allocator holds a step waiting when memory runs out (10 s for each
+    # failing allocation): a step idle for IDLE_SECONDS ends as a memory limit, one
+    # that computes runs into the time limit.
+    script = tmp_path / "trial.py"
+    script.write_text(IDLE_IN_A_STEP)
+    monkeypatch.setattr(child, "IDLE_SECONDS", 2.0)
+    monkeypatch.setattr(child, "POLL_SECONDS", 0.2)
+    monkeypatch.setattr(child, "trial_options", lambda experiment, args: [kind])
+    fake = types.SimpleNamespace(script=str(script), size="layers", name="fake",
+                                 index_of=lambda size: size, unit="images")
+    args = types.SimpleNamespace(batch_size=1, device_memory=None, onednn=0)
+    result = child.spawn_trial(fake, args, "tf", 8, timeout=6)
+    if kind == "idle":
+        assert result["status"] == "memory-wait", result
+        assert result["seconds"] < 6 and "step 0" in result["error"]
+        assert experiment.is_size_limit(result)
+    else:
+        assert result["status"] == "timeout", result
 
 
 def test_single_trial_command_line_exit_code_and_json():

@@ -1,6 +1,7 @@
 """Trials in child processes (each with its own cap, read when TensorFlow starts) and
 the search's progress bar on stderr."""
 
+import collections
 import json
 import os
 import signal
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from tfmem.cli import child_env
 
@@ -31,11 +34,78 @@ def _last_phase(text):
     return None, None
 
 
+# A step whose process tree sits this idle for this long is waiting for device memory:
+# TensorFlow's BFC allocator retries a failing allocation for up to 10 s, waking when
+# memory is freed, before it raises ResourceExhaustedError.  Plain TensorFlow's
+# DeepSpeech at 40 frames under 21 MiB reported its OOM after 130 s, 3.4 s of them on the
+# CPU, and a time limit would have named time, not memory, as its limit.
+IDLE_SECONDS = 30.0
+IDLE_CPU_SHARE = 0.02  # of one core
+POLL_SECONDS = 2.0
+
+
+def _cpu_seconds(process):
+    """CPU seconds the trial's process and its children (a kernel runner) have used."""
+    total = 0.0
+    try:
+        for member in [process] + process.children(recursive=True):
+            times = member.cpu_times()
+            total += times.user + times.system
+    except psutil.Error:  # a child exited meanwhile: the window starts again
+        return None
+    return total
+
+
+class _IdleWatch:
+    """Whether a process tree has used at most IDLE_CPU_SHARE of a core over the last
+    IDLE_SECONDS (`idle_for`: the seconds it has, else None)."""
+
+    def __init__(self, pid):
+        self._process = psutil.Process(pid)
+        self._samples = collections.deque()
+
+    def idle_for(self):
+        now, cpu = time.perf_counter(), _cpu_seconds(self._process)
+        if cpu is None:
+            self._samples.clear()
+            return None
+        self._samples.append((now, cpu))
+        while len(self._samples) > 1 and now - self._samples[1][0] >= IDLE_SECONDS:
+            self._samples.popleft()
+        then, cpu_then = self._samples[0]
+        if now - then >= IDLE_SECONDS and cpu - cpu_then <= IDLE_CPU_SHARE * (now - then):
+            return now - then
+        return None
+
+
+def _wait(proc, timeout):
+    """(stdout, stderr, how it ended): "exited"; "timeout" (killed at the time limit);
+    or, for a process idle in a step, the seconds it was idle (killed)."""
+    started = time.perf_counter()
+    watch = _IdleWatch(proc.pid)
+    while True:
+        left = started + timeout - time.perf_counter()
+        try:
+            stdout, stderr = proc.communicate(timeout=max(min(POLL_SECONDS, left), 0.01))
+            return stdout, stderr, "exited"
+        except subprocess.TimeoutExpired:
+            try:
+                idle = watch.idle_for()
+            except psutil.NoSuchProcess:
+                idle = None
+            if idle is None and time.perf_counter() - started < timeout:
+                continue
+        os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
+        stdout, stderr = proc.communicate()
+        return stdout, stderr, "timeout" if idle is None else idle
+
+
 def spawn_trial(experiment, args, system, size, timeout):
     """Run one trial in a fresh process (the cap is set there before TensorFlow starts).
 
     Returns the trial's dict; a process that times out, crashes or prints no
-    result gets status timeout, crash or error.
+    result gets status timeout, crash or error, and one that sat idle in a step for
+    IDLE_SECONDS status memory-wait (TensorFlow's allocator was waiting for memory).
     """
     cmd = [sys.executable, str(Path(experiment.script).resolve()), "--system", system,
            f"--{experiment.size.replace('_', '-')}", str(size)] + trial_options(experiment, args)
@@ -50,11 +120,8 @@ def spawn_trial(experiment, args, system, size, timeout):
                 ok=False, command=cmd)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
-        stdout, stderr = proc.communicate()
+    stdout, stderr, ended = _wait(proc, timeout)
+    if ended != "exited":
         phase, at = _last_phase(stderr)
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
         if lines:
@@ -64,9 +131,15 @@ def spawn_trial(experiment, args, system, size, timeout):
             result.update(command=cmd, process_seconds=time.perf_counter() - started,
                           unit=experiment.unit, killed_after_result=True)
             return result
-        return dict(base, status="timeout", seconds=time.perf_counter() - started,
-                    failed_in=phase, error=f"no result within {timeout:.0f} s"
-                    + (f" (still in {phase}, begun at {at:.0f} s)" if phase else ""))
+        seconds = time.perf_counter() - started
+        if ended != "timeout" and (phase or "").startswith("step"):
+            return dict(base, status="memory-wait", seconds=seconds, failed_in=phase,
+                        error=f"the CPU idle for {ended:.0f} s in {phase} (begun at {at:.0f} s): "
+                        "TensorFlow's allocator was waiting for device memory")
+        return dict(base, status="timeout", seconds=seconds,
+                    failed_in=phase, error=f"no result within {seconds:.0f} s"
+                    + (f" (still in {phase}, begun at {at:.0f} s)" if phase else "")
+                    + (f", the CPU idle for the last {ended:.0f} s" if ended != "timeout" else ""))
     elapsed = time.perf_counter() - started
     phase, at = _last_phase(stderr)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]

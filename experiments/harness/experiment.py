@@ -26,6 +26,7 @@ LIMITS = {"oom": "device memory (ResourceExhaustedError)",
           "budget": "device memory (tfmem: nothing fits the budget)",
           "host-memory": "host memory (tfmem refused the plan)",
           "timeout": "time (trial time limit)",
+          "memory-wait": "device memory (TensorFlow's allocator waited for memory, the CPU idle)",
           "error": "FAILURE of the run (not a size limit)",
           "unsupported": "the system refused the model (its error is the result)",
           "search-time": "time (search time limit)",
@@ -35,7 +36,7 @@ LIMITS = {"oom": "device memory (ResourceExhaustedError)",
 # given") and may end a search as its limit.  Anything else (an exception of another
 # kind, a tfmem process that crashed, a child without a result) is a failure of the run:
 # the search stops and says so, it never passes for a size limit.
-SIZE_LIMITS = ("oom", "budget", "host-memory", "timeout")
+SIZE_LIMITS = ("oom", "budget", "host-memory", "memory-wait", "timeout")
 PLAIN_SYSTEMS = ("tf", "grappler")  # run without oneDNN: its kernels crashed at a full cap
 
 
