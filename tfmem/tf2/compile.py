@@ -29,6 +29,7 @@ from tensorflow.python.ops import handle_data_util
 from tfmem.plan.analyse import canonical_input, split_tensor_name, tensor_bytes
 from tfmem.run.compiling.rewrite import keep_colocation_within
 from tfmem.tf2 import cubes, dedup, sorted_names
+from tfmem.tf2.call_options import call_without_memory_optimizer
 
 _HANDLE_DTYPES = (tf.resource, tf.variant)
 # A transfer computed from constants alone, up to this size, is computed again in the
@@ -140,15 +141,16 @@ def seen_names(concrete):
 
 
 def _flat_call(concrete):
-    """The cheapest call of a ConcreteFunction on flat eager tensors (no tape, no structure)."""
+    """The cheapest call of a ConcreteFunction on flat eager tensors (no tape, no
+    structure), instantiated without Grappler's memory optimizer (see call_options)."""
     atomic = getattr(concrete, "_inference_function", None)
     if atomic is not None and hasattr(atomic, "call_flat"):
         def call(*args):
-            return atomic.call_flat(*args) or []
+            return call_without_memory_optimizer(atomic.call_flat, args) or []
         return call
 
     def fallback(*args):  # other TensorFlow versions: the public, structured call
-        return tf.nest.flatten(concrete(*args))
+        return tf.nest.flatten(call_without_memory_optimizer(concrete, args))
     return fallback
 
 
