@@ -6,6 +6,24 @@ never copies the master's metadata into the caller's), while its ordinary
 run returns it.  So on a distributed session, a step that asks for
 `run_metadata` runs each partition this way: the same feeds, fetches,
 targets and run options as the callable, through `TF_SessionRun`.
+
+A local session whose steps are sampled (`Options.measure="sample"`) runs
+every step this way: DirectSession keys `Session.run`'s executors by feeds,
+fetches and targets, not by run options, so measured steps (traced) and the
+others share one executor per partition, where a callable bakes its run
+options in and each kind would build its own.  A call costs a few
+microseconds more than a callable's.
+
+DirectSession keeps those executors until the session closes, and with them
+what their kernels hold: a Const kernel keeps its tensor, which a variable
+assigned from it shares (see memory/first_updates).  An initializing request
+therefore runs callables, whose release frees those constants after its
+first step (4 MiB for the 16 initial weights of docs/api.md's 24 MiB
+example: kept, its budget-mode step runs out of memory).  A plan replaced by
+a re-plan leaves its executors in the session too: their kernels' constants
+(Grappler's folded ones included: 1.75 MiB in that example, about 10 KiB for
+a 60-layer ResNet), which budget mode reads as held by the device, and their
+graphs in host memory.
 """
 
 from tensorflow.python.client import pywrap_tf_session as tf_c
@@ -17,6 +35,13 @@ from tfmem import tf_private
 def wants_run_path(session, run_metadata):
     """True when a callable would lose the step's run metadata."""
     return run_metadata is not None and bool(session.sess_str)
+
+
+def shares_executors(session, measure, measure_device, released):
+    """True when every step of a plan runs this way, so that its measured and
+    unmeasured steps share executors: steps sampled on a local session, for a plan
+    whose executor is kept (`released`: freed after its first step, see above)."""
+    return measure == "sample" and measure_device and not session.sess_str and not released
 
 
 class RunPathCallable:
@@ -33,6 +58,9 @@ class RunPathCallable:
                          for name in callable_options.target]
         self._options = (callable_options.run_options.SerializeToString()
                          if callable_options.HasField("run_options") else None)
+        # DirectSession's key of the executor a call runs (its first call builds it)
+        self.signature = tuple(tuple(sorted(names)) for names in (
+            callable_options.feed, callable_options.fetch, callable_options.target))
 
     def __call__(self, *feed_values, run_metadata=None):
         options = tf_c.TF_NewBufferFromString(compat.as_bytes(self._options)) if self._options else None
