@@ -270,7 +270,10 @@ class Executor:
             # stays a callable, whose run metadata a distributed session drops
             if not run_path_wanted or program.connections:
                 return tf_private.make_callable(self.session, callable_options)
-            return c_path.RunPathCallable(self.session, callable_options)
+            call = c_path.RunPathCallable(self.session, callable_options)
+            if self._shared_run_path:
+                call.build()  # now, as a callable is built (see c_path)
+            return call
 
         return [make(p) for p in self.programs]
 
