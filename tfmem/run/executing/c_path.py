@@ -128,7 +128,11 @@ def _mistyped_feeds_run_nothing():
                                             initializer=tf.compat.v1.zeros_initializer())
         count = counter.assign_add(1, read_value=False)
         doubled = fed * 2.0
-    with tf.compat.v1.Session(graph=graph) as session:
+    # a session of its own on the CPU, with threads of its own (no process-wide pool made)
+    config = tf.compat.v1.ConfigProto(device_count={"GPU": 0}, use_per_session_threads=True,
+                                      inter_op_parallelism_threads=1,
+                                      intra_op_parallelism_threads=1)
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
         session.run(counter.initializer)
         try:
             tf_private.session_run(session, None, {tf_private.tf_output(fed): _mistyped(fed.dtype)},
