@@ -40,7 +40,6 @@ import functools
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.client import pywrap_tf_session as tf_c
-from tensorflow.python.client import session as tf_session
 from tensorflow.python.util import compat
 
 from tfmem import tf_private
@@ -129,14 +128,11 @@ def _mistyped_feeds_run_nothing():
                                             initializer=tf.compat.v1.zeros_initializer())
         count = counter.assign_add(1, read_value=False)
         doubled = fed * 2.0
-        value = counter.read_value()
     # a session of its own on the CPU, with threads of its own (no process-wide pool made)
     config = tf.compat.v1.ConfigProto(device_count={"GPU": 0}, use_per_session_threads=True,
                                       inter_op_parallelism_threads=1,
                                       intra_op_parallelism_threads=1)
-    # a BaseSession: not a user's session, which `tfmem run` would wrap and report
-    session = tf_session.BaseSession(graph=graph, config=config)
-    try:
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
         session.run(counter.initializer)
         try:
             tf_private.session_run(session, None, {tf_private.tf_output(fed): _mistyped(fed.dtype)},
@@ -144,6 +140,4 @@ def _mistyped_feeds_run_nothing():
                                    None)
         except tf.errors.InvalidArgumentError:
             pass
-        return int(session.run(value)) == 0
-    finally:
-        session.close()
+        return int(session.run(counter.read_value())) == 0
