@@ -19,7 +19,7 @@ from tfmem.memory.simulate import simulate
 from tfmem.memory.sizing import Sizing
 from tfmem.plan import stretches
 from tfmem.plan.streams import StreamLedger
-from tfmem.run.executing import c_path, partial_run
+from tfmem.run.executing import partial_run
 from tfmem.run.compiling import plan_import
 from tfmem.run.executing.buffers import HostBufferPool
 from tfmem.run.compiling.compile_stats import CompileStats
@@ -104,14 +104,11 @@ class RequestCompiler:
             return shared
         graph = self._session.graph
         before = graph.version
-        # an initializing request runs callables, which release; a partial run's executor,
-        # and those of Session.run's C path, stay in the session for good
-        runtime = self._runtime
+        # an initializing request runs callables, which release; a partial run's executor
+        # stays in the session for good
         executor, rewrite_time, extend_time, callables_time = self._compile(
             entry.plan, None if entry.deferred else entry.trace,
-            runtime.partial_runs and not entry.assigned,
-            c_path.shares_executors(self._session, runtime.measure, runtime.measure_device,
-                                    released=bool(entry.assigned)))
+            self._runtime.partial_runs and not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
@@ -121,7 +118,7 @@ class RequestCompiler:
         log.info("compiled: %s", self.last_compile)
         return executor
 
-    def _compile(self, plan, trace, partial_runs, shared_run_path):
+    def _compile(self, plan, trace, partial_runs):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
         graph = self._session.graph  # finalized or not: see graph_growth
         with graph.as_default():
@@ -147,6 +144,6 @@ class RequestCompiler:
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
         executor = Executor(self._session, plan, programs, self._runtime, residence, partial,
-                            run_plan, shared_run_path)
+                            run_plan)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)

@@ -180,12 +180,10 @@ class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence, partial=None,
-                 run_plan=None, shared_run_path=False):
+                 run_plan=None):
         """`programs`: the callables' Programs, or a function making them when first
         needed (a plan whose steps run as partial runs: `partial`, see partial_run).
-        `run_plan`: what the callables run, the plan's stretches (see stretches).
-        `shared_run_path`: every step runs Session.run's C path, measured or not
-        (c_path.shares_executors)."""
+        `run_plan`: what the callables run, the plan's stretches (see stretches)."""
         self.session = session
         self.plan = plan
         self.run_plan = run_plan or plan
@@ -208,13 +206,8 @@ class Executor:
         uploads = {index: residence.upload_options(keys, [plan.view.tensor(t).dtype
                                                           for t, _ in keys])
                    for index, keys in enumerate(schedule.uploads) if keys}
-        # Measured and unmeasured steps share TensorFlow's executors where steps are
-        # sampled: both go through Session.run's C path, whose executors DirectSession
-        # keys by feeds, fetches and targets alone (a trace is a run option), where a
-        # callable bakes its run options in, and two sets of callables would build every
-        # partition twice, the second time in the first unmeasured step.
-        self._shared_run_path = shared_run_path
-        # Every op exists now: the callables below extend the session's graph once.
+        # Every op exists now: the callables below extend the session's graph once.  They
+        # are the first step's: measured unless measuring is off.
         if partial is None:
             self._callables_for(None, measure=runtime.measure_device and runtime.measure != "off")
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
@@ -253,9 +246,8 @@ class Executor:
         """The partitions' callables for these run options; measuring ones (allocation
         tracking on) apart, since tracking costs time on every step (see sampling)."""
         serialized = options.SerializeToString(deterministic=True) if options is not None else b""
-        run_path_wanted = c_path.wants_run_path(self.session, run_metadata) or \
-            self._shared_run_path
-        # run path: see c_path (keeps the step's run metadata; shares executors)
+        run_path_wanted = c_path.wants_run_path(self.session, run_metadata)
+        # run path: see c_path (keeps the step's run metadata)
         key = (serialized, bool(measure), run_path_wanted)
         with self._callables_lock:
             if key not in self._callables:
@@ -270,10 +262,7 @@ class Executor:
             # stays a callable, whose run metadata a distributed session drops
             if not run_path_wanted or program.connections:
                 return tf_private.make_callable(self.session, callable_options)
-            call = c_path.RunPathCallable(self.session, callable_options)
-            if self._shared_run_path:
-                call.build()  # now, as a callable is built (see c_path)
-            return call
+            return c_path.RunPathCallable(self.session, callable_options)
 
         return [make(p) for p in self.programs]
 
