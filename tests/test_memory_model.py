@@ -255,7 +255,7 @@ tfs, fetches, feed, measured = measured_step(False)
 predicted = {}
 emulated = simulator.partition_orders
 for label, orders in (("simulator", emulated),
-                      ("depth first", lambda view, ops, _: [op_order.dependency_order(view, ops)])):
+                      ("depth first", lambda view, ops, _, **__: [op_order.dependency_order(view, ops)])):
     simulator.partition_orders = orders
     trace = tfs.simulate(fetches, feed)
     predicted[label] = trace.peak_device - trace.state_bytes

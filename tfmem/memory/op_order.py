@@ -32,7 +32,9 @@ Grappler rewrites the graph further.
 
 So the simulator does not bet on one order: `candidate_orders` are the plan's
 depth-first order and the executor emulated with each op's readers in node-id
-order and reversed, and the simulator counts the worst.  DeepSpeech at 32
+order and reversed, on one thread and, where the device has more inter-op
+threads (`concurrent_ops`), on that many taking turns, and the simulator counts
+the worst.  DeepSpeech at 32
 frames (batch 128, one partition, one thread per pool, the request's state
 included) measures 19.7-20.0 MiB in five processes, and 19.9-20.2 simulated in
 the order each process's trace recorded; the emulated executor predicts 21.8,
@@ -126,38 +128,50 @@ def is_chained(view, ops):
     return True
 
 
-def partition_orders(view, ops, originals=frozenset()):
+def partition_orders(view, ops, originals=frozenset(), threads=1):
     """The orders the simulator tries for a partition, the worst counting: the chained
-    order alone where the runner chains the partition, else `candidate_orders`.  An
-    iterator, each order made when it is asked for: a search that rejects a candidate
-    on the first order's peak emulates no executor."""
+    order alone where the runner chains the partition, else `candidate_orders` with
+    `threads` inter-op threads.  An iterator, each order made when it is asked for: a
+    search that rejects a candidate on the first order's peak emulates no executor."""
     order = chained_order(view, ops)
     if order is not None:
         yield order
     else:
-        yield from candidate_orders(view, ops, originals)
+        yield from candidate_orders(view, ops, originals, threads)
 
 
-def candidate_orders(view, ops, originals=frozenset()):
+def candidate_orders(view, ops, originals=frozenset(), threads=1):
     """The orders the simulator tries, the worst counting: the plan's (depth first), and
-    the executor's with each op's readers in node-id order and reversed (an iterator)."""
+    the executor's with each op's readers in node-id order and reversed, on one thread
+    and, with `threads` above one, on that many (an iterator)."""
     depth_first = dependency_order(view, ops)
     yield depth_first
-    yield from executor_orders(view, ops, originals, depth_first)
+    yield from executor_orders(view, ops, originals, depth_first, threads)
 
 
-def executor_orders(view, ops, originals=frozenset(), depth_first=None):
+def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=1):
     """The partition's ops in the order TensorFlow's executor runs them with one inter-op
     thread (see the module docstring), with each op's readers in the order of their node
     ids, then with them reversed (an iterator); ops in a cycle, which it never runs, last.
-    `depth_first`: `dependency_order(view, ops)`, when the caller has it."""
+    With `threads` above one, the same two again as `threads` threads interleave them
+    (`_executor_order`).  `depth_first`: `dependency_order(view, ops)`, when the caller
+    has it."""
     folded = folded_constants(view, ops, depth_first)
     node_id = _node_ids(view, ops, originals)
-    for reversed_readers in (False, True):
-        yield _executor_order(view, ops, folded, node_id, reversed_readers)
+    for workers in sorted({1, max(int(threads), 1)}):
+        for reversed_readers in (False, True):
+            yield _executor_order(view, ops, folded, node_id, reversed_readers, workers)
 
 
-def _executor_order(view, ops, folded, node_id, reversed_readers):
+def _executor_order(view, ops, folded, node_id, reversed_readers, workers=1):
+    """The executor's order with `workers` inter-op threads, each running one op in turn.
+
+    Two threads work on two branches at once: a gradient reaching two batch
+    normalizations makes both branches' readers ready, one thread keeps one and the
+    other takes the next from the pool, so both branches' intermediates are alive
+    together (two branches holding 16 MiB each peak at 32 MiB, where one thread's
+    orders count 16: tests/test_branches_at_once.py).  Taking turns op by op is the
+    even interleaving of kernels that take as long as each other."""
     waiting, readers = _edges(view, ops, folded)
     for producer, names in readers.items():
         names.sort(key=node_id.__getitem__, reverse=reversed_readers)
@@ -180,15 +194,19 @@ def _executor_order(view, ops, folded, node_id, reversed_readers):
     roots += [((2, node_id[name]), name) for name in ops if name in folded]
     pool = collections.deque(root for _, root in sorted(roots))
     order = []
-    while pool:
-        first = pool.popleft()
-        inline = collections.deque([first] if first in waiting else [])
-        if first in outside:
-            _make_ready(view, outside[first], waiting, inline, pool)
-        while inline:
-            name = inline.popleft()
-            order.append(name)
-            _make_ready(view, readers[name], waiting, inline, pool)
+    inlines = [collections.deque() for _ in range(workers)]
+    while pool or any(inlines):
+        for inline in inlines:
+            while not inline and pool:  # an idle thread takes the pool's next task
+                first = pool.popleft()
+                if first in waiting:
+                    inline.append(first)
+                if first in outside:
+                    _make_ready(view, outside[first], waiting, inline, pool)
+            if inline:
+                name = inline.popleft()
+                order.append(name)
+                _make_ready(view, readers[name], waiting, inline, pool)
     return _with_the_rest(order, ops)
 
 

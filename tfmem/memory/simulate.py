@@ -307,7 +307,8 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
     else:
         options = dict(options, forwardable=frozenset())
     walked, worst = [], None
-    for order in partition_orders(view, partition.ops, view.originals):
+    for order in partition_orders(view, partition.ops, view.originals,
+                                  threads=options.get("concurrent_ops", 1)):
         if order in walked:
             continue
         walked.append(order)
