@@ -79,25 +79,22 @@ class _IdleWatch:
 
 
 def _wait(proc, timeout):
-    """(stdout, stderr, how it ended): "exited"; "timeout" (killed at the time limit);
-    or, for a process idle in a step, the seconds it was idle (killed)."""
+    """(stdout, stderr, killed, idle): `killed` at the time limit or, for a process tree
+    idle for IDLE_SECONDS, earlier, `idle` then the seconds it was idle (else None)."""
     started = time.perf_counter()
     watch = _IdleWatch(proc.pid)
     while True:
         left = started + timeout - time.perf_counter()
         try:
             stdout, stderr = proc.communicate(timeout=max(min(POLL_SECONDS, left), 0.01))
-            return stdout, stderr, "exited"
+            return stdout, stderr, False, None
         except subprocess.TimeoutExpired:
-            try:
-                idle = watch.idle_for()
-            except psutil.NoSuchProcess:
-                idle = None
+            idle = watch.idle_for()
             if idle is None and time.perf_counter() - started < timeout:
                 continue
         os.killpg(proc.pid, signal.SIGKILL)  # the trial's own process group
         stdout, stderr = proc.communicate()
-        return stdout, stderr, "timeout" if idle is None else idle
+        return stdout, stderr, True, idle
 
 
 def spawn_trial(experiment, args, system, size, timeout):
@@ -120,33 +117,27 @@ def spawn_trial(experiment, args, system, size, timeout):
                 ok=False, command=cmd)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
-    stdout, stderr, ended = _wait(proc, timeout)
-    if ended != "exited":
-        phase, at = _last_phase(stderr)
-        lines = [line for line in stdout.splitlines() if line.startswith("{")]
-        if lines:
-            # The trial finished and printed its result within the limit; only the
-            # process's exit (TensorFlow's teardown, seconds on a loaded machine) ran over.
-            result = json.loads(lines[-1])
-            result.update(command=cmd, process_seconds=time.perf_counter() - started,
-                          unit=experiment.unit, killed_after_result=True)
-            return result
-        seconds = time.perf_counter() - started
-        if ended != "timeout" and (phase or "").startswith("step"):
-            return dict(base, status="memory-wait", seconds=seconds, failed_in=phase,
-                        error=f"the CPU idle for {ended:.0f} s in {phase} (begun at {at:.0f} s): "
-                        "TensorFlow's allocator was waiting for device memory")
-        return dict(base, status="timeout", seconds=seconds,
-                    failed_in=phase, error=f"no result within {seconds:.0f} s"
-                    + (f" (still in {phase}, begun at {at:.0f} s)" if phase else "")
-                    + (f", the CPU idle for the last {ended:.0f} s" if ended != "timeout" else ""))
+    stdout, stderr, killed, idle = _wait(proc, timeout)
     elapsed = time.perf_counter() - started
     phase, at = _last_phase(stderr)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if lines:
         result = json.loads(lines[-1])
         result.update(command=cmd, process_seconds=elapsed, unit=experiment.unit)
+        if killed:
+            # The trial finished and printed its result within the limit; only the
+            # process's exit (TensorFlow's teardown, seconds on a loaded machine) ran over.
+            result.update(killed_after_result=True)
         return result
+    if idle is not None and (phase or "").startswith("step"):
+        return dict(base, status="memory-wait", seconds=elapsed, failed_in=phase,
+                    error=f"the CPU idle for {idle:.0f} s in {phase} (begun at {at:.0f} s): "
+                    "TensorFlow's allocator was waiting for device memory")
+    if killed:
+        return dict(base, status="timeout", seconds=elapsed,
+                    failed_in=phase, error=f"no result within {elapsed:.0f} s"
+                    + (f" (still in {phase}, begun at {at:.0f} s)" if phase else "")
+                    + (f", the CPU idle for the last {idle:.0f} s" if idle is not None else ""))
     if proc.returncode < 0:
         return dict(base, status="crash", seconds=elapsed, returncode=proc.returncode,
                     failed_in=phase, error=child_env.describe_exit(proc.returncode)
