@@ -78,7 +78,13 @@ BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.15}
 # earlier steps left (the oneDNN ResNet at 50: median 13.5 % below the band, worst
 # step in it).
 BAND_BELOW_TOLERANCE = 0.20
-BAND_GAPS = {}
+# The oneDNN ResNet at 50 is the one configuration whose median step moves across the
+# band's upper edge between runs of the same code: its judged steps read 14.8, 16.1,
+# 16.8, 18.1 or 18.8 MiB (a 2 MiB activation held across a partition's peak or not,
+# more often on a loaded machine), against 14.75 requested and 16.80 in chunks; medians
+# of 16.8 and of 18.8 MiB (10.4 % above the band) both occur.  Budget mode holds a
+# margin for such steps (test_budget_modes_bound_plus_margin_covers_the_worst_step).
+BAND_GAPS = {("onednn", "resnet", 50): 0.13}
 
 
 @pytest.fixture(scope="module")
