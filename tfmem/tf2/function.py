@@ -324,7 +324,7 @@ class PartitionedFunction:
         """Budget mode's (plan, trace) for the view, preferring the plans in `earlier`."""
         runtime = self._runtime
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
-                          resident_bytes=self._learning.device_in_use() or 0,
+                          resident_bytes=self._learning.device_in_use(settled=True) or 0,
                           correction=correction, prefer=[t.plan for t in earlier])
 
     def _replanned(self, key, traced):

@@ -15,6 +15,7 @@ how to measure an entry's kernels again and its Sizing.
 """
 
 import contextlib
+import gc
 
 from tfmem import errors
 from tfmem.memory import budget, learning
@@ -38,9 +39,18 @@ class BudgetLearning:
         self._measure_scratch, self._sizing = measure_scratch, sizing
         self._what = what
 
-    def device_in_use(self):
-        """The device's bytes in use now, or None where TensorFlow keeps no figures."""
-        memory = accelerator.device_memory(self._device) if self._measure_device else None
+    def device_in_use(self, settled=False):
+        """The device's bytes in use now, or None where TensorFlow keeps no figures.
+
+        `settled`: collect Python's unreachable objects first.  A function or session
+        the program dropped, or a failed step's traceback, can sit in a reference cycle
+        holding device tensors until the cyclic collector happens to run; a plan fitted
+        beside them would depend on when it last ran.  Planning reads it settled."""
+        if not self._measure_device:
+            return None
+        if settled:
+            gc.collect()
+        memory = accelerator.device_memory(self._device)
         return memory["current"] if memory else None
 
     def outgrown(self, entry):

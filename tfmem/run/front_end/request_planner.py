@@ -175,7 +175,7 @@ class RequestPlanner:
             if settings.budget is None:
                 return make_plan(view, settings.partition_size, settings.policy,
                                  settings.accelerator), None
-            resident = (self._learning.device_in_use() or 0) + first_updates.pending_bytes(
+            resident = (self._learning.device_in_use(settled=True) or 0) + first_updates.pending_bytes(
                 self._session.graph, view, self._owned)
             return budget.fit(view, self._sizing(view, request.feed_shapes()), settings.budget,
                               settings.policy, settings.accelerator, resident_bytes=resident,
