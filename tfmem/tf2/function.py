@@ -323,9 +323,10 @@ class PartitionedFunction:
     def _fit(self, view, sizing, correction, earlier):
         """Budget mode's (plan, trace) for the view, preferring the plans in `earlier`."""
         runtime = self._runtime
+        resident = self._learning.device_in_use_for_planning(view, sizing) or 0
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
-                          resident_bytes=self._learning.device_in_use(settled=True) or 0,
-                          correction=correction, prefer=[t.plan for t in earlier])
+                          resident_bytes=resident, correction=correction,
+                          prefer=[t.plan for t in earlier])
 
     def _replanned(self, key, traced):
         """Budget mode, after a step that measured over its prediction (see BudgetLearning): the

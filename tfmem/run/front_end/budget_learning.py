@@ -19,6 +19,7 @@ import gc
 
 from tfmem import errors
 from tfmem.memory import budget, learning
+from tfmem.memory.simulate import TensorSizes, state_bytes
 from tfmem.plan import updates
 from tfmem.run.placement import accelerator
 
@@ -39,19 +40,25 @@ class BudgetLearning:
         self._measure_scratch, self._sizing = measure_scratch, sizing
         self._what = what
 
-    def device_in_use(self, settled=False):
-        """The device's bytes in use now, or None where TensorFlow keeps no figures.
-
-        `settled`: collect Python's unreachable objects first.  A function or session
-        the program dropped, or a failed step's traceback, can sit in a reference cycle
-        holding device tensors until the cyclic collector happens to run; a plan fitted
-        beside them would depend on when it last ran.  Planning reads it settled."""
-        if not self._measure_device:
-            return None
-        if settled:
-            gc.collect()
-        memory = accelerator.device_memory(self._device)
+    def device_in_use(self):
+        """The device's bytes in use now, or None where TensorFlow keeps no figures."""
+        memory = accelerator.device_memory(self._device) if self._measure_device else None
         return memory["current"] if memory else None
+
+    def device_in_use_for_planning(self, view, sizing):
+        """`device_in_use()` for a plan of `view` at `sizing` to be fitted beside.
+
+        Where the device holds more than the request's own state, part of it may be
+        garbage: a function or session the program dropped, or a failed step's
+        traceback, in a reference cycle with device tensors until Python's cyclic
+        collector happens to run.  A plan fitted beside it would depend on when that
+        last ran, so the collector runs first (not otherwise: a full collection takes
+        about a second beside a 100k-op graph)."""
+        in_use = self.device_in_use()
+        if in_use is not None and in_use > state_bytes(view, TensorSizes(view, sizing.shapes)):
+            gc.collect()
+            in_use = self.device_in_use()
+        return in_use
 
     def outgrown(self, entry):
         """Before a step: whether the entry's plan no longer fits beside what the device

@@ -175,9 +175,10 @@ class RequestPlanner:
             if settings.budget is None:
                 return make_plan(view, settings.partition_size, settings.policy,
                                  settings.accelerator), None
-            resident = (self._learning.device_in_use(settled=True) or 0) + first_updates.pending_bytes(
-                self._session.graph, view, self._owned)
-            return budget.fit(view, self._sizing(view, request.feed_shapes()), settings.budget,
+            sizing = self._sizing(view, request.feed_shapes())
+            resident = (self._learning.device_in_use_for_planning(view, sizing) or 0) \
+                + first_updates.pending_bytes(self._session.graph, view, self._owned)
+            return budget.fit(view, sizing, settings.budget,
                               settings.policy, settings.accelerator, resident_bytes=resident,
                               correction=correction,
                               prefer=self._plans.compiled_plans(request.signature))
