@@ -176,6 +176,38 @@ class GraphView:
                 readers.setdefault(tensor, []).append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
 
+    @functools.cached_property
+    def computed_reads(self):
+        """((tensor, producing node, its readers, whether the producer reads state), ...) of
+        every computed tensor a node reads, fed ones left out: the edges that cross when a
+        plan puts producer and reader in different partitions (build.Slicing)."""
+        edges = []
+        for tensor, names in self.readers.items():
+            producer = split_tensor_name(tensor)[0]
+            if tensor in self.feeds or producer not in self.nodes:
+                continue
+            edges.append((tensor, producer, names,
+                          optypes.reads_state(self.nodes[producer], self.sources)))
+        return tuple(edges)
+
+    @functools.cached_property
+    def outside_reads(self):
+        """({node: ((tensor, op), ...) of its data inputs that are fed or read a source},
+        {original: ((tensor, op), ...) of the fed placeholders its control inputs name}):
+        what a partition must feed or map to the original (build.Slicing)."""
+        data, controls = {}, {}
+        for name, node in self.nodes.items():
+            pairs = tuple((t, op) for t, op in zip(node.inputs, node.input_ops)
+                          if t in self.feeds or op in self.sources)
+            if pairs:
+                data[name] = pairs
+            if name in self.originals:
+                fed = tuple((src + ":0", src) for src in node.control_inputs
+                            if src + ":0" in self.feeds)
+                if fed:
+                    controls[name] = fed
+        return data, controls
+
     def tensor(self, name):
         """TensorInfo of a tensor produced by a node or a source."""
         op_name, index = split_tensor_name(name)
