@@ -173,7 +173,7 @@ def _readers_in_turn(view, readers, node_id, reversed_readers):
     sign = -1 if reversed_readers else 1
     in_turn = {}
     for producer, names in readers.items():
-        in_turn[producer] = sorted(
+        in_turn[producer] = names if len(names) < 2 else sorted(
             names, key=lambda reader: (producer not in view.nodes[reader].data_producers,
                                        sign * node_id[reader]))
     return in_turn
@@ -236,7 +236,8 @@ def _node_ids(view, ops, originals):
     node first; the user's ops (originals) are listed before tfmem's copies, the copies
     in the partition's order, and the arguments that stand for feeds and transfers come
     last, so ops that read none are numbered before any that does."""
-    listed = {name: (name not in originals, i) for i, name in enumerate(ops)}
+    # originals first, each group in partition order (one int: heap entries compare fast)
+    listed = {name: i + (len(ops) if name not in originals else 0) for i, name in enumerate(ops)}
     members = set(ops)
     waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
     for name in ops:
