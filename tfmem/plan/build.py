@@ -274,8 +274,8 @@ def _edge_problems(plan, home):
     transfers = {t.tensor: t for t in plan.transfers}
     for node in view.nodes.values():
         consumer = home.get(node.name)
-        for tensor in node.inputs:
-            producer = home.get(split_tensor_name(tensor)[0])
+        for tensor, producer_op in zip(node.inputs, node.input_ops):
+            producer = home.get(producer_op)
             if tensor in view.feeds or producer in (None, consumer) or consumer is None:
                 continue
             transfer = transfers.get(tensor)
