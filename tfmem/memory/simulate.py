@@ -628,7 +628,9 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             log.allocate((tensor, reader), size(tensor))
             to_device += size(tensor)
         before = state + sum(live.values())
-        keep_until_end = set(partition.outputs) | set(partition.fetches)
+        # in the plan's order: which of two kept views of one buffer it is handed on to
+        # (`_in_order`) must not follow a set's order, which changes with the string hash
+        keep_until_end = dict.fromkeys(partition.outputs + partition.fetches)
         freed_inside = {key[0]: live[key] for key in schedule.frees[index]
                         if key in live and early_frees}
         # a buffer another kept view holds too is not the reader's alone
