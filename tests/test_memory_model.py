@@ -475,6 +475,42 @@ def test_merging_equal_ops_never_adds_memory_and_stays_within_a_partition():
     assert saved == 16 * slice_bytes  # the backward direction's 16 slices
 
 
+def test_a_search_share_predicts_each_candidate_as_a_simulation_of_its_own():
+    """Pure: a budget search predicts its candidate plans with one `CandidateShare` (the
+    working sets of partitions met before, each op's view and merge facts).  On the
+    unrolled RNN with equal ops merged, over sizes and swap distances in the order a
+    search meets them, each prediction through the share is the one a simulation of that
+    plan alone makes: nothing the share holds is stale for the next candidate."""
+    from tfmem.cli import models  # pylint: disable=import-outside-toplevel
+    from tfmem.memory import dedup  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.shapes import resolve_shapes  # pylint: disable=import-outside-toplevel
+    from tfmem.memory.simulate import (  # pylint: disable=import-outside-toplevel
+        CandidateShare, TensorSizes, simulate)
+    from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.build import make_plan  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.swap import SwapPolicy  # pylint: disable=import-outside-toplevel
+
+    model = models.unrolled_rnn(steps=8)
+    x, y = model.inputs
+    view = analyse([model.loss], [model.train], [x, y])
+    options = dict(early_frees=False, signatures=dedup.signatures(model.graph, view),
+                   chunks=True, concurrent_ops=2)
+    merged_any = False
+    for batch in (64, 1):  # at batch 1 the bias gradients' sums reduce nothing: views
+        shapes = resolve_shapes(model.graph, view, {x.name: (batch, 8, 64), y.name: (batch,)})
+        share = CandidateShare(TensorSizes(view, shapes))
+        for size in (100000, 200, 100, 150, 40, 7, 1):
+            for distance in (2, 0):  # every transfer may be swapped, so distances differ
+                plan = make_plan(view, size, SwapPolicy(swap_distance=distance, min_bytes=0))
+                shared = simulate(plan, shapes, share=share, **options)
+                alone = simulate(plan, shapes, **options)
+                assert shared == alone, (batch, size, distance)
+                merged_any |= alone != simulate(plan, shapes,
+                                                **dict(options, signatures=None))
+    assert merged_any  # the merge facts were in play
+    assert share.working_sets  # and partitions met again were taken from the share
+
+
 @pytest.mark.slow
 def test_the_backward_wave_of_an_unrolled_rnn_is_in_the_prediction():
     """DeepSpeech at 32 frames (the experiment's model) as one partition, one thread per

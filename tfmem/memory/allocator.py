@@ -262,22 +262,26 @@ def replay(log, steps=2, regions=Regions()):
     for _, buffer, nbytes in log.state:
         handles[buffer] = model.allocate(nbytes)
     peaks, served = {}, {}
-    for number in range(steps):
-        last = number == steps - 1
-        current = None
+    for _ in range(steps - 1):  # the steps before only shape the regions
         for event in log.step:
             kind = event[0]
-            if kind == "partition":
-                current = event[1]
-                if last:
-                    peaks[current] = model.needed
-                    served[current] = not model.beyond_limit
-                continue
             if kind == "alloc":
                 handles[event[1]] = model.allocate(event[2])
-            else:
+            elif kind == "free":
                 model.free(handles.pop(event[1], None))
-            if last and current is not None:
-                peaks[current] = max(peaks[current], model.needed)
-                served[current] = served[current] and not model.beyond_limit
+    current = None
+    for event in log.step:
+        kind = event[0]
+        if kind == "partition":
+            current = event[1]
+            peaks[current] = model.needed
+            served[current] = not model.beyond_limit
+            continue
+        if kind == "alloc":
+            handles[event[1]] = model.allocate(event[2])
+        else:
+            model.free(handles.pop(event[1], None))
+        if current is not None:
+            peaks[current] = max(peaks[current], model.needed)
+            served[current] = served[current] and not model.beyond_limit
     return peaks, served

@@ -74,43 +74,79 @@ def signatures(graph, view, session=None):
     return found
 
 
-def duplicates(view, order, signatures, keep=()):
+class EqualityFacts:
+    """What `duplicates` reads of each op of a view, whatever partition it is in and
+    whatever order its ops run in: a budget search simulates several orders of many
+    partitions of one view.  Found for an op when first asked for."""
+
+    def __init__(self, view, signatures):
+        self._view = view
+        self._signatures = signatures
+        self._ops = {}
+        # constant -> its signature (its value): readers of equal constants are equal
+        self.constants = {name: signatures[name] for name, node in view.sources.items()
+                          if node.type == "Const" and name in signatures}
+
+    def of(self, name):
+        """(signature, input ops, input indices, commutative, control inputs compared as
+        they are, mergeable ones) of op `name`, or None for an op never merged."""
+        try:
+            return self._ops[name]
+        except KeyError:
+            pass
+        signature = self._signatures.get(name)
+        facts = None
+        if signature is not None:
+            node = self._view.nodes[name]
+            controls = frozenset(node.control_inputs)
+            mergeable = controls - controls.difference(self._signatures)
+            facts = (signature, node.input_ops, node.input_indices, node.type in COMMUTATIVE,
+                     controls - mergeable if mergeable else controls, tuple(mergeable))
+        self._ops[name] = facts
+        return facts
+
+
+def duplicates(view, order, signatures, keep=(), facts=None):
     """{op name: the equal op it is merged into}, among the ops of one partition in `order`
     (dependency order: the first of equal ops is the one kept).  Ops with an output in
-    `keep` (fetched: Grappler preserves fetch nodes) are never merged away."""
+    `keep` (fetched: Grappler preserves fetch nodes) are never merged away.  `facts`:
+    the view's `EqualityFacts` for `signatures`, when the caller has them."""
     if not signatures:
         return {}
+    facts = facts or EqualityFacts(view, signatures)
+    facts_of, constants = facts.of, facts.constants
     merged, seen = {}, {}
     by_value = {}  # a constant's signature -> the first constant of that value read here
 
     def standing_for(op):
         """The op an input stands for: the op kept in its place, or for a constant the
         first equal constant the partition reads."""
-        if op in merged:
-            return merged[op]
-        source = view.sources.get(op)
-        if source is not None and source.type == "Const" and op in signatures:
-            return by_value.setdefault(signatures[op], op)
-        return op
+        kept = merged.get(op)
+        if kept is not None:
+            return kept
+        value = constants.get(op)
+        return op if value is None else by_value.setdefault(value, op)
 
     kept_ops = {split_tensor_name(t)[0] for t in keep}
     for name in order:
-        signature = signatures.get(name)
-        if signature is None:
+        known = facts_of(name)
+        if known is None:
             continue
-        node = view.nodes[name]
-        inputs = [(standing_for(op), index)
-                  for op, index in zip(node.input_ops, node.input_indices)]
-        if node.type in COMMUTATIVE:
+        signature, input_ops, input_indices, commutative, controls, mergeable = known
+        inputs = []
+        for op, index in zip(input_ops, input_indices):  # standing_for, inlined: the hot loop
+            stands = merged.get(op)
+            if stands is None:
+                value = constants.get(op)
+                stands = op if value is None else by_value.setdefault(value, op)
+            inputs.append((stands, index))
+        if commutative:
             inputs.sort()
         # Control inputs Grappler cannot merge stand for themselves, compared as a set in
         # C (a training step's gradients wait for hundreds of updates); the others stand
         # for the op kept in their place.
-        controls = frozenset(node.control_inputs)
-        mergeable = controls - controls.difference(signatures)
         if mergeable:
-            controls = (controls - mergeable,
-                        tuple(sorted({standing_for(c) for c in mergeable})))
+            controls = (controls, tuple(sorted({standing_for(c) for c in mergeable})))
         key = (signature, tuple(inputs), controls)
         first = seen.setdefault(key, name)
         if first != name and name not in kept_ops:

@@ -81,10 +81,6 @@ def _edges(view, ops, folded=frozenset()):
     return waiting, readers
 
 
-def _reads_data(view, reader, producer):
-    return producer in view.nodes[reader].data_producers
-
-
 def folded_constants(view, ops, depth_first=None):
     """The ops TensorFlow's constant folding replaces by a Const before the step runs:
     stateless ops whose every producer is a constant or folded (a loss's gradient seed,
@@ -158,27 +154,38 @@ def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=
     has it."""
     folded = folded_constants(view, ops, depth_first)
     node_id = _node_ids(view, ops, originals)
+    waiting, readers = _edges(view, ops, folded)
+    outside, roots = _step_start(view, ops, folded, node_id, waiting)
+    inexpensive = frozenset(name for name in ops if view.nodes[name].type in INEXPENSIVE)
+    by_direction = {}  # the edges are the same four times: each direction sorted once
     for workers in sorted({1, max(int(threads), 1)}):
         for reversed_readers in (False, True):
-            yield _executor_order(view, ops, folded, node_id, reversed_readers, workers)
+            if reversed_readers not in by_direction:
+                by_direction[reversed_readers] = _readers_in_turn(view, readers, node_id,
+                                                                  reversed_readers)
+            yield _executor_order(ops, dict(waiting), by_direction[reversed_readers], outside,
+                                  roots, inexpensive, workers)
 
 
-def _executor_order(view, ops, folded, node_id, reversed_readers, workers=1):
-    """The executor's order with `workers` inter-op threads, each running one op in turn.
-
-    Two threads work on two branches at once: a gradient reaching two batch
-    normalizations makes both branches' readers ready, one thread keeps one and the
-    other takes the next from the pool, so both branches' intermediates are alive
-    together (two branches holding 16 MiB each peak at 32 MiB, where one thread's
-    orders count 16: tests/test_branches_at_once.py).  Taking turns op by op is the
-    even interleaving of kernels that take as long as each other."""
-    waiting, readers = _edges(view, ops, folded)
+def _readers_in_turn(view, readers, node_id, reversed_readers):
+    """{op: its readers in the order the executor makes them ready}: data readers before
+    control readers, each by node id (or reversed)."""
+    sign = -1 if reversed_readers else 1
+    in_turn = {}
     for producer, names in readers.items():
-        names.sort(key=node_id.__getitem__, reverse=reversed_readers)
-        names.sort(key=lambda reader: not _reads_data(view, reader, producer))  # data first
-    # The step's first ops produce what the partition reads from outside: state (the
-    # user's nodes, numbered first), feeds and other partitions' results (arguments
-    # TensorFlow adds to the graph), and the constants folding made (the last nodes).
+        in_turn[producer] = names if len(names) < 2 else sorted(
+            names, key=lambda reader: (producer not in view.nodes[reader].data_producers,
+                                       sign * node_id[reader]))
+    return in_turn
+
+
+def _step_start(view, ops, folded, node_id, waiting):
+    """({op outside the partition: its readers in it}, the step's first ops in the order
+    they are pushed); `waiting` counts the outside producers too, after.
+
+    The step's first ops produce what the partition reads from outside: state (the
+    user's nodes, numbered first), feeds and other partitions' results (arguments
+    TensorFlow adds to the graph), and the constants folding made (the last nodes)."""
     outside = {}
     for name in ops:
         if name in folded:
@@ -192,7 +199,20 @@ def _executor_order(view, ops, folded, node_id, reversed_readers, workers=1):
     roots += [((0, node_id[name]), name) for name in ops
               if waiting[name] == 0 and name not in folded]
     roots += [((2, node_id[name]), name) for name in ops if name in folded]
-    pool = collections.deque(root for _, root in sorted(roots))
+    return outside, tuple(root for _, root in sorted(roots))
+
+
+def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=1):
+    """The executor's order with `workers` inter-op threads, each running one op in turn;
+    `waiting` ({op: producers not yet run}) is used up.
+
+    Two threads work on two branches at once: a gradient reaching two batch
+    normalizations makes both branches' readers ready, one thread keeps one and the
+    other takes the next from the pool, so both branches' intermediates are alive
+    together (two branches holding 16 MiB each peak at 32 MiB, where one thread's
+    orders count 16: tests/test_branches_at_once.py).  Taking turns op by op is the
+    even interleaving of kernels that take as long as each other."""
+    pool = collections.deque(roots)
     order = []
     inlines = [collections.deque() for _ in range(workers)]
     while pool or any(inlines):
@@ -202,11 +222,11 @@ def _executor_order(view, ops, folded, node_id, reversed_readers, workers=1):
                 if first in waiting:
                     inline.append(first)
                 if first in outside:
-                    _make_ready(view, outside[first], waiting, inline, pool)
+                    _make_ready(inexpensive, outside[first], waiting, inline, pool)
             if inline:
                 name = inline.popleft()
                 order.append(name)
-                _make_ready(view, readers[name], waiting, inline, pool)
+                _make_ready(inexpensive, readers[name], waiting, inline, pool)
     return _with_the_rest(order, ops)
 
 
@@ -216,7 +236,8 @@ def _node_ids(view, ops, originals):
     node first; the user's ops (originals) are listed before tfmem's copies, the copies
     in the partition's order, and the arguments that stand for feeds and transfers come
     last, so ops that read none are numbered before any that does."""
-    listed = {name: (name not in originals, i) for i, name in enumerate(ops)}
+    # originals first, each group in partition order (one int: heap entries compare fast)
+    listed = {name: i + (len(ops) if name not in originals else 0) for i, name in enumerate(ops)}
     members = set(ops)
     waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
     for name in ops:
@@ -251,15 +272,15 @@ def _node_ids(view, ops, originals):
     return ids
 
 
-def _make_ready(view, names, waiting, inline, pool):
-    """An op has run: its readers whose inputs are all there go to the inline queue or
-    the pool, as `ScheduleReady` sends them."""
+def _make_ready(inexpensive, names, waiting, inline, pool):
+    """An op has run: its readers whose inputs are all there go to the inline queue (the
+    `inexpensive` ones) or the pool, as `ScheduleReady` sends them."""
     kept = None  # the last expensive op made ready: this thread's next, maybe
     for reader in names:
         waiting[reader] -= 1
         if waiting[reader]:
             continue
-        if view.nodes[reader].type in INEXPENSIVE:
+        if reader in inexpensive:
             inline.append(reader)
             continue
         if kept is not None:

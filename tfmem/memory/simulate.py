@@ -206,9 +206,25 @@ def _is_view(view, name, size):
     return False
 
 
-def _buffers(view, order, size, merged=None):
+class _ViewTest:
+    """`_is_view` of each op, found once: every order of every partition a search
+    simulates asks it again."""
+
+    def __init__(self, view, size):
+        self._view, self._size, self._known = view, size, {}
+
+    def __call__(self, name):
+        known = self._known.get(name)
+        if known is None:
+            known = self._known[name] = _is_view(self._view, name, self._size)
+        return known
+
+
+def _buffers(view, order, size, merged=None, is_view=None):
     """{tensor: the tensor whose buffer it is}, through chains of views, and through the
-    equal ops Grappler merges (`merged`: {op: the op kept in its place}, see dedup)."""
+    equal ops Grappler merges (`merged`: {op: the op kept in its place}, see dedup).
+    `is_view`: a `_ViewTest` of `view` and `size`, when the caller has one."""
+    is_view = is_view or _ViewTest(view, size)
     root = {}
     for name in order:
         node = view.nodes[name]
@@ -216,7 +232,7 @@ def _buffers(view, order, size, merged=None):
             for tensor, kept in zip(node.output_names, view.nodes[merged[name]].output_names):
                 root[tensor] = root.get(kept, kept)
             continue
-        if not _is_view(view, name, size):
+        if not is_view(name):
             continue
         for index, tensor in enumerate(node.output_names):
             source = node.inputs[index if node.type == "IdentityN" else 0]
@@ -327,7 +343,7 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
               workspaces=Workspaces(), signatures=None, concurrent_ops=1,
-              forwardable=frozenset(), early_scratch=None, copy_on_write=None):
+              forwardable=frozenset(), early_scratch=None, copy_on_write=None, facts=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -353,12 +369,14 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     scratch.scratch_before_outputs) is logged before them, the rest after.
     `copy_on_write` ({update op: (bytes, the resident variable reads it finds alive)},
     see `_copies_on_write`): such an op, run while one of those reads is alive, gives its
-    variable a new buffer, held to the partition's end.
+    variable a new buffer, held to the partition's end.  `facts`: the `_ViewFacts` of
+    the view at these sizes and signatures, when the caller has them.
     """
+    facts = facts or _ViewFacts(view, size, signatures)
     copy_on_write = copy_on_write or {}
     freed_later = frozenset(freed_inside)  # resident inputs this partition may free
-    merged = dedup.duplicates(view, order, signatures, keep_until_end)
-    root = _buffers(view, order, size, merged)
+    merged = dedup.duplicates(view, order, signatures, keep_until_end, facts.equality)
+    root = _buffers(view, order, size, merged, facts.is_view)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
     beside = overlapping_buffers(view, order, scratch, concurrent_ops)
     overlap = {name: sum(sizes) for name, sizes in beside.items()}
@@ -370,7 +388,9 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     last_read, last_held, reads = {}, {}, []  # reads: the buffers each step reads
     for step, name in enumerate(order):
         node = nodes[name]
-        read = list(dict.fromkeys(root.get(t, t) for t in node.inputs))
+        inputs = node.inputs
+        read = [root.get(inputs[0], inputs[0])] if len(inputs) == 1 else \
+            list(dict.fromkeys([root.get(t, t) for t in inputs]))
         reads.append(read)
         reads_data = node.type not in SHAPE_ONLY
         for buffer in read:
@@ -381,18 +401,20 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     kept = {root.get(t, t) for t in keep_until_end}
     handed_on = {root[t]: t for t in keep_until_end if t in root and root[t] not in keep_until_end}
     live, current, peak = {}, 0, 0
+    scratch_of, overlap_of = scratch.get, overlap.get  # the loop below runs per op and order
     for step, name in enumerate(order):
         node, read = nodes[name], reads[step]
         dying = [b for b in read if b in live and last_read.get(b) == step and b not in kept]
-        early = min(early_scratch.get(name, 0), scratch.get(name, 0)) if early_scratch else 0
+        early = min(early_scratch.get(name, 0), scratch_of(name, 0)) if early_scratch else 0
         if events is not None and early:
             events.allocate((name, "early scratch"), early)
+        aliasing, forwarding = node.type in ALIASING, node.type in FORWARDING
         for tensor in node.output_names:
             if tensor in root:  # a view: no allocation of its own
                 continue
-            nbytes = 0 if node.type in ALIASING else size(tensor)
+            nbytes = 0 if aliasing else size(tensor)
             reuse = None
-            if nbytes and node.type in FORWARDING:
+            if nbytes and forwarding:
                 reuse = next((b for b in dying if live[b] == nbytes), None)
                 if reuse is not None:
                     dying.remove(reuse)
@@ -418,20 +440,26 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
             current += copy[0]
             if events is not None:
                 events.allocate((name, "copy on write"), copy[0])
-        if events is not None and scratch.get(name):
-            events.scratch(scratch[name] - early, *beside.get(name, ()))
+        kernel = scratch_of(name, 0)
+        if events is not None and kernel:
+            events.scratch(kernel - early, *beside.get(name, ()))
             events.release((name, "early scratch"))
-        peak = max(peak, current + scratch.get(name, 0) + overlap.get(name, 0))
-        dying += [(op, "workspace") for op in workspaces_dying.get(step, ())]
+        running = current + kernel + overlap_of(name, 0)
+        if running > peak:
+            peak = running
+        ending = workspaces_dying.get(step)
+        if ending:
+            dying += [(op, "workspace") for op in ending]
         for buffer in dying:
             current -= live.pop(buffer)
             if events is not None:
                 events.release(buffer)
-        for buffer in read:
-            if buffer in freed_inside and last_read.get(buffer) == step:
-                current -= freed_inside.pop(buffer)
-                if events is not None:
-                    events.release(buffer)
+        if freed_inside:
+            for buffer in read:
+                if buffer in freed_inside and last_read.get(buffer) == step:
+                    current -= freed_inside.pop(buffer)
+                    if events is not None:
+                        events.release(buffer)
         for tensor in node.output_names:
             if tensor in live and tensor not in last_read and tensor not in kept:
                 current -= live.pop(tensor)
@@ -446,9 +474,11 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
 def _scratch_in_partition(scratch, workspaces, order, merged):
     """The partition's scratch per op: none for merged ops, the paired figure for a reader
     whose forward op (see workspace) runs in the partition too."""
-    present = set(order) - set(merged)
+    present = set(order).difference(merged) if workspaces.paired else ()
     adjusted = {}
-    for name in present:
+    for name in order:
+        if name in merged:
+            continue
         pairing = workspaces.paired.get(name)
         if pairing is not None and pairing[0] in present:
             adjusted[name] = pairing[1]
@@ -471,12 +501,12 @@ def _workspace_ends(view, order, workspaces, merged):
     return ends
 
 
-def _buffer_holders(view, plan, partition, size):
+def _buffer_holders(view, plan, partition, size, is_view=None):
     """{kept output: the kept output of the same buffer read last}, for kept outputs of
     `partition` that are views of one buffer (an Add's gradient: the Identity and the
     Reshape of its unreduced sums view the incoming gradient): the buffer is held once,
     until the last of them is read, not once per tensor."""
-    root = _buffers(view, partition.ops, size)
+    root = _buffers(view, partition.ops, size, is_view=is_view)
     kept = {}
     for tensor in partition.outputs:
         if plan.transfer(tensor).kept:
@@ -513,13 +543,32 @@ def _copies_on_write(view, plan, partition, size):
     return copies
 
 
+class _ViewFacts:
+    """What the simulator asks of a view's ops, at one set of tensor sizes and dedup
+    signatures, for every order of every partition: whether an op's outputs view an
+    input, and what makes it equal to another (`dedup.EqualityFacts`)."""
+
+    def __init__(self, view, size, signatures):
+        self.signatures = signatures
+        self.is_view = _ViewTest(view, size)
+        self.equality = dedup.EqualityFacts(view, signatures or {})
+
+
 @dataclasses.dataclass
 class CandidateShare:
     """What the simulations of one search's candidate plans (one view, shapes and options)
-    share: the tensors' sizes, and the working set of every partition met before (see
-    `_working_set_of`)."""
+    share: the tensors' sizes, the working set of every partition met before (see
+    `_working_set_of`), and the facts of its ops (`facts_for`)."""
     sizes: TensorSizes
     working_sets: dict = dataclasses.field(default_factory=dict)
+    facts: object = None  # a _ViewFacts
+
+    def facts_for(self, view, signatures):
+        """The `_ViewFacts` of `view` at these sizes and `signatures` (made again for other
+        signatures: the share serves one search, whose signatures are one dict)."""
+        if self.facts is None or self.facts.signatures is not signatures:
+            self.facts = _ViewFacts(view, self.sizes, signatures)
+        return self.facts
 
 
 def state_bytes(view, size):
@@ -560,6 +609,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     """
     view = plan.view
     size = share.sizes if share is not None else TensorSizes(view, shapes)
+    facts = share.facts_for(view, signatures) if share is not None else \
+        _ViewFacts(view, size, signatures)
     schedule = Schedule(plan)
     state = state_bytes(view, size)
     log = AllocationLog()
@@ -577,7 +628,9 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             log.allocate((tensor, reader), size(tensor))
             to_device += size(tensor)
         before = state + sum(live.values())
-        keep_until_end = set(partition.outputs) | set(partition.fetches)
+        # in the plan's order: which of two kept views of one buffer it is handed on to
+        # (`_in_order`) must not follow a set's order, which changes with the string hash
+        keep_until_end = dict.fromkeys(partition.outputs + partition.fetches)
         freed_inside = {key[0]: live[key] for key in schedule.frees[index]
                         if key in live and early_frees}
         # a buffer another kept view holds too is not the reader's alone
@@ -599,7 +652,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                                           workspaces=workspaces or Workspaces(),
                                           signatures=signatures,
                                           concurrent_ops=concurrent_ops,
-                                          early_scratch=early_scratch, copy_on_write=copies)
+                                          early_scratch=early_scratch, copy_on_write=copies,
+                                          facts=facts)
         except _Hopeless:
             return None
         peak = before + working_set
@@ -614,7 +668,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if uploads_left[tensor] == 0:
                 host.pop(tensor, None)
         to_host = 0
-        holders = _buffer_holders(view, plan, partition, size)
+        holders = _buffer_holders(view, plan, partition, size, facts.is_view)
         shared.update(holders)
         for tensor, holder in holders.items():  # one buffer: the log holds it for `holder`
             if tensor != holder:

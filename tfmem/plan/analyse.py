@@ -176,6 +176,38 @@ class GraphView:
                 readers.setdefault(tensor, []).append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
 
+    @functools.cached_property
+    def computed_reads(self):
+        """((tensor, producing node, its readers, whether the producer reads state), ...) of
+        every computed tensor a node reads, fed ones left out: the edges that cross when a
+        plan puts producer and reader in different partitions (build.Slicing)."""
+        edges = []
+        for tensor, names in self.readers.items():
+            producer = split_tensor_name(tensor)[0]
+            if tensor in self.feeds or producer not in self.nodes:
+                continue
+            edges.append((tensor, producer, names,
+                          optypes.reads_state(self.nodes[producer], self.sources)))
+        return tuple(edges)
+
+    @functools.cached_property
+    def outside_reads(self):
+        """({node: ((tensor, op), ...) of its data inputs that are fed or read a source},
+        {original: ((tensor, op), ...) of the fed placeholders its control inputs name}):
+        what a partition must feed or map to the original (build.Slicing)."""
+        data, controls = {}, {}
+        for name, node in self.nodes.items():
+            pairs = tuple((t, op) for t, op in zip(node.inputs, node.input_ops)
+                          if t in self.feeds or op in self.sources)
+            if pairs:
+                data[name] = pairs
+            if name in self.originals:
+                fed = tuple((src + ":0", src) for src in node.control_inputs
+                            if src + ":0" in self.feeds)
+                if fed:
+                    controls[name] = fed
+        return data, controls
+
     def tensor(self, name):
         """TensorInfo of a tensor produced by a node or a source."""
         op_name, index = split_tensor_name(name)
@@ -216,20 +248,22 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types, controls=()):
+def _node(op, stateful_types, controls=(), name=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
-    `controls`: `control_inputs(op)`."""
+    `controls`: `control_inputs(op)`; `name`: `op.name`, when the caller has it (each
+    read of an op's name or type is a call into TensorFlow's C API)."""
+    kind = op.type
     frame = None
-    if op.type in optypes.ENTER:
+    if kind in optypes.ENTER:
         frame = op.get_attr("frame_name")
         frame = frame.decode() if isinstance(frame, bytes) else frame
-    stateful = stateful_types.get(op.type)
+    stateful = stateful_types.get(kind)
     if stateful is None:
-        stateful = stateful_types[op.type] = op.op_def.is_stateful
+        stateful = stateful_types[kind] = op.op_def.is_stateful
     inputs = op.inputs
     return OpNode(
-        name=op.name,
-        type=op.type,
+        name=op.name if name is None else name,
+        type=kind,
         inputs=tuple(t.name for t in inputs),
         control_inputs=tuple(c.name for c in controls),
         outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
@@ -237,8 +271,8 @@ def _node(op, stateful_types, controls=()):
         side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
         frame=frame,
         device=op.device,
-        state_bytes=_variable_bytes(op),
-        arithmetic_type=_arithmetic_type(op),
+        state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
+        arithmetic_type=_arithmetic_type(op) if kind == "Pow" else "",
     )
 
 
@@ -318,7 +352,7 @@ def _drop_unobservable(nodes, keep):
     kept = {}
     for name, node in nodes.items():
         if name not in removed:
-            edges = tuple(c for c in control[name] if c in nodes)
+            edges = tuple(c for c in control[name] if c in nodes) if control[name] else ()
             kept[name] = node if edges == node.control_inputs else \
                 dataclasses.replace(node, control_inputs=edges)
     return kept
@@ -416,25 +450,26 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
         op = stack.pop()
-        if op.name in seen:
+        name = op.name
+        if name in seen:
             continue
-        seen.add(op.name)
+        seen.add(name)
         if op.type in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
         if optypes.is_source(op):
             if op.inputs or op.control_inputs:
                 raise UnsupportedGraphError(
-                    f"State op '{op.name}' ({op.type}) has inputs; tfmem maps every "
+                    f"State op '{name}' ({op.type}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[op.name] = _node(op, stateful_types)
+            sources[name] = _node(op, stateful_types, name=name)
             continue
         controls = control_inputs(op)
-        nodes[op.name] = _node(op, stateful_types, controls)
+        nodes[name] = _node(op, stateful_types, controls, name)
         if all(optypes.is_source(c) for c in controls):
-            control_on_sources.add(op.name)
+            control_on_sources.add(name)
         if optypes.draws_random_stream(op):
-            draws.add(op.name)
+            draws.add(name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
         pending += [c for c in controls

@@ -122,12 +122,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def _consumers(view, partition_of):
-    """tensor name -> sorted partitions of the copied ops that read it."""
-    return {tensor: tuple(sorted({partition_of[name] for name in names}))
-            for tensor, names in view.readers.items()}
-
-
 @dataclasses.dataclass(frozen=True)
 class Slicing:
     """What a plan of given partitions is whatever its swap policy: its partitions' ops
@@ -146,15 +140,14 @@ class Slicing:
         partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
         partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
         crossings = []
-        for tensor, parts in _consumers(view, partition_of).items():
-            if tensor in view.feeds:
-                continue  # fed: every reader gets the fed value
-            op_name, _ = split_tensor_name(tensor)
+        for tensor, op_name, readers, reads_state in view.computed_reads:
             producer = partition_of.get(op_name)
-            later = tuple(p for p in parts if p != producer)
-            if producer is not None and later:
-                crossings.append((tensor, producer, later,
-                                  not optypes.reads_state(view.nodes[op_name], view.sources)))
+            if producer is None:
+                continue
+            later = {partition_of[name] for name in readers}
+            later.discard(producer)
+            if later:
+                crossings.append((tensor, producer, tuple(sorted(later)), not reads_state))
         crossings.sort(key=lambda c: (c[1], c[0]))
 
         fetch_home = {}
@@ -167,11 +160,10 @@ class Slicing:
         for tensor, home in fetch_home.items():
             fetches[home].append(tensor)
         feeds, sources = [], []
+        data_reads, control_reads = view.outside_reads
         for i, ops in enumerate(partitions):
-            used = [pair for name in ops
-                    for pair in zip(view.nodes[name].inputs, view.nodes[name].input_ops)]
-            used += [(src + ":0", src) for name in ops if name in view.originals  # runs it: feed it
-                     for src in view.nodes[name].control_inputs if src + ":0" in view.feeds]
+            used = [pair for name in ops for pair in data_reads.get(name, ())]
+            used += [pair for name in ops for pair in control_reads.get(name, ())]  # runs it: feed it
             fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
                                if split_tensor_name(t)[0] in view.sources]
             feeds.append(tuple(dict.fromkeys(t for t, _ in used if t in view.feeds)))
@@ -282,8 +274,8 @@ def _edge_problems(plan, home):
     transfers = {t.tensor: t for t in plan.transfers}
     for node in view.nodes.values():
         consumer = home.get(node.name)
-        for tensor in node.inputs:
-            producer = home.get(split_tensor_name(tensor)[0])
+        for tensor, producer_op in zip(node.inputs, node.input_ops):
+            producer = home.get(producer_op)
             if tensor in view.feeds or producer in (None, consumer) or consumer is None:
                 continue
             transfer = transfers.get(tensor)

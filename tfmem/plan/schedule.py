@@ -19,11 +19,14 @@ class Schedule:
         self.frees = []  # per partition: keys its deleters free in-graph
         self.uploads = []  # per partition: keys uploaded while it runs, in batch order
         for p in plan.partitions:
-            transfers = [plan.transfer(t) for t in p.inputs]
-            self.reads.append({t.tensor: (t.tensor, t.span_of(p.index).readers[0])
-                               for t in transfers})
-            self.frees.append([self.reads[-1][t.tensor] for t in transfers
-                               if t.frees_at(p.index)])
+            reads, frees = {}, []
+            for tensor in p.inputs:
+                span = plan.transfer(tensor).span_of(p.index)
+                key = reads[tensor] = (tensor, span.readers[0])
+                if span.readers[-1] == p.index:  # Transfer.frees_at
+                    frees.append(key)
+            self.reads.append(reads)
+            self.frees.append(frees)
             self.uploads.append([(t, span.readers[0]) for t in dict.fromkeys(p.uploads)
                                  for span in plan.transfer(t).spans
                                  if span.uploaded and span.start == p.index])

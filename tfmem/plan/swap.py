@@ -21,6 +21,7 @@ variants) always stay on the device.
 """
 
 import dataclasses
+import functools
 import numbers
 
 import tensorflow as tf
@@ -54,6 +55,7 @@ class Span:
     uploaded: bool
 
 
+@functools.lru_cache(maxsize=None)  # asked for every crossing of every candidate plan
 def swappable(dtype):
     """Fixed-size numeric tensors can wait in a host buffer."""
     dtype = tf.as_dtype(dtype)

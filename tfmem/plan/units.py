@@ -103,11 +103,12 @@ def _topological_order(view):
     """Nodes in an order where producers come first, v1 loop back edges ignored."""
     indegree = {name: 0 for name in view.nodes}
     consumers = {name: [] for name in view.nodes}
-    for node in view.nodes.values():
-        sources = [p for p, _ in _producers(view, node)]
-        sources += [c for c in node.control_inputs if c in view.nodes]
+    nodes = view.nodes
+    for node in nodes.values():
+        sources = [p for p in node.input_ops if p in nodes]
+        sources += [c for c in node.control_inputs if c in nodes]
         for src in sources:
-            if view.nodes[src].type in optypes.NEXT_ITERATION:
+            if nodes[src].type in optypes.NEXT_ITERATION:
                 continue
             indegree[node.name] += 1
             consumers[src].append(node.name)
@@ -323,33 +324,32 @@ def _join_merged_kernels(view, uf):
 
 def _merge_cycles(view, uf):
     """Rule 6: units on a cycle of the unit graph become one unit."""
-    edges = set()
+    unit_of = {name: uf.find(name) for name in view.nodes}
+    successors = {}  # unit -> the units that wait for one of its ops (repeats allowed)
     for node in view.nodes.values():
-        dst = uf.find(node.name)
+        dst = unit_of[node.name]
         for src in node.producers:
-            if src in view.nodes:
-                src = uf.find(src)
-                if src != dst:
-                    edges.add((src, dst))
-    if _acyclic({uf.find(name) for name in view.nodes}, edges):
+            src = unit_of.get(src)
+            if src is not None and src != dst:
+                successors.setdefault(src, []).append(dst)
+    if _acyclic(set(unit_of.values()), successors):
         return  # the usual case, told in linear time
     graph = nx.DiGraph()
-    graph.add_nodes_from({uf.find(name) for name in view.nodes})
-    graph.add_edges_from(edges)
+    graph.add_nodes_from(set(unit_of.values()))
+    graph.add_edges_from((src, dst) for src, dsts in successors.items() for dst in dsts)
     for component in nx.strongly_connected_components(graph):
         first, *rest = component
         for other in rest:
             uf.union(first, other)
 
 
-def _acyclic(vertices, edges):
-    """Whether the directed graph of `vertices` and `edges` ((src, dst) pairs) has no cycle:
-    Kahn's walk takes every vertex."""
+def _acyclic(vertices, successors):
+    """Whether the directed graph of `vertices` and `successors` ({vertex: the vertices
+    its edges lead to}, repeats allowed) has no cycle: Kahn's walk takes every vertex."""
     indegree = dict.fromkeys(vertices, 0)
-    successors = {}
-    for src, dst in edges:
-        indegree[dst] += 1
-        successors.setdefault(src, []).append(dst)
+    for dsts in successors.values():
+        for dst in dsts:
+            indegree[dst] += 1
     ready = [v for v, count in indegree.items() if count == 0]
     taken = 0
     while ready:
