@@ -14,7 +14,6 @@ checks the invariants every plan must hold, whoever built it.
 import dataclasses
 import functools
 
-from tfmem.plan import optypes
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import InvalidPlanError
 from tfmem.plan.partition import partition
