@@ -54,6 +54,7 @@ may have updated variables.
 """
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -67,6 +68,7 @@ from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simula
 from tfmem.memory.sizes import MIB, mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
+from tfmem.plan.updates import updates_last
 
 # What the model does not see: the executor's order of concurrent ops, and the
 # allocator's free chunks left by what the process ran before.  Before the chunk
@@ -330,9 +332,34 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     serve them and the session graph does not grow.
     `coarsen`: False for a plan whose partitions all have the size found (step 3 of
     the search left out), as a `partition_size` the user may set would make.
+
+    Candidates slice the depth-first order with what changes state moved last, a
+    partition starting there where the step has more than one (`updates.updates_last`):
+    a step that runs out of device memory before it has changed nothing and is run
+    again.  Where no plan of that order fits (the updates' inputs held to the end cost
+    too much), the depth-first order is searched.
     """
     groups = units(view)
-    order = depth_first_order(view, groups)  # every candidate slices this one order
+    depth_first = depth_first_order(view, groups)
+    order, cut = updates_last(view, groups, depth_first)
+    search = functools.partial(_search, view, sizing, budget_bytes, policy, accelerator,
+                               margin, resident_bytes, correction, prefer, coarsen, groups)
+    if cut is None:
+        return search(order, None)
+    try:
+        return search(order, cut)
+    except BudgetError:
+        return search(depth_first, None)
+
+
+def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_bytes,
+            correction, prefer, coarsen, groups, order, cut):
+    """`fit`'s search over slicings of `order` (unit indices), a partition starting at
+    position `cut` (None: anywhere) in every plan of more than one partition."""
+    whole = max(len(view.nodes), 1)
+
+    def sliced(size):
+        return slice_order(groups, order, size, cut if size < whole else None)
     shapes = sizing.shapes
     share = CandidateShare(TensorSizes(view, shapes))  # by every candidate plan
     scratch = merged_scratch(sizing.scratch, correction)
@@ -370,7 +397,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     tried = {}
 
     def partition_count(size):  # of a plan at this size: not more at a larger one
-        return len(slice_order(groups, order, size))
+        return len(sliced(size))
 
     slicings = {}  # size -> its Slicing, for every swap distance tried at that size
 
@@ -378,7 +405,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
         if size not in slicings:
-            slicings[size] = Slicing.of(view, slice_order(groups, order, size))
+            slicings[size] = Slicing.of(view, sliced(size))
         plan = build_plan(view, None, size, swaps, placement, slicings[size])
         return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
                               chunks=True, share=share, give_up=over_budget, **options)
@@ -395,13 +422,12 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                     break
         return tried[size]
 
-    whole = max(len(view.nodes), 1)
     size, fits = whole, attempt(whole)
     while fits is None and size > 1:
         size = max(size // 2, 1)
         fits = attempt(size)
     if fits is None:
-        trace = scaled(simulate(build_plan(view, slice_order(groups, order, 1), 1,
+        trace = scaled(simulate(build_plan(view, sliced(1), 1,
                                            dataclasses.replace(policy, swap_distance=0),
                                            placement),
                                 shapes, early_frees=False, scratch=scratch, slack=slack,
@@ -440,7 +466,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         """(plan, trace) with partitions of `size` ops, but of `low` ops at the positions
         of the order in `fine` (grown in place where partitions go over), or None."""
         for round_ in range(COARSENING_ROUNDS):
-            partitions, positions = slice_order_mixed(groups, order, size, low, fine)
+            partitions, positions = slice_order_mixed(groups, order, size, low, fine, cut)
             if len(partitions) >= len(plan.partitions):
                 return None
             coarse = build_plan(view, partitions, size, plan.policy, placement)
