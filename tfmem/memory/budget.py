@@ -120,12 +120,17 @@ class Correction:
     `scratch`: kernel scratch bytes per op seen in the request's own steps (from
     their step statistics) where it exceeded the calibration; `factor`: what the
     measured working sets still exceed the predicted ones by once those are in (the
-    executor's order, the allocator's chunks), 1.0 until then (see `scaled`).
+    executor's order, the allocator's chunks), 1.0 until then (see `scaled`);
+    `held_back`: bytes held back beyond the margin, learned from steps that ran out of
+    device memory with enough of it free, in no chunk large enough (fragmentation: the
+    executor's concurrent ops and the prefetcher's uploads allocate in orders the
+    replay does not take; see `learn_fragmentation`).
     """
 
     def __init__(self):
         self.factor = 1.0
         self.scratch = {}
+        self.held_back = 0
         self.measured_again = None  # the request's kernels measured again, once (learning)
 
     def went_over(self, trace, measured_peaks):
@@ -169,6 +174,13 @@ class Correction:
             self.factor = max(self.factor, (available - failed.device_before) / working_set)
         return corrected
 
+    def learn_fragmentation(self, request):
+        """A step ran out of device memory on a `request` of that many bytes while the
+        device had them free, though in no chunk that large: hold back that much more, so
+        that the next plan peaks lower and leaves the allocator that much more room (the
+        bytes were right: no working set is scaled)."""
+        self.held_back += request
+
     def _take_in(self, scratch_seen):
         """Raise the learned scratch to `scratch_seen`'s figures; the ones that raised it."""
         new = {name: nbytes for name, nbytes in scratch_seen.items()
@@ -189,6 +201,16 @@ COARSENING_ROUNDS = 12
 def learned_factor(correction):
     """The factor `correction` has learned (1.0 before any, or without a correction)."""
     return correction.factor if correction is not None else 1.0
+
+
+def learned_margin(margin, correction, budget_bytes, regions):
+    """`margin` raised by the bytes `correction` has learned to hold back, as a share of
+    the budget (of the device, where the budget is the whole device)."""
+    held = correction.held_back if correction is not None else 0
+    if not held:
+        return margin
+    usable = regions.limit if on_whole_device(budget_bytes, regions) else budget_bytes
+    return min(margin + held / usable, 1.0)
 
 
 def scaled(trace, factor):
@@ -299,6 +321,7 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     requests and sessions allocate too."""
     others = max(resident_bytes - trace.state_bytes, 0)
     factor = learned_factor(correction)
+    margin = learned_margin(margin, correction, budget_bytes, trace.regions)
     return _fits(scaled(trace, factor), budget_bytes,
                  _limit(budget_bytes, margin, others, trace.regions), others, margin)
 
@@ -339,6 +362,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     again.  Where no plan of that order fits (the updates' inputs held to the end cost
     too much), the depth-first order is searched.
     """
+    margin = learned_margin(margin, correction, budget_bytes, sizing.regions)
     groups = units(view)
     depth_first = depth_first_order(view, groups)
     order, cut = updates_last(view, groups, depth_first)

@@ -11,6 +11,10 @@ predicts fits the device beside what it already holds (found with
 """
 
 import dataclasses
+import math
+import re
+
+import tensorflow as tf
 
 from tfmem.memory import budget
 from tfmem import errors
@@ -39,6 +43,23 @@ def _allocation_failure(error):
         if any(words in line.lower() for words in _ALLOCATION_FAILED):
             return line.strip()
     return None
+
+
+# "OOM when allocating tensor with shape[128,16,16,256] and type float on ...": the
+# tensor TensorFlow could not allocate.
+_FAILED_TENSOR = re.compile(r"allocating tensor with shape\[([0-9, ]*)\] and type (\w+)")
+
+
+def requested_bytes(error):
+    """Bytes of the tensor whose allocation failed, from the error's message, or None."""
+    match = _FAILED_TENSOR.search(error.message or "")
+    if match is None:
+        return None
+    try:
+        itemsize = tf.as_dtype(match.group(2)).size
+    except TypeError:
+        return None
+    return math.prod(int(d) for d in match.group(1).split(",") if d.strip()) * itemsize
 
 
 def is_out_of_memory(error):
@@ -154,4 +175,5 @@ def device_memory_error(session, plan, feeds, index, error, capacity, device, re
                      + (", or free what the device holds." if others else "."))
     return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
                                     ops=ops, largest=largest, partition_size=size,
-                                    budget=target, swap=mode, failed_op=op)
+                                    budget=target, swap=mode, failed_op=op,
+                                    request=requested_bytes(error))
