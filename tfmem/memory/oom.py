@@ -62,6 +62,28 @@ def requested_bytes(error):
     return math.prod(int(d) for d in match.group(1).split(",") if d.strip()) * itemsize
 
 
+def modelled_request(plan, sizing, index, request, failed_op=None):
+    """Whether the model sized an allocation of at least `request` bytes where partition
+    `index` failed: an output, input or kernel scratch of the op that failed (of any op
+    of the partition, or a transfer uploaded while it ran, when the op is not known).
+    A request the model did not size (a tensor of unknown shape) says the bytes were
+    missing from the prediction, whatever the allocator's layout."""
+    if request is None:
+        return False
+    view = plan.view
+    sizes = TensorSizes(view, sizing.shapes)
+    ops = (failed_op,) if failed_op in view.nodes else plan.partitions[index].ops
+    largest = 0
+    for name in ops:
+        node = view.nodes[name]
+        tensors = [t for t in node.inputs if split_tensor_name(t)[0] in view.nodes]
+        tensors += [f"{name}:{i}" for i in range(len(node.outputs))]
+        largest = max([largest, sizing.scratch.get(name, 0)] + [sizes(t) for t in tensors])
+    if failed_op not in view.nodes:
+        largest = max([largest] + [sizes(t) for t in plan.partitions[index].uploads])
+    return request <= largest
+
+
 def is_out_of_memory(error):
     """Whether a ResourceExhaustedError is an allocation failure (not, say, a full queue)."""
     return _allocation_failure(error) is not None

@@ -17,7 +17,7 @@ how to measure an entry's kernels again and its Sizing.
 import contextlib
 
 from tfmem import errors
-from tfmem.memory import budget, learning
+from tfmem.memory import budget, learning, oom
 from tfmem.plan import updates
 from tfmem.run.placement import accelerator
 
@@ -62,11 +62,14 @@ class BudgetLearning:
             entry.replan = True
 
     def after_out_of_memory(self, entry, index, run_again=False, unchanged=False,
-                            request=None):
+                            request=None, failed_op=None):
         """After a step ran out of device memory in partition `index` (on an allocation of
-        `request` bytes, None: unknown): correct the model and plan again before the
-        entry's next step; the sentence the error adds.  `run_again`: the step changed no
-        state before it failed and runs again at once."""
+        `request` bytes by `failed_op`, None: unknown): correct the model and plan again
+        before the entry's next step; the sentence the error adds.  `run_again`: the step
+        changed no state before it failed and runs again at once."""
+        if request is not None and not oom.modelled_request(
+                entry.plan, self._sizing(entry), index, request, failed_op):
+            request = None  # the bytes were missing from the model: not a layout's fault
         scratch_seen, predict = self._inputs(entry)
         entry.resident.ran_out()
         device = accelerator.device_capacity(self._devices)
@@ -110,7 +113,8 @@ class BudgetLearning:
                 run_again = unchanged and again > 0
                 with lock():
                     err.add_note(self.after_out_of_memory(entry, err.partition, run_again,
-                                                          unchanged, err.request))
+                                                          unchanged, err.request,
+                                                          err.failed_op))
                 if not run_again:
                     raise
                 failed = err
