@@ -50,7 +50,9 @@ compare every partition's measured peak with its prediction (`Correction`, throu
 set (its peak above what is resident when it starts) is scaled by the factor that
 brings the step's prediction to its measured peak, and the next step runs a plan
 fitted with the corrected model.  The step that went over is never run again: it
-may have updated variables.
+may have updated variables.  A step that ran out of device memory with the bytes it
+asked for free, in no chunk that large, teaches a larger margin instead
+(`Correction.held_back`, `learned_margin`).
 """
 
 import dataclasses
@@ -123,8 +125,9 @@ class Correction:
     executor's order, the allocator's chunks), 1.0 until then (see `scaled`);
     `held_back`: bytes held back beyond the margin, learned from steps that ran out of
     device memory with enough of it free, in no chunk large enough (fragmentation: the
-    executor's concurrent ops and the prefetcher's uploads allocate in orders the
-    replay does not take; see `learn_fragmentation`).
+    executor's concurrent ops, the prefetcher's uploads and what else the process
+    allocated leave layouts the replay of one order does not show; see
+    `learn_fragmentation`).
     """
 
     def __init__(self):

@@ -23,6 +23,12 @@ default on a distributed session (variables on parameter servers), where
 the updates are what other workers see; Options(atomic_updates=True) gives it
 on a local session too.
 
+Budget mode orders the other way round for another reason (`updates_last`): its
+candidates slice the depth-first order with the updates, and what depends on
+one, moved after everything else and a partition starting there, so that a
+step that runs out of device memory before them has changed nothing and can
+run again (`unchanged_before`).  There the updates keep partition_size.
+
 An update is an op whose type writes a variable, accumulator, queue or
 table (one table below).  Dequeues are not updates: an input pipeline's
 dequeue feeds the whole step, which would then all be "after an update".
