@@ -6,7 +6,8 @@ BatchNormalization keeps one) and an update per weight: the depth-first order
 runs the moving average's assign in the forward pass and each update as its
 gradient comes, so a step out of memory in the backward pass has changed
 state and is lost.  Budget mode moves every update, and what depends on one,
-after the rest, a partition starting there.
+after the rest, a partition starting there: in a plan of several partitions
+every one before the first update changes nothing (checked on the plan).
 
 The out-of-memory is real, under the emulated accelerator in fresh processes (one
 intra-op and one inter-op thread, each kernel path): the gradient of one layer tiles
@@ -26,6 +27,7 @@ import pytest
 import tensorflow as tf
 
 import tfmem
+from tfmem.memory import budget
 from tfmem.plan import updates
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,7 +70,7 @@ def _budget(x):
     """A budget under the one-partition prediction: several partitions."""
     step, _, _ = _step()
     whole = tfmem.function(step, device_memory_budget="1GiB").simulate(x).peak_device
-    return int(whole * SHARE / (1 - tfmem.memory.budget.DEFAULT_MARGIN))
+    return int(whole * SHARE / (1 - budget.DEFAULT_MARGIN))
 
 
 def test_budget_mode_changes_state_only_after_everything_else():
