@@ -57,6 +57,7 @@ asked for free, in no chunk that large, teaches a larger margin instead
 
 import dataclasses
 import functools
+import logging
 import math
 import re
 
@@ -71,6 +72,8 @@ from tfmem.memory.sizes import MIB, mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
 from tfmem.plan.updates import updates_last
+
+log = logging.getLogger(__name__)
 
 # What the model does not see: the executor's order of concurrent ops, and the
 # allocator's free chunks left by what the process ran before.  Before the chunk
@@ -375,8 +378,12 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         return search(order, None)
     try:
         return search(order, cut)
-    except BudgetError:
-        return search(depth_first, None)
+    except BudgetError as late:
+        plan, trace = search(depth_first, None)
+        log.info("no plan with the step's updates last fits (%s); planned with each update "
+                 "where it comes: a step that runs out of device memory after the first "
+                 "update has run is not run again", str(late).split(":", 1)[0])
+        return plan, trace
 
 
 def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_bytes,
