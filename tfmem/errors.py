@@ -45,7 +45,8 @@ def _device_memory_error_class():
         """
 
         def __init__(self, message, node_def=None, partition=None, ops=0, largest=(),
-                     partition_size=None, budget=None, swap=None, failed_op=None):
+                     partition_size=None, budget=None, swap=None, failed_op=None,
+                     request=None):
             ResourceExhaustedError.__init__(self, node_def, None, message)
             self.partition = partition  # index of the partition that failed
             self.ops = ops  # how many ops it runs
@@ -54,6 +55,7 @@ def _device_memory_error_class():
             self.budget = budget  # the device_memory_budget (bytes) that prediction used
             self.swap = swap  # the swap mode of that prediction
             self.failed_op = failed_op  # the op of the plan that failed, when TensorFlow named it
+            self.request = request  # bytes of the allocation that failed, when TensorFlow said
 
     DeviceMemoryError.__module__, DeviceMemoryError.__qualname__ = __name__, "DeviceMemoryError"
     return DeviceMemoryError

@@ -50,10 +50,14 @@ compare every partition's measured peak with its prediction (`Correction`, throu
 set (its peak above what is resident when it starts) is scaled by the factor that
 brings the step's prediction to its measured peak, and the next step runs a plan
 fitted with the corrected model.  The step that went over is never run again: it
-may have updated variables.
+may have updated variables.  A step that ran out of device memory with the bytes it
+asked for free, in no chunk that large, teaches a larger margin instead
+(`Correction.held_back`, `learned_margin`).
 """
 
 import dataclasses
+import functools
+import logging
 import math
 import re
 
@@ -67,6 +71,9 @@ from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simula
 from tfmem.memory.sizes import MIB, mib
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
+from tfmem.plan.updates import updates_last
+
+log = logging.getLogger(__name__)
 
 # What the model does not see: the executor's order of concurrent ops, and the
 # allocator's free chunks left by what the process ran before.  Before the chunk
@@ -118,12 +125,18 @@ class Correction:
     `scratch`: kernel scratch bytes per op seen in the request's own steps (from
     their step statistics) where it exceeded the calibration; `factor`: what the
     measured working sets still exceed the predicted ones by once those are in (the
-    executor's order, the allocator's chunks), 1.0 until then (see `scaled`).
+    executor's order, the allocator's chunks), 1.0 until then (see `scaled`);
+    `held_back`: bytes held back beyond the margin, learned from steps that ran out of
+    device memory with enough of it free, in no chunk large enough (fragmentation: the
+    executor's concurrent ops, the prefetcher's uploads and what else the process
+    allocated leave layouts the replay of one order does not show; see
+    `learn_fragmentation`).
     """
 
     def __init__(self):
         self.factor = 1.0
         self.scratch = {}
+        self.held_back = 0
         self.measured_again = None  # the request's kernels measured again, once (learning)
 
     def went_over(self, trace, measured_peaks):
@@ -167,6 +180,13 @@ class Correction:
             self.factor = max(self.factor, (available - failed.device_before) / working_set)
         return corrected
 
+    def learn_fragmentation(self, request):
+        """A step ran out of device memory on a `request` of that many bytes while the
+        device had them free, though in no chunk that large: hold back that much more, so
+        that the next plan peaks lower and leaves the allocator that much more room (the
+        bytes were right: no working set is scaled)."""
+        self.held_back += request
+
     def _take_in(self, scratch_seen):
         """Raise the learned scratch to `scratch_seen`'s figures; the ones that raised it."""
         new = {name: nbytes for name, nbytes in scratch_seen.items()
@@ -187,6 +207,16 @@ COARSENING_ROUNDS = 12
 def learned_factor(correction):
     """The factor `correction` has learned (1.0 before any, or without a correction)."""
     return correction.factor if correction is not None else 1.0
+
+
+def learned_margin(margin, correction, budget_bytes, regions):
+    """`margin` raised by the bytes `correction` has learned to hold back, as a share of
+    the budget (of the device, where the budget is the whole device)."""
+    held = correction.held_back if correction is not None else 0
+    if not held:
+        return margin
+    usable = regions.limit if on_whole_device(budget_bytes, regions) else budget_bytes
+    return min(margin + held / usable, 1.0)
 
 
 def scaled(trace, factor):
@@ -297,6 +327,7 @@ def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, corre
     requests and sessions allocate too."""
     others = max(resident_bytes - trace.state_bytes, 0)
     factor = learned_factor(correction)
+    margin = learned_margin(margin, correction, budget_bytes, trace.regions)
     return _fits(scaled(trace, factor), budget_bytes,
                  _limit(budget_bytes, margin, others, trace.regions), others, margin)
 
@@ -330,9 +361,39 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     serve them and the session graph does not grow.
     `coarsen`: False for a plan whose partitions all have the size found (step 3 of
     the search left out), as a `partition_size` the user may set would make.
+
+    Candidates slice the depth-first order with what changes state moved last, a
+    partition starting there where the step has more than one (`updates.updates_last`):
+    a step that runs out of device memory before it has changed nothing and is run
+    again.  Where no plan of that order fits (the updates' inputs held to the end cost
+    too much), the depth-first order is searched.
     """
+    margin = learned_margin(margin, correction, budget_bytes, sizing.regions)
     groups = units(view)
-    order = depth_first_order(view, groups)  # every candidate slices this one order
+    depth_first = depth_first_order(view, groups)
+    order, cut = updates_last(view, groups, depth_first)
+    search = functools.partial(_search, view, sizing, budget_bytes, policy, accelerator,
+                               margin, resident_bytes, correction, prefer, coarsen, groups)
+    if cut is None:
+        return search(order, None)
+    try:
+        return search(order, cut)
+    except BudgetError as late:
+        plan, trace = search(depth_first, None)
+        log.info("no plan with the step's updates last fits (%s); planned with each update "
+                 "where it comes: a step that runs out of device memory after the first "
+                 "update has run is not run again", str(late).split(":", 1)[0])
+        return plan, trace
+
+
+def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_bytes,
+            correction, prefer, coarsen, groups, order, cut):
+    """`fit`'s search over slicings of `order` (unit indices), a partition starting at
+    position `cut` (None: anywhere) in every plan of more than one partition."""
+    whole = max(len(view.nodes), 1)
+
+    def sliced(size):
+        return slice_order(groups, order, size, cut if size < whole else None)
     shapes = sizing.shapes
     share = CandidateShare(TensorSizes(view, shapes))  # by every candidate plan
     scratch = merged_scratch(sizing.scratch, correction)
@@ -370,7 +431,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     tried = {}
 
     def partition_count(size):  # of a plan at this size: not more at a larger one
-        return len(slice_order(groups, order, size))
+        return len(sliced(size))
 
     slicings = {}  # size -> its Slicing, for every swap distance tried at that size
 
@@ -378,7 +439,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
         swaps = policy if distance is None else dataclasses.replace(policy, swap_distance=distance)
         if size not in slicings:
-            slicings[size] = Slicing.of(view, slice_order(groups, order, size))
+            slicings[size] = Slicing.of(view, sliced(size))
         plan = build_plan(view, None, size, swaps, placement, slicings[size])
         return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
                               chunks=True, share=share, give_up=over_budget, **options)
@@ -395,13 +456,12 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
                     break
         return tried[size]
 
-    whole = max(len(view.nodes), 1)
     size, fits = whole, attempt(whole)
     while fits is None and size > 1:
         size = max(size // 2, 1)
         fits = attempt(size)
     if fits is None:
-        trace = scaled(simulate(build_plan(view, slice_order(groups, order, 1), 1,
+        trace = scaled(simulate(build_plan(view, sliced(1), 1,
                                            dataclasses.replace(policy, swap_distance=0),
                                            placement),
                                 shapes, early_frees=False, scratch=scratch, slack=slack,
@@ -440,7 +500,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
         """(plan, trace) with partitions of `size` ops, but of `low` ops at the positions
         of the order in `fine` (grown in place where partitions go over), or None."""
         for round_ in range(COARSENING_ROUNDS):
-            partitions, positions = slice_order_mixed(groups, order, size, low, fine)
+            partitions, positions = slice_order_mixed(groups, order, size, low, fine, cut)
             if len(partitions) >= len(plan.partitions):
                 return None
             coarse = build_plan(view, partitions, size, plan.policy, placement)

@@ -7,9 +7,10 @@
                       the NEXT step
 
     step out of device memory in partition i (`learn_from_out_of_memory`)
-                  --> the kernels measured again; the factor raised until partition
-                      i's prediction reaches what the device had for it; the error
-                      says so; plan again for the NEXT step
+                  --> its bytes were free, in no chunk that large (fragmentation)?
+                      hold that much more back; else the kernels measured again and
+                      the factor raised until partition i's prediction reaches what
+                      the device had for it; the error says so; plan again
 
 The factor scales what each partition allocates while it runs, not what is
 resident when it starts (`budget.scaled`).
@@ -78,8 +79,19 @@ def learn_from_step(correction, trace, partition_peaks, resident, scratch_seen, 
     return True
 
 
+def fragmented(request, peak, limit):
+    """Whether a failed allocation of `request` bytes found the bytes free but in no chunk
+    that large: the allocator's peak (`peak`, TensorFlow's process-wide figure, at least
+    its bytes in use when the request failed) plus the request fit its `limit`.  False
+    when any figure is unknown (None)."""
+    if request is None or peak is None or not limit:
+        return False
+    return peak + request <= limit
+
+
 def learn_from_out_of_memory(correction, trace, index, capacity, resident, scratch_seen,
-                             predict, what="the request", run_again=False, unchanged=False):
+                             predict, what="the request", run_again=False, unchanged=False,
+                             request=None, peak=None, limit=None):
     """A step of the plan fitted to `trace` ran out of device memory in partition `index`:
     it needed more than the device's `capacity` bytes less what the device holds for others
     (`resident`, its bytes in use after the failed step freed its own, beyond the request's
@@ -88,7 +100,22 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
     sentence the error adds.  Without it the same plan would run out again, step after step.
     `unchanged`: the step changed no state before it failed (updates.unchanged_before);
     `run_again`: so it runs again at once with the new plan, logged at INFO, since nothing
-    is lost (unless it has run out RUNS_AGAIN + 1 times)."""
+    is lost (unless it has run out RUNS_AGAIN + 1 times).
+
+    `request`, `peak`, `limit`: the failed allocation's bytes, the allocator's peak after
+    the failure and its limit (None: unknown).  When they show the bytes were free
+    (`fragmented`), the lesson is to hold the request back (`learn_fragmentation`), not
+    to scale every working set: the prediction's bytes were not what failed."""
+    if fragmented(request, peak, limit):
+        correction.learn_fragmentation(request)
+        message = (f"Budget mode took this in: partition {index} asked for {mib(request)} "
+                   f"while the device held at most {mib(peak)} of its {mib(limit)}, so the "
+                   f"bytes were free but in no chunk that large (fragmentation, which the "
+                   f"model's replay of one allocation order does not show); it now holds "
+                   f"back {mib(correction.held_back)} more than its margin, and {what} is "
+                   f"planned again " + _then(run_again, unchanged))
+        log.log(logging.INFO if run_again else logging.WARNING, "%s", message)
+        return message
     others = max(resident - trace.state_bytes, 0) if resident is not None else 0
     available = capacity - others
     scratch_seen = _scratch_seen(correction, scratch_seen)

@@ -11,6 +11,10 @@ predicts fits the device beside what it already holds (found with
 """
 
 import dataclasses
+import math
+import re
+
+import tensorflow as tf
 
 from tfmem.memory import budget
 from tfmem import errors
@@ -39,6 +43,45 @@ def _allocation_failure(error):
         if any(words in line.lower() for words in _ALLOCATION_FAILED):
             return line.strip()
     return None
+
+
+# "OOM when allocating tensor with shape[128,16,16,256] and type float on ...": the
+# tensor TensorFlow could not allocate.
+_FAILED_TENSOR = re.compile(r"allocating tensor with shape\[([0-9, ]*)\] and type (\w+)")
+
+
+def requested_bytes(error):
+    """Bytes of the tensor whose allocation failed, from the error's message, or None."""
+    match = _FAILED_TENSOR.search(error.message or "")
+    if match is None:
+        return None
+    try:
+        itemsize = tf.as_dtype(match.group(2)).size
+    except TypeError:
+        return None
+    return math.prod(int(d) for d in match.group(1).split(",") if d.strip()) * itemsize
+
+
+def modelled_request(plan, sizing, index, request, failed_op=None):
+    """Whether the model sized an allocation of at least `request` bytes where partition
+    `index` failed: an output, input or kernel scratch of the op that failed (of any op
+    of the partition, or a transfer uploaded while it ran, when the op is not known).
+    A request the model did not size (a tensor of unknown shape) says the bytes were
+    missing from the prediction, whatever the allocator's layout."""
+    if request is None:
+        return False
+    view = plan.view
+    sizes = TensorSizes(view, sizing.shapes)
+    ops = (failed_op,) if failed_op in view.nodes else plan.partitions[index].ops
+    largest = 0
+    for name in ops:
+        node = view.nodes[name]
+        tensors = [t for t in node.inputs if split_tensor_name(t)[0] in view.nodes]
+        tensors += [f"{name}:{i}" for i in range(len(node.outputs))]
+        largest = max([largest, sizing.scratch.get(name, 0)] + [sizes(t) for t in tensors])
+    if failed_op not in view.nodes:
+        largest = max([largest] + [sizes(t) for t in plan.partitions[index].uploads])
+    return request <= largest
 
 
 def is_out_of_memory(error):
@@ -154,4 +197,5 @@ def device_memory_error(session, plan, feeds, index, error, capacity, device, re
                      + (", or free what the device holds." if others else "."))
     return errors.DeviceMemoryError(" ".join(lines), node_def=error.node_def, partition=index,
                                     ops=ops, largest=largest, partition_size=size,
-                                    budget=target, swap=mode, failed_op=op)
+                                    budget=target, swap=mode, failed_op=op,
+                                    request=requested_bytes(error))

@@ -60,7 +60,9 @@ class ResidentCheck:
         if budget.still_fits(trace, budget_bytes, resident_bytes, correction=correction):
             return False
         if self.step_bytes is not None and budget.fits_by_measurement(
-                self.step_bytes, budget_bytes, resident_bytes, trace.regions):
+                self.step_bytes, budget_bytes, resident_bytes, trace.regions,
+                budget.learned_margin(budget.DEFAULT_MARGIN, correction, budget_bytes,
+                                      trace.regions)):
             log.info("the device holds %.1f MiB now, more than the plan of %s was fitted to; "
                      "its measured steps (%.1f MiB above what the device held) still fit: "
                      "kept", resident_bytes / (1 << 20), what, self.step_bytes / (1 << 20))

@@ -101,15 +101,16 @@ def depth_first_order(view, groups):
     return order
 
 
-def slice_order(groups, order, partition_size):
-    """Consecutive runs of the ordered units, each of at most partition_size ops.
+def slice_order(groups, order, partition_size, cut=None):
+    """Consecutive runs of the ordered units, each of at most partition_size ops; a
+    partition starts at position `cut` of the order (None: nowhere in particular).
 
     Returns a list of partitions, each a tuple of units (tuples of op names).
     """
     partitions, current, size = [], [], 0
-    for index in order:
+    for position, index in enumerate(order):
         unit = groups[index]
-        if current and size + len(unit) > partition_size:
+        if current and (size + len(unit) > partition_size or position == cut):
             partitions.append(tuple(current))
             current, size = [], 0
         current.append(unit)
@@ -119,7 +120,7 @@ def slice_order(groups, order, partition_size):
     return partitions
 
 
-def slice_order_mixed(groups, order, partition_size, fine_size, fine):
+def slice_order_mixed(groups, order, partition_size, fine_size, fine, cut=None):
     """As `slice_order`, but the units at the positions in `fine` (of `order`) in
     partitions of at most `fine_size` ops, apart from the others.
 
@@ -131,7 +132,8 @@ def slice_order_mixed(groups, order, partition_size, fine_size, fine):
         unit = groups[index]
         is_fine = position in fine
         limit = fine_size if is_fine else partition_size
-        if current and (is_fine != current_fine or size + len(unit) > limit):
+        if current and (is_fine != current_fine or size + len(unit) > limit
+                        or position == cut):
             partitions.append(tuple(current))
             positions.append(tuple(held))
             current, held, size = [], [], 0

@@ -23,12 +23,19 @@ default on a distributed session (variables on parameter servers), where
 the updates are what other workers see; Options(atomic_updates=True) gives it
 on a local session too.
 
+Budget mode orders the other way round for another reason (`updates_last`): its
+candidates slice the depth-first order with the updates, and what depends on
+one, moved after everything else and a partition starting there, so that a
+step that runs out of device memory before them has changed nothing and can
+run again (`unchanged_before`).  There the updates keep partition_size.
+
 An update is an op whose type writes a variable, accumulator, queue or
 table (one table below).  Dequeues are not updates: an input pipeline's
 dequeue feeds the whole step, which would then all be "after an update".
 """
 
 from tfmem.plan.build import build_plan, validate
+from tfmem.plan.partition import depth_first_order, slice_order
 from tfmem.plan.units import units as units_of
 
 UPDATE_TYPE_PREFIXES = ("Apply", "ResourceApply", "SparseApply", "ResourceSparseApply",
@@ -80,18 +87,7 @@ def gather(plan, trace=None):
         return plan, trace
     groups = units_of(view)
     unit_of = {name: unit for unit in groups for name in unit}
-    # A unit is never split: one op after an update moves its whole unit, and what
-    # depends on the unit's other ops with it.
-    moving = set()
-    stack = [unit_of[name] for name in late if name in unit_of]
-    readers = _consumers(view)
-    while stack:
-        unit = stack.pop()
-        if unit in moving:
-            continue
-        moving.add(unit)
-        stack.extend(unit_of[r] for name in unit for r in readers.get(name, ())
-                     if r in unit_of and unit_of[r] not in moving)
+    moving = {groups[i] for i in _late_units(view, groups, late)}
     last_ops = set(plan.partitions[-1].ops)
     if all(name in last_ops for unit in moving for name in unit):
         return plan, trace
@@ -105,6 +101,52 @@ def gather(plan, trace=None):
                           plan.placement)
     validate(gathered)
     return gathered, None
+
+
+def _late_units(view, groups, late=None):
+    """Indices of the units (`groups`) that hold an update or depend on one (`late`: the
+    ops `after_updates` names, if known).  A unit is never split: one op after an update
+    moves its whole unit, and what depends on the unit's other ops with it."""
+    late = after_updates(view) if late is None else late
+    unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
+    moving = set()
+    stack = [unit_of[name] for name in late if name in unit_of]
+    readers = _consumers(view)
+    while stack:
+        index = stack.pop()
+        if index in moving:
+            continue
+        moving.add(index)
+        stack.extend(unit_of[r] for name in groups[index] for r in readers.get(name, ())
+                     if r in unit_of and unit_of[r] not in moving)
+    return moving
+
+
+def updates_last(view, groups, order):
+    """(order, cut): `order` (indices of `groups`, producers first) with every unit that
+    updates state or depends on an update moved after all others, each part in its
+    order; `cut`, the position of the first moved unit (None: nothing moves).
+
+    Budget mode slices this order with a partition starting at `cut`: a step that runs
+    out of device memory before it has changed no state, so it can be planned again and
+    run again (`unchanged_before`), where the depth-first order would have applied a
+    moving average in the forward pass or an update in the backward pass first.  The
+    price is what the moved updates read, held until they run: small for a moving
+    average, a gradient per variable for an optimizer that applies each as it comes."""
+    moving = _late_units(view, groups)
+    if not moving:
+        return list(order), None
+    early = [index for index in order if index not in moving]
+    if len(early) == len(order):
+        return list(order), None
+    return early + [index for index in order if index in moving], len(early)
+
+
+def partition_updates_last(view, groups, partition_size):
+    """The view's units (`groups`) sliced as budget mode slices them at this size: in
+    partitions of the `updates_last` order, one starting at its cut."""
+    order, cut = updates_last(view, groups, depth_first_order(view, groups))
+    return slice_order(groups, order, partition_size, cut)
 
 
 def update_partitions(plan):

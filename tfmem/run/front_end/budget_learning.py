@@ -18,7 +18,7 @@ import contextlib
 import gc
 
 from tfmem import errors
-from tfmem.memory import budget, learning
+from tfmem.memory import budget, learning, oom
 from tfmem.memory.simulate import TensorSizes, state_bytes
 from tfmem.plan import updates
 from tfmem.run.placement import accelerator
@@ -78,16 +78,24 @@ class BudgetLearning:
                 whole_device=budget.on_whole_device(self.budget_bytes, entry.trace.regions)):
             entry.replan = True
 
-    def after_out_of_memory(self, entry, index, run_again=False, unchanged=False):
-        """After a step ran out of device memory in partition `index`: correct the model
-        and plan again before the entry's next step; the sentence the error adds.
-        `run_again`: the step changed no state before it failed and runs again at once."""
+    def after_out_of_memory(self, entry, index, run_again=False, unchanged=False,
+                            request=None, failed_op=None):
+        """After a step ran out of device memory in partition `index` (on an allocation of
+        `request` bytes by `failed_op`, None: unknown): correct the model and plan again
+        before the entry's next step; the sentence the error adds.  `run_again`: the step
+        changed no state before it failed and runs again at once."""
+        if request is not None and not oom.modelled_request(
+                entry.plan, self._sizing(entry), index, request, failed_op):
+            request = None  # the bytes were missing from the model: not a layout's fault
         scratch_seen, predict = self._inputs(entry)
         entry.resident.ran_out()
-        capacity = accelerator.device_capacity(self._devices) or self.budget_bytes
+        device = accelerator.device_capacity(self._devices)
+        memory = accelerator.device_memory(self._device) if self._measure_device else None
         message = learning.learn_from_out_of_memory(
-            entry.correction, entry.trace, index, capacity, self.device_in_use(),
-            scratch_seen, predict, what=self._what, run_again=run_again, unchanged=unchanged)
+            entry.correction, entry.trace, index, device or self.budget_bytes,
+            memory["current"] if memory else None, scratch_seen, predict, what=self._what,
+            run_again=run_again, unchanged=unchanged, request=request,
+            peak=memory["peak"] if memory else None, limit=device)
         entry.replan = True
         return message
 
@@ -122,7 +130,8 @@ class BudgetLearning:
                 run_again = unchanged and again > 0
                 with lock():
                     err.add_note(self.after_out_of_memory(entry, err.partition, run_again,
-                                                          unchanged))
+                                                          unchanged, err.request,
+                                                          err.failed_op))
                 if not run_again:
                     raise
                 failed = err
