@@ -248,11 +248,12 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types, controls=(), name=None):
+def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
-    `controls`: `control_inputs(op)`; `name`: `op.name`, when the caller has it (each
-    read of an op's name or type is a call into TensorFlow's C API)."""
-    kind = op.type
+    `controls`: `control_inputs(op)`; `name`, `kind`: `op.name`, `op.type`, when the
+    caller has them (each read of an op's name or type is a call into TensorFlow's C
+    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors."""
+    kind = op.type if kind is None else kind
     frame = None
     if kind in optypes.ENTER:
         frame = op.get_attr("frame_name")
@@ -261,12 +262,20 @@ def _node(op, stateful_types, controls=(), name=None):
     if stateful is None:
         stateful = stateful_types[kind] = op.op_def.is_stateful
     inputs = op.inputs
+    infos = {} if infos is None else infos
+    outputs = []
+    for tensor in op.outputs:
+        key = (tensor.dtype, _shape_of(tensor))
+        info = infos.get(key)
+        if info is None:
+            info = infos[key] = TensorInfo(*key)
+        outputs.append(info)
     return OpNode(
         name=op.name if name is None else name,
         type=kind,
         inputs=tuple(t.name for t in inputs),
         control_inputs=tuple(c.name for c in controls),
-        outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
+        outputs=tuple(outputs),
         stateful=stateful,
         side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
         frame=frame,
@@ -308,16 +317,22 @@ def _unfed_placeholder_error(op):
 
 def _drop_unobservable(nodes, keep):
     """Remove stateless ops only control edges need; pass their inputs on as control edges."""
-    data_readers = {name: 0 for name in nodes}
-    control_readers = {name: set() for name in nodes}
-    control = {name: dict.fromkeys(node.control_inputs) for name, node in nodes.items()}
+    data_readers = dict.fromkeys(nodes, 0)
+    control_readers = {}  # op -> the nodes with a control edge from it, for ops that have any
     for name, node in nodes.items():
         for producer in node.input_ops:
-            if producer in nodes:
+            if producer in data_readers:
                 data_readers[producer] += 1
         for src in node.control_inputs:
             if src in nodes:
-                control_readers[src].add(name)
+                control_readers.setdefault(src, set()).add(name)
+    control = {}  # node -> its control inputs as removals edit them, for the nodes edited
+
+    def control_of(name):
+        edges = control.get(name)
+        if edges is None:
+            edges = control[name] = dict.fromkeys(nodes[name].control_inputs)
+        return edges
 
     def removable(name):
         node = nodes[name]
@@ -335,26 +350,33 @@ def _drop_unobservable(nodes, keep):
             continue
         removed.add(name)
         data_sources = [p for p in nodes[name].input_ops if p in nodes]
-        producers = list(dict.fromkeys(data_sources + [c for c in control[name] if c in nodes]))
-        for reader in control_readers[name]:
+        producers = list(dict.fromkeys(data_sources +
+                                       [c for c in control_of(name) if c in nodes]))
+        for reader in control_readers.get(name, ()):
             if reader in removed:
                 continue
-            control[reader].pop(name, None)
+            edges = control_of(reader)
+            edges.pop(name, None)
             for src in producers:
                 if src != reader and src not in removed:
-                    control[reader][src] = None
-                    control_readers[src].add(reader)
+                    edges[src] = None
+                    control_readers.setdefault(src, set()).add(reader)
         for src in data_sources:
             data_readers[src] -= 1
         for src in producers:
-            control_readers[src].discard(name)
+            control_readers.get(src, set()).discard(name)
             pending.append(src)
     kept = {}
     for name, node in nodes.items():
-        if name not in removed:
-            edges = tuple(c for c in control[name] if c in nodes) if control[name] else ()
-            kept[name] = node if edges == node.control_inputs else \
-                dataclasses.replace(node, control_inputs=edges)
+        if name in removed:
+            continue
+        if not node.control_inputs and name not in control:
+            kept[name] = node
+            continue
+        edges = control_of(name)
+        edges = tuple(c for c in edges if c in nodes) if edges else ()
+        kept[name] = node if edges == node.control_inputs else \
+            dataclasses.replace(node, control_inputs=edges)
     return kept
 
 
@@ -443,7 +465,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     (op_order.chained_order).
     """
     fed = frozenset(t.name for t in fed_tensors)
-    nodes, sources, stateful_types = {}, {}, {}
+    nodes, sources, stateful_types, infos = {}, {}, {}, {}
     control_on_sources = set()  # ops whose own control inputs are all state sources
     draws = set()  # ops whose kernels keep random streams
     seen = set()
@@ -454,21 +476,22 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
         if name in seen:
             continue
         seen.add(name)
-        if op.type in optypes.PLACEHOLDERS:
+        kind = op.type
+        if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
-        if optypes.is_source(op):
+        if optypes.is_source(op, kind):
             if op.inputs or op.control_inputs:
                 raise UnsupportedGraphError(
-                    f"State op '{name}' ({op.type}) has inputs; tfmem maps every "
+                    f"State op '{name}' ({kind}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[name] = _node(op, stateful_types, name=name)
+            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos)
             continue
         controls = control_inputs(op)
-        nodes[name] = _node(op, stateful_types, controls, name)
+        nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
         if all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
-        if optypes.draws_random_stream(op):
+        if optypes.draws_random_stream(op, kind):
             draws.add(name)
         # Visit inputs in order: push in reverse so the first input is walked first.
         pending = [t.op for t in op.inputs if t.name not in fed]
