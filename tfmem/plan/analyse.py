@@ -59,7 +59,6 @@ TensorFlow.
 """
 
 import dataclasses
-import functools
 import types
 
 import tensorflow as tf
@@ -68,6 +67,26 @@ from tfmem.plan import optypes
 from tfmem.plan import streams as streams_of
 from tfmem.errors import UnsupportedGraphError
 from tfmem import tf_private
+
+
+class _cached_property:  # pylint: disable=invalid-name
+    """functools.cached_property without its lock (Python 3.11 takes one on every first
+    read): planning reads several derived edges of each of 100k ops once.  Like it, it
+    stores the value in the instance's __dict__, which later reads find first."""
+
+    def __init__(self, function):
+        self.function = function
+        self.__doc__ = function.__doc__
+        self.name = function.__name__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.function(instance)
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,27 +137,27 @@ class OpNode:
 
     # Edges by op, derived once: the simulator and the planners walk them for every
     # candidate plan.
-    @functools.cached_property
+    @_cached_property
     def input_ops(self):
         """The op that produces each data input, in input order."""
-        return tuple(split_tensor_name(t)[0] for t in self.inputs)
+        return tuple(t.rpartition(":")[0] for t in self.inputs)
 
-    @functools.cached_property
+    @_cached_property
     def input_indices(self):
         """The output index of each data input, in input order."""
         return tuple(split_tensor_name(t)[1] for t in self.inputs)
 
-    @functools.cached_property
+    @_cached_property
     def data_producers(self):
         """The ops whose outputs this op reads, as a set."""
         return frozenset(self.input_ops)
 
-    @functools.cached_property
+    @_cached_property
     def output_names(self):
         """The names of its output tensors, "op:index"."""
         return tuple(f"{self.name}:{index}" for index in range(len(self.outputs)))
 
-    @functools.cached_property
+    @_cached_property
     def producers(self):
         """The ops this op waits for (data producers, then control inputs), without repeats."""
         return tuple(dict.fromkeys(self.input_ops + tuple(self.control_inputs)))
@@ -166,7 +185,7 @@ class GraphView:
     # tfmem.function does not); the simulator then counts that order (op_order).
     chained: bool = False
 
-    @functools.cached_property
+    @_cached_property
     def readers(self):
         """{tensor: the nodes that read it, in node order}: every candidate plan's
         transfers come from these edges."""
@@ -176,29 +195,33 @@ class GraphView:
                 readers.setdefault(tensor, []).append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
 
-    @functools.cached_property
+    @_cached_property
     def computed_reads(self):
         """((tensor, producing node, its readers, whether the producer reads state), ...) of
         every computed tensor a node reads, fed ones left out: the edges that cross when a
         plan puts producer and reader in different partitions (build.Slicing)."""
-        edges = []
+        edges, reads_state = [], {}  # producer -> whether it reads state
         for tensor, names in self.readers.items():
-            producer = split_tensor_name(tensor)[0]
+            producer = tensor.rpartition(":")[0]
             if tensor in self.feeds or producer not in self.nodes:
                 continue
-            edges.append((tensor, producer, names,
-                          optypes.reads_state(self.nodes[producer], self.sources)))
+            state = reads_state.get(producer)
+            if state is None:
+                state = reads_state[producer] = optypes.reads_state(self.nodes[producer],
+                                                                    self.sources)
+            edges.append((tensor, producer, names, state))
         return tuple(edges)
 
-    @functools.cached_property
+    @_cached_property
     def outside_reads(self):
         """({node: ((tensor, op), ...) of its data inputs that are fed or read a source},
         {original: ((tensor, op), ...) of the fed placeholders its control inputs name}):
         what a partition must feed or map to the original (build.Slicing)."""
         data, controls = {}, {}
+        feeds, sources = self.feeds, self.sources
         for name, node in self.nodes.items():
             pairs = tuple((t, op) for t, op in zip(node.inputs, node.input_ops)
-                          if t in self.feeds or op in self.sources)
+                          if t in feeds or op in sources)
             if pairs:
                 data[name] = pairs
             if name in self.originals:
@@ -468,14 +491,14 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     nodes, sources, stateful_types, infos = {}, {}, {}, {}
     control_on_sources = set()  # ops whose own control inputs are all state sources
     draws = set()  # ops whose kernels keep random streams
-    seen = set()
+    seen = set()  # ops walked, as objects: reading an op's name is a call into the C API
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
         op = stack.pop()
-        name = op.name
-        if name in seen:
+        if op in seen:
             continue
-        seen.add(name)
+        seen.add(op)
+        name = op.name
         kind = op.type
         if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
@@ -488,15 +511,17 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
             sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos)
             continue
         controls = control_inputs(op)
-        nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
+        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
         if all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
         if optypes.draws_random_stream(op, kind):
             draws.add(name)
-        # Visit inputs in order: push in reverse so the first input is walked first.
-        pending = [t.op for t in op.inputs if t.name not in fed]
-        pending += [c for c in controls
-                    if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
+        # Visit inputs in order: push in reverse so the first input is walked first
+        # (an op walked already would be passed over when popped).
+        pending = [t.op for t, tensor in zip(op.inputs, node.inputs)
+                   if tensor not in fed and t.op not in seen]
+        pending += [c for c in controls if c not in seen and
+                    not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     together = _drawing_together(nodes, sources, fed, draws)

@@ -101,6 +101,12 @@ def _producers(view, node):
 
 def _topological_order(view):
     """Nodes in an order where producers come first, v1 loop back edges ignored."""
+    return _ordered(view)[0]
+
+
+def _ordered(view):
+    """(`_topological_order(view)`, {op: the ops that wait for it, by data or control,
+    repeats kept, v1 loop back edges left out})."""
     nodes = view.nodes
     back = {name for name, node in nodes.items() if node.type in optypes.NEXT_ITERATION}
     indegree = dict.fromkeys(nodes, 0)
@@ -122,7 +128,7 @@ def _topological_order(view):
             indegree[c] -= 1
             if indegree[c] == 0:
                 ready.append(c)
-    return order
+    return order, consumers
 
 
 def _join_run_bound_edges(view, uf):
@@ -247,13 +253,16 @@ def _join_regrouped_arithmetic(view, uf):
 
 def _paths(view):
     """({op: the ops that wait for it, by data or control}, {op: its place in a
-    topological order}): what `_on_one_path` walks."""
-    successors = {name: [] for name in view.nodes}
-    for node in view.nodes.values():
-        for producer in node.producers:
-            if producer in successors:
-                successors[producer].append(node.name)
-    return successors, {name: i for i, name in enumerate(_topological_order(view))}
+    topological order}): what `_on_one_path` walks.  Without v1 loops the order's own
+    edges serve (repeated edges change no answer of a reachability walk)."""
+    order, consumers = _ordered(view)
+    if any(node.type in optypes.NEXT_ITERATION for node in view.nodes.values()):
+        consumers = {name: [] for name in view.nodes}
+        for node in view.nodes.values():
+            for producer in node.producers:
+                if producer in consumers:
+                    consumers[producer].append(node.name)
+    return consumers, {name: i for i, name in enumerate(order)}
 
 
 def _join_frames_and_conds(view, uf):
