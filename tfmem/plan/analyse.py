@@ -293,7 +293,7 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
         if info is None:
             info = infos[key] = TensorInfo(*key)
         outputs.append(info)
-    return OpNode(
+    return _op_node(
         name=op.name if name is None else name,
         type=kind,
         inputs=tuple(t.name for t in inputs),
@@ -306,6 +306,19 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
         state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
         arithmetic_type=_arithmetic_type(op) if kind == "Pow" else "",
     )
+
+
+def _op_node(**fields):
+    """OpNode(**fields), every field given, without the frozen dataclass's __init__ (one
+    object.__setattr__ per field): analyse makes one per op of a 100k-op request."""
+    if fields.keys() != _OP_NODE_FIELDS:
+        raise TypeError(f"OpNode fields {sorted(fields)} are not {sorted(_OP_NODE_FIELDS)}")
+    node = object.__new__(OpNode)
+    node.__dict__.update(fields)
+    return node
+
+
+_OP_NODE_FIELDS = frozenset(field.name for field in dataclasses.fields(OpNode))
 
 
 def _arithmetic_type(op):
