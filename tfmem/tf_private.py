@@ -164,6 +164,11 @@ def ops_by_name(graph):
     return graph._nodes_by_name  # pylint: disable=protected-access
 
 
+def has_functions(graph):
+    """Whether functions are defined in `graph` itself (not its outer graphs)."""
+    return bool(graph._functions)  # pylint: disable=protected-access
+
+
 def function_library(graph, skip):
     """A FunctionDefLibrary of the functions defined in `graph` whose names are not in
     `skip`, with the gradients registered for them (TF1 `Defun`)."""

@@ -58,16 +58,15 @@ def signatures(graph, view, session=None):
     constants (by value).  Empty when the session turns the merge off."""
     if not merges_equal_ops(session):
         return {}
-    found = {}
+    found, ops = {}, tf_private.ops_by_name(graph)
     for name, node in list(view.nodes.items()) + list(view.sources.items()):
         if node.type != "Const" and (name in view.sources or node.stateful
                                      or node.side_effects or node.type in _NEVER
                                      or name in view.originals):
             continue
-        try:
-            op = graph.get_operation_by_name(name)
-        except (KeyError, ValueError):
+        if name not in ops:
             continue
+        op = ops[name]
         attrs = tuple(sorted((key, value.SerializeToString(deterministic=True))
                              for key, value in op.node_def.attr.items() if key != "_class"))
         found[name] = (node.type, node.device, attrs)

@@ -10,6 +10,7 @@ shapes are read back.  Nothing runs, and the user's graph is not touched.
 import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
+from tfmem import tf_private
 from tfmem.plan.analyse import split_tensor_name
 
 
@@ -24,10 +25,12 @@ def import_request(graph, view, feed_shapes):
     members = set(view.nodes) | set(view.sources)
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
-    graph_def.library.CopyFrom(graph.as_graph_def().library)
+    if tf_private.has_functions(graph):  # else serialising the graph finds no library
+        graph_def.library.CopyFrom(graph.as_graph_def().library)
+    ops = tf_private.ops_by_name(graph)
     for name in members:
         node = graph_def.node.add()
-        node.CopyFrom(graph.get_operation_by_name(name).node_def)
+        node.CopyFrom(ops[name].node_def)
         kept = [i for i in node.input if (i[1:] if i.startswith("^") else
                                           split_tensor_name(i if ":" in i else i + ":0")[0])
                 in members or not i.startswith("^")]
@@ -65,8 +68,9 @@ def resolve_shapes(graph, view, feed_shapes, scratch=None):
         return static
     if scratch is None:
         scratch = import_request(graph, view, feed_shapes)
-    resolved = {}
+    resolved, ops = {}, tf_private.ops_by_name(scratch)
     for name in static:
-        shape = scratch.get_tensor_by_name("s/" + name).shape
+        op_name, index = split_tensor_name(name)
+        shape = ops["s/" + op_name].outputs[index].shape
         resolved[name] = None if shape.rank is None else tuple(shape.as_list())
     return resolved

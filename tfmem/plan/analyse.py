@@ -59,7 +59,6 @@ TensorFlow.
 """
 
 import dataclasses
-import functools
 import types
 
 import tensorflow as tf
@@ -68,6 +67,26 @@ from tfmem.plan import optypes
 from tfmem.plan import streams as streams_of
 from tfmem.errors import UnsupportedGraphError
 from tfmem import tf_private
+
+
+class _cached_property:  # pylint: disable=invalid-name
+    """functools.cached_property without its lock (Python 3.11 takes one on every first
+    read): planning reads several derived edges of each of 100k ops once.  Like it, it
+    stores the value in the instance's __dict__, which later reads find first."""
+
+    def __init__(self, function):
+        self.function = function
+        self.__doc__ = function.__doc__
+        self.name = function.__name__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.function(instance)
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,27 +137,27 @@ class OpNode:
 
     # Edges by op, derived once: the simulator and the planners walk them for every
     # candidate plan.
-    @functools.cached_property
+    @_cached_property
     def input_ops(self):
         """The op that produces each data input, in input order."""
-        return tuple(split_tensor_name(t)[0] for t in self.inputs)
+        return tuple(t.rpartition(":")[0] for t in self.inputs)
 
-    @functools.cached_property
+    @_cached_property
     def input_indices(self):
         """The output index of each data input, in input order."""
         return tuple(split_tensor_name(t)[1] for t in self.inputs)
 
-    @functools.cached_property
+    @_cached_property
     def data_producers(self):
         """The ops whose outputs this op reads, as a set."""
         return frozenset(self.input_ops)
 
-    @functools.cached_property
+    @_cached_property
     def output_names(self):
         """The names of its output tensors, "op:index"."""
         return tuple(f"{self.name}:{index}" for index in range(len(self.outputs)))
 
-    @functools.cached_property
+    @_cached_property
     def producers(self):
         """The ops this op waits for (data producers, then control inputs), without repeats."""
         return tuple(dict.fromkeys(self.input_ops + tuple(self.control_inputs)))
@@ -166,7 +185,7 @@ class GraphView:
     # tfmem.function does not); the simulator then counts that order (op_order).
     chained: bool = False
 
-    @functools.cached_property
+    @_cached_property
     def readers(self):
         """{tensor: the nodes that read it, in node order}: every candidate plan's
         transfers come from these edges."""
@@ -176,29 +195,33 @@ class GraphView:
                 readers.setdefault(tensor, []).append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
 
-    @functools.cached_property
+    @_cached_property
     def computed_reads(self):
         """((tensor, producing node, its readers, whether the producer reads state), ...) of
         every computed tensor a node reads, fed ones left out: the edges that cross when a
         plan puts producer and reader in different partitions (build.Slicing)."""
-        edges = []
+        edges, reads_state = [], {}  # producer -> whether it reads state
         for tensor, names in self.readers.items():
-            producer = split_tensor_name(tensor)[0]
+            producer = tensor.rpartition(":")[0]
             if tensor in self.feeds or producer not in self.nodes:
                 continue
-            edges.append((tensor, producer, names,
-                          optypes.reads_state(self.nodes[producer], self.sources)))
+            state = reads_state.get(producer)
+            if state is None:
+                state = reads_state[producer] = optypes.reads_state(self.nodes[producer],
+                                                                    self.sources)
+            edges.append((tensor, producer, names, state))
         return tuple(edges)
 
-    @functools.cached_property
+    @_cached_property
     def outside_reads(self):
         """({node: ((tensor, op), ...) of its data inputs that are fed or read a source},
         {original: ((tensor, op), ...) of the fed placeholders its control inputs name}):
         what a partition must feed or map to the original (build.Slicing)."""
         data, controls = {}, {}
+        feeds, sources = self.feeds, self.sources
         for name, node in self.nodes.items():
             pairs = tuple((t, op) for t, op in zip(node.inputs, node.input_ops)
-                          if t in self.feeds or op in self.sources)
+                          if t in feeds or op in sources)
             if pairs:
                 data[name] = pairs
             if name in self.originals:
@@ -248,11 +271,12 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types, controls=(), name=None):
+def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
-    `controls`: `control_inputs(op)`; `name`: `op.name`, when the caller has it (each
-    read of an op's name or type is a call into TensorFlow's C API)."""
-    kind = op.type
+    `controls`: `control_inputs(op)`; `name`, `kind`: `op.name`, `op.type`, when the
+    caller has them (each read of an op's name or type is a call into TensorFlow's C
+    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors."""
+    kind = op.type if kind is None else kind
     frame = None
     if kind in optypes.ENTER:
         frame = op.get_attr("frame_name")
@@ -261,12 +285,20 @@ def _node(op, stateful_types, controls=(), name=None):
     if stateful is None:
         stateful = stateful_types[kind] = op.op_def.is_stateful
     inputs = op.inputs
-    return OpNode(
+    infos = {} if infos is None else infos
+    outputs = []
+    for tensor in op.outputs:
+        key = (tensor.dtype, _shape_of(tensor))
+        info = infos.get(key)
+        if info is None:
+            info = infos[key] = TensorInfo(*key)
+        outputs.append(info)
+    return _op_node(
         name=op.name if name is None else name,
         type=kind,
         inputs=tuple(t.name for t in inputs),
         control_inputs=tuple(c.name for c in controls),
-        outputs=tuple(TensorInfo(t.dtype, _shape_of(t)) for t in op.outputs),
+        outputs=tuple(outputs),
         stateful=stateful,
         side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
         frame=frame,
@@ -274,6 +306,19 @@ def _node(op, stateful_types, controls=(), name=None):
         state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
         arithmetic_type=_arithmetic_type(op) if kind == "Pow" else "",
     )
+
+
+def _op_node(**fields):
+    """OpNode(**fields), every field given, without the frozen dataclass's __init__ (one
+    object.__setattr__ per field): analyse makes one per op of a 100k-op request."""
+    if fields.keys() != _OP_NODE_FIELDS:
+        raise TypeError(f"OpNode fields {sorted(fields)} are not {sorted(_OP_NODE_FIELDS)}")
+    node = object.__new__(OpNode)
+    node.__dict__.update(fields)
+    return node
+
+
+_OP_NODE_FIELDS = frozenset(field.name for field in dataclasses.fields(OpNode))
 
 
 def _arithmetic_type(op):
@@ -308,16 +353,22 @@ def _unfed_placeholder_error(op):
 
 def _drop_unobservable(nodes, keep):
     """Remove stateless ops only control edges need; pass their inputs on as control edges."""
-    data_readers = {name: 0 for name in nodes}
-    control_readers = {name: set() for name in nodes}
-    control = {name: dict.fromkeys(node.control_inputs) for name, node in nodes.items()}
+    data_readers = dict.fromkeys(nodes, 0)
+    control_readers = {}  # op -> the nodes with a control edge from it, for ops that have any
     for name, node in nodes.items():
         for producer in node.input_ops:
-            if producer in nodes:
+            if producer in data_readers:
                 data_readers[producer] += 1
         for src in node.control_inputs:
             if src in nodes:
-                control_readers[src].add(name)
+                control_readers.setdefault(src, set()).add(name)
+    control = {}  # node -> its control inputs as removals edit them, for the nodes edited
+
+    def control_of(name):
+        edges = control.get(name)
+        if edges is None:
+            edges = control[name] = dict.fromkeys(nodes[name].control_inputs)
+        return edges
 
     def removable(name):
         node = nodes[name]
@@ -335,26 +386,33 @@ def _drop_unobservable(nodes, keep):
             continue
         removed.add(name)
         data_sources = [p for p in nodes[name].input_ops if p in nodes]
-        producers = list(dict.fromkeys(data_sources + [c for c in control[name] if c in nodes]))
-        for reader in control_readers[name]:
+        producers = list(dict.fromkeys(data_sources +
+                                       [c for c in control_of(name) if c in nodes]))
+        for reader in control_readers.get(name, ()):
             if reader in removed:
                 continue
-            control[reader].pop(name, None)
+            edges = control_of(reader)
+            edges.pop(name, None)
             for src in producers:
                 if src != reader and src not in removed:
-                    control[reader][src] = None
-                    control_readers[src].add(reader)
+                    edges[src] = None
+                    control_readers.setdefault(src, set()).add(reader)
         for src in data_sources:
             data_readers[src] -= 1
         for src in producers:
-            control_readers[src].discard(name)
+            control_readers.get(src, set()).discard(name)
             pending.append(src)
     kept = {}
     for name, node in nodes.items():
-        if name not in removed:
-            edges = tuple(c for c in control[name] if c in nodes) if control[name] else ()
-            kept[name] = node if edges == node.control_inputs else \
-                dataclasses.replace(node, control_inputs=edges)
+        if name in removed:
+            continue
+        if not node.control_inputs and name not in control:
+            kept[name] = node
+            continue
+        edges = control_of(name)
+        edges = tuple(c for c in edges if c in nodes) if edges else ()
+        kept[name] = node if edges == node.control_inputs else \
+            dataclasses.replace(node, control_inputs=edges)
     return kept
 
 
@@ -443,37 +501,40 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     (op_order.chained_order).
     """
     fed = frozenset(t.name for t in fed_tensors)
-    nodes, sources, stateful_types = {}, {}, {}
+    nodes, sources, stateful_types, infos = {}, {}, {}, {}
     control_on_sources = set()  # ops whose own control inputs are all state sources
     draws = set()  # ops whose kernels keep random streams
-    seen = set()
+    seen = set()  # ops walked, as objects: reading an op's name is a call into the C API
     stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
     while stack:
         op = stack.pop()
-        name = op.name
-        if name in seen:
+        if op in seen:
             continue
-        seen.add(name)
-        if op.type in optypes.PLACEHOLDERS:
+        seen.add(op)
+        name = op.name
+        kind = op.type
+        if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
-        if optypes.is_source(op):
+        if optypes.is_source(op, kind):
             if op.inputs or op.control_inputs:
                 raise UnsupportedGraphError(
-                    f"State op '{name}' ({op.type}) has inputs; tfmem maps every "
+                    f"State op '{name}' ({kind}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[name] = _node(op, stateful_types, name=name)
+            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos)
             continue
         controls = control_inputs(op)
-        nodes[name] = _node(op, stateful_types, controls, name)
+        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
         if all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
-        if optypes.draws_random_stream(op):
+        if optypes.draws_random_stream(op, kind):
             draws.add(name)
-        # Visit inputs in order: push in reverse so the first input is walked first.
-        pending = [t.op for t in op.inputs if t.name not in fed]
-        pending += [c for c in controls
-                    if not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
+        # Visit inputs in order: push in reverse so the first input is walked first
+        # (an op walked already would be passed over when popped).
+        pending = [t.op for t, tensor in zip(op.inputs, node.inputs)
+                   if tensor not in fed and t.op not in seen]
+        pending += [c for c in controls if c not in seen and
+                    not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     together = _drawing_together(nodes, sources, fed, draws)

@@ -109,9 +109,10 @@ def is_run_bound(dtype):
     return dtype.base_dtype == dtypes.resource or dtype != dtype.base_dtype
 
 
-def is_state_source(op):
-    """True for ops that own or look up long-lived state by name."""
-    if op.type in STATE_SOURCES:
+def is_state_source(op, kind=None):
+    """True for ops that own or look up long-lived state by name; `kind`: `op.type`,
+    when the caller has it (each read is a call into TensorFlow's C API)."""
+    if (op.type if kind is None else kind) in STATE_SOURCES:
         return True
     if op.inputs or not op.outputs:
         return False
@@ -121,11 +122,13 @@ def is_state_source(op):
     return all(a in names for a in _SHARING_ATTRS)
 
 
-def is_source(op):
-    """True for ops every partition maps to the original instead of copying."""
-    if op.type == "Const":
+def is_source(op, kind=None):
+    """True for ops every partition maps to the original instead of copying; `kind`:
+    `op.type`, when the caller has it."""
+    kind = op.type if kind is None else kind
+    if kind == "Const":
         return not op.control_inputs
-    return is_state_source(op)
+    return is_state_source(op, kind)
 
 
 # Ops that write a resource variable (its handle their first input) in place, unless
@@ -180,12 +183,14 @@ def _function_draws(graph, name, seen):
     return False
 
 
-def draws_random_stream(op):
+def draws_random_stream(op, kind=None):
     """True for an op whose kernels keep random streams: a random op, or a stateful
-    call (a v2 loop or cond, a tf.function) whose body runs one."""
-    if op.type in RANDOM_STREAM:
+    call (a v2 loop or cond, a tf.function) whose body runs one; `kind`: `op.type`,
+    when the caller has it."""
+    kind = op.type if kind is None else kind
+    if kind in RANDOM_STREAM:
         return True
-    if op.type not in STATEFUL_CALLS:
+    if kind not in STATEFUL_CALLS:
         return False
     seen = set()
     return any(_function_draws(op.graph, name, seen)

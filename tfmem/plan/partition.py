@@ -34,6 +34,11 @@ from tfmem.plan.optypes import SHAPE_ONLY
 
 def _unit_inputs(view, unit_of, unit):
     """Units this unit consumes, in the order its ops name them, without repeats."""
+    if len(unit) == 1:  # most units: one op, whose producers are already without repeats
+        own = unit_of[unit[0]]
+        return list(dict.fromkeys(
+            src_unit for src_unit in map(unit_of.get, view.nodes[unit[0]].producers)
+            if src_unit is not None and src_unit != own))
     seen, ordered = {unit_of[unit[0]]}, []
     for name in unit:
         for src in view.nodes[name].producers:

@@ -101,17 +101,24 @@ def _producers(view, node):
 
 def _topological_order(view):
     """Nodes in an order where producers come first, v1 loop back edges ignored."""
-    indegree = {name: 0 for name in view.nodes}
-    consumers = {name: [] for name in view.nodes}
+    return _ordered(view)[0]
+
+
+def _ordered(view):
+    """(`_topological_order(view)`, {op: the ops that wait for it, by data or control,
+    repeats kept, v1 loop back edges left out})."""
     nodes = view.nodes
-    for node in nodes.values():
-        sources = [p for p in node.input_ops if p in nodes]
-        sources += [c for c in node.control_inputs if c in nodes]
-        for src in sources:
-            if nodes[src].type in optypes.NEXT_ITERATION:
-                continue
-            indegree[node.name] += 1
-            consumers[src].append(node.name)
+    back = {name for name, node in nodes.items() if node.type in optypes.NEXT_ITERATION}
+    indegree = dict.fromkeys(nodes, 0)
+    consumers = {name: [] for name in nodes}
+    for name, node in nodes.items():
+        count = 0
+        for edges in (node.input_ops, node.control_inputs):
+            for src in edges:
+                if src in consumers and src not in back:
+                    count += 1
+                    consumers[src].append(name)
+        indegree[name] = count
     ready = [name for name, d in indegree.items() if d == 0]
     order = []
     while ready:
@@ -121,15 +128,15 @@ def _topological_order(view):
             indegree[c] -= 1
             if indegree[c] == 0:
                 ready.append(c)
-    return order
+    return order, consumers
 
 
 def _join_run_bound_edges(view, uf):
     """Rule 1: a run-bound tensor (a reference, a handle) with its producer and readers."""
     for name, node in view.nodes.items():
-        for tensor, output in zip(node.output_names, node.outputs):
+        for index, output in enumerate(node.outputs):
             if output.run_bound:
-                for reader in view.readers.get(tensor, ()):
+                for reader in view.readers.get(f"{name}:{index}", ()):
                     uf.union(name, reader)
 
 
@@ -246,13 +253,16 @@ def _join_regrouped_arithmetic(view, uf):
 
 def _paths(view):
     """({op: the ops that wait for it, by data or control}, {op: its place in a
-    topological order}): what `_on_one_path` walks."""
-    successors = {name: [] for name in view.nodes}
-    for node in view.nodes.values():
-        for producer in node.producers:
-            if producer in successors:
-                successors[producer].append(node.name)
-    return successors, {name: i for i, name in enumerate(_topological_order(view))}
+    topological order}): what `_on_one_path` walks.  Without v1 loops the order's own
+    edges serve (repeated edges change no answer of a reachability walk)."""
+    order, consumers = _ordered(view)
+    if any(node.type in optypes.NEXT_ITERATION for node in view.nodes.values()):
+        consumers = {name: [] for name in view.nodes}
+        for node in view.nodes.values():
+            for producer in node.producers:
+                if producer in consumers:
+                    consumers[producer].append(node.name)
+    return consumers, {name: i for i, name in enumerate(order)}
 
 
 def _join_frames_and_conds(view, uf):
