@@ -114,8 +114,7 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
                    f"model's replay of one allocation order does not show); it now holds "
                    f"back {mib(correction.held_back)} more than its margin, and {what} is "
                    f"planned again " + _then(run_again, unchanged))
-        log.log(logging.INFO if run_again else logging.WARNING, "%s", message)
-        return message
+        return _logged(message, run_again)
     others = max(resident - trace.state_bytes, 0) if resident is not None else 0
     available = capacity - others
     scratch_seen = _scratch_seen(correction, scratch_seen)
@@ -127,6 +126,11 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
                f"{correction.factor:.2f}, the model predicts "
                f"{mib(scaled(corrected, correction.factor).partitions[index].device_peak)} "
                f"there, and {what} is planned again " + _then(run_again, unchanged))
+    return _logged(message, run_again)
+
+
+def _logged(message, run_again):
+    """`message`, logged at INFO where the step runs again (nothing is lost), else WARNING."""
     log.log(logging.INFO if run_again else logging.WARNING, "%s", message)
     return message
 
