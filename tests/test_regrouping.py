@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import rewriter_config_pb2
 
 import tfmem
+from tfmem.plan.analyse import analyse
 from tfmem.plan.units import units
 from tfmem.run.compiling import regrouping
 
@@ -179,3 +180,21 @@ def test_the_config_check_matches_the_order_tensorflow_adds_in(setting):
     runs = regrouping.runs_arithmetic_optimizer(_config(setting))
     assert runs == (setting in ("default", "arithmetic_on"))
     np.testing.assert_array_equal(got, by_name if runs else by_input)
+
+
+def test_a_sum_whose_addends_lie_on_one_path_keeps_the_path_apart():
+    """Keeping a sum with its addends joins them into one unit; where one addend reaches
+    another (a residual sum: the block's input and its output), that would make the
+    whole block between them one unit, which no partition size could split.  Such a
+    sum keeps its producers apart: a 40-op block stays 40 units."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [8, 8], name="x")
+        skip = tf.tanh(x, name="skip")
+        h = skip
+        for i in range(40):
+            h = tf.sin(h, name=f"block_{i}")
+        total = tf.add_n([skip, h, tf.cos(x, name="side")], name="total")
+    view = analyse([total], [], [x])
+    groups = units(view)
+    assert max(len(unit) for unit in groups) < 10, sorted(map(len, groups))[-3:]
