@@ -25,10 +25,13 @@ losses at a size both trained, and what filled the device at the limit.
 
 import argparse
 import functools
+import math
 import os
 import re
 import statistics
 import time
+
+from tfmem.errors import failed_tensor
 
 from experiments.harness import cap, steady as steady_figures
 from experiments.harness.child import spawn_trial
@@ -120,8 +123,6 @@ _BUDGET_FIGURES = re.compile(
     r"(?:, after (?P<held>[\d.]+) MiB the device holds for other requests)?\): even one op "
     r"per partition needs (?P<needs>[\d.]+) MiB.*?The largest op, '(?P<op>[^']*)' "
     r"\((?P<kind>\w+)\), alone reads, writes and needs as scratch (?P<op_mib>[\d.]+) MiB", re.S)
-_OOM_SHAPE = re.compile(r"OOM when allocating tensor with shape\[(?P<shape>[\d,]*)\] and type "
-                        r"(?P<dtype>\w+)")
 _DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "int32": 4, "int64": 8, "bfloat16": 2}
 
 
@@ -141,14 +142,12 @@ def budget_figures(message):
 
 def failed_allocation(message):
     """(MiB, shape text) of the tensor TensorFlow's OOM error could not allocate, or None."""
-    match = _OOM_SHAPE.search(message or "")
-    if match is None or match["dtype"] not in _DTYPE_BYTES:
+    failed = failed_tensor(message)
+    if failed is None or failed[1] not in _DTYPE_BYTES:
         return None
-    shape = [int(d) for d in match["shape"].split(",") if d]
-    size = _DTYPE_BYTES[match["dtype"]]
-    for dim in shape:
-        size *= dim
-    return round(size / MIB, 1), f"[{match['shape']}] {match['dtype']}"
+    shape, dtype = failed
+    size = _DTYPE_BYTES[dtype] * math.prod(shape)
+    return round(size / MIB, 1), f"[{','.join(map(str, shape))}] {dtype}"
 
 
 def enough_steps(step_times, partitions, steps):

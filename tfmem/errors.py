@@ -9,6 +9,22 @@ is also TensorFlow's ResourceExhaustedError so existing handlers still catch it.
 """
 
 
+import re
+
+# "OOM when allocating tensor with shape[128,16,16,256] and type float on ...": how
+# TensorFlow's allocators name the tensor they could not allocate.
+_FAILED_TENSOR = re.compile(r"allocating tensor with shape\[([0-9, ]*)\] and type (\w+)")
+
+
+def failed_tensor(message):
+    """(shape, TensorFlow's dtype name) of the tensor an out-of-memory message says could
+    not be allocated, or None where it names none."""
+    match = _FAILED_TENSOR.search(message or "")
+    if match is None:
+        return None
+    return tuple(int(d) for d in match.group(1).split(",") if d.strip()), match.group(2)
+
+
 class TFMemError(Exception):
     """Base class of tfmem's own errors."""
 

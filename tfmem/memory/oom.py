@@ -12,7 +12,6 @@ predicts fits the device beside what it already holds (found with
 
 import dataclasses
 import math
-import re
 
 import tensorflow as tf
 
@@ -45,21 +44,17 @@ def _allocation_failure(error):
     return None
 
 
-# "OOM when allocating tensor with shape[128,16,16,256] and type float on ...": the
-# tensor TensorFlow could not allocate.
-_FAILED_TENSOR = re.compile(r"allocating tensor with shape\[([0-9, ]*)\] and type (\w+)")
-
-
 def requested_bytes(error):
     """Bytes of the tensor whose allocation failed, from the error's message, or None."""
-    match = _FAILED_TENSOR.search(error.message or "")
-    if match is None:
+    failed = errors.failed_tensor(error.message)
+    if failed is None:
         return None
+    shape, dtype = failed
     try:
-        itemsize = tf.as_dtype(match.group(2)).size
+        itemsize = tf.as_dtype(dtype).size
     except TypeError:
         return None
-    return math.prod(int(d) for d in match.group(1).split(",") if d.strip()) * itemsize
+    return math.prod(shape) * itemsize
 
 
 def modelled_request(plan, sizing, index, request, failed_op=None):
