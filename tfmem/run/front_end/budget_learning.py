@@ -40,9 +40,14 @@ class BudgetLearning:
         self._measure_scratch, self._sizing = measure_scratch, sizing
         self._what = what
 
+    def _device_memory(self):
+        """TensorFlow's figures of the device now ({"current", "peak", ...} bytes), or
+        None where it keeps none or the front end does not measure."""
+        return accelerator.device_memory(self._device) if self._measure_device else None
+
     def device_in_use(self):
         """The device's bytes in use now, or None where TensorFlow keeps no figures."""
-        memory = accelerator.device_memory(self._device) if self._measure_device else None
+        memory = self._device_memory()
         return memory["current"] if memory else None
 
     def device_in_use_for_planning(self, view, sizing):
@@ -90,7 +95,7 @@ class BudgetLearning:
         scratch_seen, predict = self._inputs(entry)
         entry.resident.ran_out()
         device = accelerator.device_capacity(self._devices)
-        memory = accelerator.device_memory(self._device) if self._measure_device else None
+        memory = self._device_memory()
         message = learning.learn_from_out_of_memory(
             entry.correction, entry.trace, index, device or self.budget_bytes,
             memory["current"] if memory else None, scratch_seen, predict, what=self._what,
