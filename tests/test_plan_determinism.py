@@ -69,19 +69,26 @@ print(json.dumps([list(p.ops) for p in step.plan(x, y).partitions]))
 """
 
 
+def _printed_per_seed(script, seeds):
+    """The set of last lines `script` prints in one fresh process per PYTHONHASHSEED (its
+    string hashing, and so the order of its sets), oneDNN off."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    printed = set()
+    for seed in seeds:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, cwd=root,
+            timeout=300, env=dict(os.environ, PYTHONHASHSEED=seed, TF_ENABLE_ONEDNN_OPTS="0"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed.add(done.stdout.strip().splitlines()[-1])
+    return printed
+
+
 def test_a_traced_step_gets_the_same_plan_in_every_process():
     """A tf.function's automatic control dependencies list control inputs in the order
     of a Python set, which changes with the process's string hashing (PYTHONHASHSEED):
     the plan must not follow it (following it, seeds 0, 1 and 2 give three plans of
     this step, moving the optimizer's updates between partitions)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    plans = set()
-    for seed in ("0", "1", "2"):
-        done = subprocess.run(
-            [sys.executable, "-c", _TF2_PLAN], capture_output=True, text=True, cwd=root,
-            timeout=300, env=dict(os.environ, PYTHONHASHSEED=seed, TF_ENABLE_ONEDNN_OPTS="0"))
-        assert done.returncode == 0, done.stderr[-3000:]
-        plans.add(done.stdout.strip().splitlines()[-1])
+    plans = _printed_per_seed(_TF2_PLAN, ("0", "1", "2"))
     assert len(json.loads(next(iter(plans)))) > 1  # the step is cut
     assert len(plans) == 1, "the plan differs between processes"
 
@@ -111,13 +118,6 @@ def test_a_plan_is_predicted_the_same_in_every_process():
     when that one's device copy is freed.  Which one must not follow the order of a
     Python set, which changes with the process's string hashing (following it, seeds 1
     and 2 predict three partitions of this ResNet 0.25 MiB apart in chunks)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    predictions = set()
-    for seed in ("1", "2"):
-        done = subprocess.run(
-            [sys.executable, "-c", _PREDICTION], capture_output=True, text=True, cwd=root,
-            timeout=300, env=dict(os.environ, PYTHONHASHSEED=seed, TF_ENABLE_ONEDNN_OPTS="0"))
-        assert done.returncode == 0, done.stderr[-3000:]
-        predictions.add(done.stdout.strip().splitlines()[-1])
+    predictions = _printed_per_seed(_PREDICTION, ("1", "2"))
     assert len(json.loads(next(iter(predictions)))) > 1  # the step is cut
     assert len(predictions) == 1, "the prediction differs between processes"
