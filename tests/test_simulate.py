@@ -59,10 +59,9 @@ KNOWN_GAPS.update({("eigen", "pool", size): 0.26 for size in SIZES})
 KNOWN_GAPS.update({("eigen", "resnet", size): 0.24 for size in SIZES})
 # The MoE layer at 20 allocates small tensors whose chunks round up: 8.09 MiB
 # requested, 9.53 MiB in chunks (18 % more), so a step measured at the chunk figure is
-# already 15 % above the requested one.  Measured 9.52-10.47 MiB (median and worst,
-# both paths): -15 to -23 % of the requested figure, within 10 % of the
-# chunk figure (the band test below holds it to that).
-KNOWN_GAPS.update({(path, "moe", 20): 0.26 for path in PATHS})
+# already 15 % above the requested one.  Measured 8.6-11.1 MiB (median and worst,
+# both paths; 11.1 on a loaded machine): -7 to -27 % of the requested figure.
+KNOWN_GAPS.update({(path, "moe", 20): 0.30 for path in PATHS})
 
 # The band between the two predicted figures (requested bytes, BFC chunks): the
 # median step must lie within BAND_TOLERANCE above it, the worst within
@@ -78,13 +77,17 @@ BAND_WORST_TOLERANCE = {"eigen": 0.15, "onednn": 0.15}
 # earlier steps left (the oneDNN ResNet at 50: median 13.5 % below the band, worst
 # step in it).
 BAND_BELOW_TOLERANCE = 0.20
-# The oneDNN ResNet at 50 is the one configuration whose median step moves across the
-# band's upper edge between runs of the same code: its judged steps read 14.8, 16.1,
-# 16.8, 18.1 or 18.8 MiB (a 2 MiB activation held across a partition's peak or not,
-# more often on a loaded machine), against 14.75 requested and 16.80 in chunks; medians
-# of 16.8 and of 18.8 MiB (10.4 % above the band) both occur.  Budget mode holds a
-# margin for such steps (test_budget_modes_bound_plus_margin_covers_the_worst_step).
+# Two configurations' steps move across the band's upper edge between runs of the same
+# code, by what the simulator cannot know: where the prefetch thread's uploads fall among
+# a partition's allocations (with prefetch 0 every step of a process reads the same
+# peak), and the addresses of the allocator's grown regions, by which its best fit
+# breaks ties (with prefetch 0 the oneDNN ResNet at 50 still settles at 12.8 to 16.8 MiB
+# from process to process).  The oneDNN ResNet at 50 reads 14.8 to 18.8 MiB against
+# 14.75 requested and 16.80 in chunks (up to 12 % above the band); the MoE layer at 20
+# 8.6 to 11.1 MiB against 8.09 and 9.53 (up to 16 %, on a loaded machine).  Budget mode
+# holds a margin for such steps (test_budget_modes_bound_plus_margin_covers_the_worst_step).
 BAND_GAPS = {("onednn", "resnet", 50): 0.13}
+BAND_GAPS.update({(path, "moe", 20): 0.20 for path in PATHS})
 
 
 @pytest.fixture(scope="module")
