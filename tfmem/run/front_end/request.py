@@ -71,10 +71,10 @@ def aligned_feed(array):
 
     TensorFlow runs on a fed numeric array in place when its data is so aligned, and
     otherwise copies it into an allocator for every run it is fed to.  Which allocator
-    depends on the process's history (TensorFlow's CPU device allocator once a session
-    has started before the first such copy, a separate one else), so on a CPU device the
-    copy may or may not count in the device's memory.  One aligned copy per step keeps
-    every partition's run off that allocator, as the simulator counts it."""
+    depends on what the process ran before: after `reserve_emulated_memory`, or after a
+    session ran before the first array was fed, it is the CPU device's own, and every
+    partition's run that reads the feed holds a copy of it there, which the simulator
+    does not count.  One aligned copy per step keeps the feeds out of device memory."""
     if array.dtype.kind not in "biufc" or array.ctypes.data % ALIGNMENT == 0:
         return array
     copy = aligned_bytes(array.nbytes).view(array.dtype).reshape(array.shape)
