@@ -1,6 +1,6 @@
 """Simulator accuracy: tfmem's predicted device peak against TensorFlow's measured one.
 
-    python experiments/accuracy.py                       # both kernel paths, prints the table
+    python experiments/accuracy.py                       # both kernel paths and layouts
     python experiments/accuracy.py --json experiments/results/accuracy.json
 
 The one measurement behind both `tests/test_simulate.py` (which bounds the
@@ -11,15 +11,18 @@ and compare, per step, TensorFlow's allocator peak with tfmem's two predicted
 figures (bytes requested; the same allocations replayed in BFC chunks).
 
 One fresh process per kernel path (`TF_ENABLE_ONEDNN_OPTS=0` and `=1`, set
-explicitly: a machine of either kind measures both), each with TensorFlow's
-BFC allocator limited far above the step (figures on every kernel path, no
-cap) and pinned thread pools (1 intra-op, 1 inter-op thread), so that no
-figure depends on the machine's core count.  Both processes run at once:
-memory, not time, is measured.  Steps 2..STEPS are judged (the first warms
-caches): the median step, and the worst one.
+explicitly: a machine of either kind measures both) and allocator layout
+(`LAYOUTS`: regions grown on demand, or the memory reserved as one region
+first, as a GPU's allocator holds it), each with TensorFlow's BFC allocator
+limited far above the step (figures on every kernel path, no cap) and pinned
+thread pools (1 intra-op, 1 inter-op thread), so that no figure depends on
+the machine's core count.  The processes run at once: memory, not time, is
+measured.  Steps 2..STEPS are judged (the first warms caches): the median
+step, and the worst one.
 """
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -43,6 +46,10 @@ MODELS = {
 }
 SIZES = (100000, 200, 50, 20)  # partition sizes; 100000: the whole step in one partition
 PATHS = {"eigen": False, "onednn": True}  # kernel path -> oneDNN on
+# allocator layout -> whether the process reserves its memory as one region first
+# (tfmem.reserve_emulated_memory, as a GPU's allocator holds it) instead of growing
+# regions of 2, 4, 8 ... MiB on demand
+LAYOUTS = {"grown": False, "one-region": True}
 # Steps 2..STEPS are judged (the first warms caches).  Five judged steps: one step whose
 # allocations the prefetch thread or the load interleaved differently moves the median no more.
 STEPS = 6
@@ -70,14 +77,28 @@ def model_session(builder, kwargs):
 def measured_session(builder, kwargs, batch, size):
     """(model, sess, tfs, feed, fetches): `model_session`'s model initialised, a
     TFMemSession at partition size `size` that measures every step, and one training
-    step's feed and fetches."""
+    step's feed and fetches (arrays off a 64-byte boundary, see `unaligned`)."""
     import tfmem  # pylint: disable=import-outside-toplevel
     model, sess = model_session(builder, kwargs)
     tfs = tfmem.TFMemSession(sess, partition_size=size, options=tfmem.Options(measure="every"))
     # Not sess.run(init): a plain run caches the initializer's folded constants
     # in the session for good, and they would count in every step's peak.
     tfmem.TFMemSession(sess, partition_size=100000).run(model.init)
-    return model, sess, tfs, model.feed(batch), [model.train, model.loss]
+    feed = {tensor: unaligned(value) for tensor, value in model.feed(batch).items()}
+    return model, sess, tfs, feed, [model.train, model.loss]
+
+
+def unaligned(array):
+    """A copy of `array` whose data starts 16 bytes past a 64-byte boundary.  TensorFlow
+    copies such a fed array into an allocator for every run (one whose data is aligned
+    it reads in place); where numpy happens to put a batch must not decide the figures,
+    and tfmem aligns what it feeds (run/front_end/request.py: aligned_feed)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + 16
+    copy = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
 
 
 def measure(models, sizes, steps):
@@ -123,15 +144,21 @@ def measure(models, sizes, steps):
                              partitions=tfs.last_step.partitions))
             tfs.close()
             del tfs, sess, model, feed
+            gc.collect()  # the session and its state go now, not amid the next model's run
     return rows
 
 
-def _worker(models, sizes, steps):
-    """The measuring process's body: one JSON line of rows on stdout."""
-    from tfmem.memory.emulated import emulated_memory_mib  # pylint: disable=import-outside-toplevel
+def _worker(models, sizes, steps, one_region):
+    """The measuring process's body: one JSON line of rows on stdout.  `one_region`: the
+    allocator reserves its memory as one region before anything allocates."""
+    # pylint: disable=import-outside-toplevel
+    from tfmem.memory.emulated import emulated_memory_mib, reserve_emulated_memory
     if emulated_memory_mib() is None:  # TensorFlow's default CPU allocator keeps no figures
         raise SystemExit("start the measuring process with accuracy.start(): it needs "
                          "TensorFlow's BFC allocator (tfmem.cli.child_env)")
+    if one_region:
+        import tensorflow  # noqa: F401  pylint: disable=unused-import
+        reserve_emulated_memory()
     print(json.dumps(measure(models, sizes, steps)))
 
 
@@ -139,18 +166,20 @@ def _worker(models, sizes, steps):
 # the parent: one process per kernel path
 
 
-def start(onednn, models=None, sizes=SIZES, steps=STEPS):
-    """Start the measuring process of one kernel path (oneDNN on or off); `collect` reads it."""
+def start(onednn, models=None, sizes=SIZES, steps=STEPS, one_region=False):
+    """Start the measuring process of one kernel path (oneDNN on or off) and allocator
+    layout; `collect` reads it."""
     from tfmem.cli.child_env import child_env  # pylint: disable=import-outside-toplevel
     return subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(models or MODELS),
-         json.dumps(list(sizes)), str(steps)],
+         json.dumps(list(sizes)), str(steps), "1" if one_region else "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         env=child_env(onednn=onednn))
 
 
-def collect(path, process, timeout=TIMEOUT):
-    """The rows of a process from `start`, each with its kernel path and its errors."""
+def collect(path, process, timeout=TIMEOUT, layout="grown"):
+    """The rows of a process from `start`, each with its kernel path, allocator layout
+    and errors."""
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     finally:
@@ -158,8 +187,9 @@ def collect(path, process, timeout=TIMEOUT):
             process.kill()
             process.communicate()
     if process.returncode != 0:
-        raise RuntimeError(f"accuracy process ({path}) failed:\n{stderr[-4000:]}")
-    return [with_errors(dict(row, path=path)) for row in json.loads(stdout.strip().splitlines()[-1])]
+        raise RuntimeError(f"accuracy process ({path}, {layout}) failed:\n{stderr[-4000:]}")
+    return [with_errors(dict(row, path=path, layout=layout))
+            for row in json.loads(stdout.strip().splitlines()[-1])]
 
 
 def with_errors(row):
@@ -173,13 +203,18 @@ def with_errors(row):
     return row
 
 
-def run(paths=None, models=None, sizes=SIZES, steps=STEPS, timeout=TIMEOUT):
-    """Rows of every kernel path of `paths` ({name: oneDNN on}), measured at once."""
+def run(paths=None, models=None, sizes=SIZES, steps=STEPS, timeout=TIMEOUT, layouts=None):
+    """Rows of every kernel path of `paths` ({name: oneDNN on}) in every allocator layout
+    of `layouts` ({name of LAYOUTS: (models, sizes) measured in it}; by default every
+    layout with `models` and `sizes`), one fresh process each, measured at once."""
     paths = PATHS if paths is None else paths
-    processes = {path: start(onednn, models, sizes, steps) for path, onednn in paths.items()}
+    layouts = {name: (models, sizes) for name in LAYOUTS} if layouts is None else layouts
+    processes = {(path, layout): start(onednn, chosen, chosen_sizes, steps, LAYOUTS[layout])
+                 for layout, (chosen, chosen_sizes) in layouts.items()
+                 for path, onednn in paths.items()}
     try:
-        return [row for path, process in processes.items()
-                for row in collect(path, process, timeout)]
+        return [row for (path, layout), process in processes.items()
+                for row in collect(path, process, timeout, layout)]
     finally:
         for process in processes.values():
             if process.poll() is None:
@@ -189,7 +224,8 @@ def run(paths=None, models=None, sizes=SIZES, steps=STEPS, timeout=TIMEOUT):
 
 def line(row):
     """One row as text (the test prints these with -s)."""
-    return (f"{row['path']:>6} {row['model']:>6} partition_size={row['partition_size']:<6} "
+    return (f"{row['path']:>6} {row.get('layout', 'grown'):>10} {row['model']:>6} "
+            f"partition_size={row['partition_size']:<6} "
             f"partitions={row['partitions']:<3} predicted {row['predicted'] / MIB:6.2f} MiB "
             f"(in chunks {row['predicted_chunks'] / MIB:6.2f}) "
             f"measured {row['measured'] / MIB:6.2f} MiB  error {row['error']:+6.1%} "
@@ -206,14 +242,15 @@ def _size_name(size):
 
 def markdown(rows):
     """The docs/results.md table: one line per kernel path, model and partition size."""
-    lines = ["| kernel path | model | partition size | partitions | predicted MiB "
+    lines = ["| kernel path | allocator | model | partition size | partitions | predicted MiB "
              "(requested / in chunks) | measured MiB (median / worst step) | error, median "
              "(worst) | error in chunks, median (worst) | outside the band, median (worst) |",
-             "|---|---|---|---:|---|---|---|---|---|"]
+             "|---|---|---|---|---:|---|---|---|---|---|"]
     for r in rows:
         path = "oneDNN on" if r["path"] == "onednn" else "oneDNN off"
         lines.append(
-            f"| {path} | {r['model']} | {_size_name(r['partition_size'])} | {r['partitions']} | "
+            f"| {path} | {r.get('layout', 'grown')} | {r['model']} | "
+            f"{_size_name(r['partition_size'])} | {r['partitions']} | "
             f"{r['predicted'] / MIB:.2f} / {r['predicted_chunks'] / MIB:.2f} | "
             f"{r['measured'] / MIB:.2f} / {r['worst'] / MIB:.2f} | "
             f"{r['error']:+.1%} ({r['worst_error']:+.1%}) | "
@@ -252,23 +289,29 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         models, sizes, steps = json.loads(argv[1]), json.loads(argv[2]), int(argv[3])
-        _worker(models, sizes, steps)
+        _worker(models, sizes, steps, argv[4] == "1")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write every figure and the provenance to this file")
     parser.add_argument("--paths", default=",".join(PATHS),
                         help="kernel paths to measure (comma-separated: eigen,onednn)")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                        help="allocator layouts to measure (comma-separated: grown: regions "
+                             "grown on demand; one-region: the memory reserved as one region "
+                             "first, as a GPU holds it)")
     args = parser.parse_args(argv)
     from tfmem.cli import provenance  # pylint: disable=import-outside-toplevel
     from tfmem.cli.child_env import kernel_path  # pylint: disable=import-outside-toplevel
     paths = {p: PATHS[p] for p in args.paths.split(",")}
-    rows = run(paths)
+    layouts = args.layouts.split(",")
+    rows = run(paths, layouts={name: (None, SIZES) for name in layouts})
     for row in rows:
         print(line(row))
     result = summary(rows)
     print(result)
     if args.json:
-        data = dict(kind="simulator-accuracy", rows=rows, result=result, models=MODELS, sizes=list(SIZES), steps=STEPS,
+        data = dict(kind="simulator-accuracy", rows=rows, result=result, models=MODELS,
+                    sizes=list(SIZES), steps=STEPS, layouts=layouts,
                     provenance=provenance.provenance(
                         {p: kernel_path(onednn) for p, onednn in paths.items()}))
         with open(args.json, "w", encoding="utf-8") as out:
