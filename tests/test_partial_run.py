@@ -2,7 +2,8 @@
 
 Every result is compared bit for bit with a plain Session.run of the same
 graph on a second session with the same config (Grappler off: tfmem's
-config, so both sides run the same kernels).
+config, so both sides run the same kernels).  Measuring is off: where the
+device's allocator keeps figures (oneDNN on), measured steps run callables.
 """
 
 import json
@@ -48,7 +49,7 @@ def test_training_steps_equal_plain_bit_for_bit(two_sessions, swap):
     plain.run(model.init)
     wrapped.run(model.init)
     tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap=swap,
-                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
+                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True, measure="off"))
     feed = model.feed(8)
     for _ in range(4):
         _same(plain.run([model.train, model.loss], feed),
@@ -74,7 +75,7 @@ def test_training_steps_with_grappler_on_match_plain():
         plain.run(model.init)
         wrapped.run(model.init)
         tfs = tfmem.TFMemSession(wrapped, partition_size=10, swap="auto", swap_distance=1,
-                                 options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
+                                 options=tfmem.Options(swap_min_bytes=0, partial_runs=True, measure="off"))
         feed = model.feed(8)
         for _ in range(3):
             expected = plain.run(model.loss, feed)
@@ -111,7 +112,7 @@ def test_feeds_read_by_several_partitions_and_fetches_of_every_kind(two_sessions
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True, measure="off"))
     with g.as_default():
         read = w.read_value()
     fetches = {"out": out, "twice": [middle, middle], "read": read,
@@ -130,7 +131,7 @@ def test_steps_with_options_metadata_or_measured_peaks_run_callables(two_session
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True, measure="off"))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     tfs.run(out, feed)
     grown = g.version
@@ -150,7 +151,7 @@ def test_concurrent_steps_each_run_their_own_partial_run(two_sessions):
     plain.run(init)
     wrapped.run(init)
     tfs = tfmem.TFMemSession(wrapped, partition_size=3, swap="all",
-                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True))
+                             options=tfmem.Options(swap_min_bytes=0, partial_runs=True, measure="off"))
     feeds = [rs.standard_normal((2 + i % 3, 8)).astype(np.float32) for i in range(24)]
     expected = [plain.run([out, middle], {x: f}) for f in feeds]
     got, errors = [None] * len(feeds), []
@@ -198,7 +199,7 @@ def test_a_step_stopped_between_partitions_runs_nothing_more_and_the_next_works(
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True, measure="off"))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     fetches = [late, update, last]
     with pytest.raises(KeyboardInterrupt):
@@ -223,7 +224,7 @@ def test_a_failed_step_cancels_the_session_and_later_steps_say_so(two_sessions):
     plain, wrapped = two_sessions(g)
     plain.run(init)
     wrapped.run(init)
-    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True))
+    tfs = tfmem.TFMemSession(wrapped, partition_size=4, options=tfmem.Options(partial_runs=True, measure="off"))
     feed = {x: rs.standard_normal((3, 8)).astype(np.float32)}
     _same(plain.run(late, {**feed, scale: 2.0}), tfs.run(late, {**feed, scale: 2.0}))
     with pytest.raises(tf.errors.InvalidArgumentError, match="bad scale"):
