@@ -98,24 +98,29 @@ class BFCModel:
         """Hand out a chunk for `nbytes`; its address is the handle (None for 0 bytes)."""
         if nbytes <= 0:
             return None
-        need = rounded(nbytes)
-        index = bisect.bisect_left(self._free, (need, -1))
-        if index == len(self._free):
+        need = -(-nbytes // MIN_ALLOCATION) * MIN_ALLOCATION  # rounded(nbytes): a hot path
+        free = self._free
+        index = bisect.bisect_left(free, (need, -1))
+        if index == len(free):
             self._extend(need)
-            index = bisect.bisect_left(self._free, (need, -1))
-        size, address = self._free.pop(index)
+            index = bisect.bisect_left(free, (need, -1))
+        size, address = free.pop(index)
         if size >= 2 * need or size - need >= MAX_INTERNAL_FRAGMENTATION:
-            self._drop_chunk(address)
-            self._set_chunk(address, need)
-            self._set_chunk(address + need, size - need)
-            bisect.insort(self._free, (size - need, address + need))
+            chunks, ends = self._size, self._end
+            del ends[address + size]  # one chunk split in two: _drop_chunk, _set_chunk inlined
+            chunks[address] = need
+            ends[address + need] = address
+            chunks[address + need] = size - need
+            ends[address + size] = address + need
+            bisect.insort(free, (size - need, address + need))
             size = need
         self._used[address] = nbytes
         self.in_use += size
-        if address // _REGION_SPACING in self._over:
+        if self._over and address // _REGION_SPACING in self._over:
             self.beyond_limit += size
         self.requested += nbytes
-        self.peak = max(self.peak, self.in_use)
+        if self.in_use > self.peak:
+            self.peak = self.in_use
         return address
 
     def free(self, address):
@@ -125,7 +130,7 @@ class BFCModel:
         self.requested -= self._used.pop(address)
         size = self._drop_chunk(address)
         self.in_use -= size
-        if address // _REGION_SPACING in self._over:
+        if self._over and address // _REGION_SPACING in self._over:
             self.beyond_limit -= size
         right = address + size
         if right in self._size and right not in self._used:

@@ -434,6 +434,9 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
         return len(sliced(size))
 
     slicings = {}  # size -> its Slicing, for every swap distance tried at that size
+    # size -> (transfers, trace) of the last distance predicted there: a shorter distance
+    # that swaps no more tensors makes the same plan (the policy aside), predicted the same
+    last_predicted = {}
 
     def candidate(size, distance):
         """(plan, trace) at this size and swap distance (None: the policy's), predicted."""
@@ -441,8 +444,12 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
         if size not in slicings:
             slicings[size] = Slicing.of(view, sliced(size))
         plan = build_plan(view, None, size, swaps, placement, slicings[size])
-        return plan, simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                              chunks=True, share=share, give_up=over_budget, **options)
+        transfers, trace = last_predicted.get(size, (None, None))
+        if transfers != plan.transfers:
+            trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
+                             chunks=True, share=share, give_up=over_budget, **options)
+            last_predicted[size] = (plan.transfers, trace)
+        return plan, trace
 
     def attempt(size):
         """The best-fitting plan at this partition size, or None: the longest swap

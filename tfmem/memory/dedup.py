@@ -16,6 +16,8 @@ It merges only what one callable runs: ops of different partitions stay apart.
     signatures(graph, view, session)   {op: what makes it equal}, from the graph once
     duplicates(view, order, signatures, keep)
                                        {op: the earlier equal op of the same partition}
+    Duplicates(view, order, signatures, keep).in_order(other_order)
+                                       the same for another order of the partition's ops
 
 Constants count as equal by value (Grappler merges equal Const nodes first, and
 their readers become equal through them).
@@ -106,12 +108,60 @@ class EqualityFacts:
 
 
 def duplicates(view, order, signatures, keep=(), facts=None):
-    """{op name: the equal op it is merged into}, among the ops of one partition in `order`
-    (dependency order: the first of equal ops is the one kept).  Ops with an output in
-    `keep` (fetched: Grappler preserves fetch nodes) are never merged away.  `facts`:
-    the view's `EqualityFacts` for `signatures`, when the caller has them."""
+    """{op name: the equal op it is merged into}: see `_duplicates`; a `Duplicates`
+    finds the same for several orders of one partition's ops at the cost of one."""
+    return _duplicates(view, order, signatures, keep, facts)[0]
+
+
+class Duplicates:
+    """The equal ops of one partition, found once for every dependency order of its ops.
+
+    Which ops are equal does not depend on the order they are met in: an op's inputs
+    stand for the op kept in their place, one per set of equal ops, whichever that is.
+    Only which op of a set is kept does: the first in the order.  So the sets found in
+    one order serve every other.  Except where a fetched op (never merged away) is equal
+    to another: met second, it stays apart and its readers differ from the first's
+    readers.  An order that meets a fetched op after an op equal to it is therefore
+    merged again on its own."""
+
+    def __init__(self, view, order, signatures, keep=(), facts=None):
+        self._view, self._signatures, self._keep, self._facts = view, signatures, keep, facts
+        self.first, equal_sets = _duplicates(view, order, signatures, keep, facts)
+        self._sets = None if equal_sets is None else list(equal_sets.values())
+        fetched = {split_tensor_name(t)[0] for t in keep}
+        # sets whose fetched op must come first for the sets to hold
+        self._led = [members for members in self._sets or () if members[0] in fetched]
+
+    def in_order(self, order):
+        """{op name: the equal op it is merged into} when the partition's ops run in
+        `order` (another dependency order of the same ops)."""
+        if self._sets is None:
+            return _duplicates(self._view, order, self._signatures, self._keep,
+                               self._facts)[0]
+        if not self._sets:
+            return {}
+        position = {name: step for step, name in enumerate(order)}
+        if any(min(members, key=position.__getitem__) != members[0] for members in self._led):
+            return _duplicates(self._view, order, self._signatures, self._keep,
+                               self._facts)[0]
+        merged = {}
+        for members in self._sets:
+            kept = min(members, key=position.__getitem__)
+            for name in members:
+                if name != kept:
+                    merged[name] = kept
+        return merged
+
+
+def _duplicates(view, order, signatures, keep=(), facts=None):
+    """({op name: the equal op it is merged into}, {kept op: the ops equal to it, itself
+    first} or None where a fetched op is equal to an earlier one), among the ops of one
+    partition in `order` (dependency order: the first of equal ops is the one kept).
+    Ops with an output in `keep` (fetched: Grappler preserves fetch nodes) are never
+    merged away.  `facts`: the view's `EqualityFacts` for `signatures`, when the caller
+    has them."""
     if not signatures:
-        return {}
+        return {}, {}
     facts = facts or EqualityFacts(view, signatures)
     facts_of, constants = facts.of, facts.constants
     merged, seen = {}, {}
@@ -127,6 +177,7 @@ def duplicates(view, order, signatures, keep=(), facts=None):
         return op if value is None else by_value.setdefault(value, op)
 
     kept_ops = {split_tensor_name(t)[0] for t in keep}
+    equal_sets = {}
     for name in order:
         known = facts_of(name)
         if known is None:
@@ -148,6 +199,11 @@ def duplicates(view, order, signatures, keep=(), facts=None):
             controls = (controls, tuple(sorted({standing_for(c) for c in mergeable})))
         key = (signature, tuple(inputs), controls)
         first = seen.setdefault(key, name)
-        if first != name and name not in kept_ops:
-            merged[name] = first
-    return merged
+        if first != name:
+            if name in kept_ops:
+                equal_sets = None
+            elif equal_sets is not None:
+                equal_sets.setdefault(first, [first]).append(name)
+            if name not in kept_ops:
+                merged[name] = first
+    return merged, equal_sets

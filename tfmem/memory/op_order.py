@@ -65,20 +65,43 @@ _BACK_EDGES = ("NextIteration", "RefNextIteration")  # a loop's: not waited for
 _VALUE_VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})  # folded too
 
 
-def _edges(view, ops, folded=frozenset()):
+class _Edges:
+    """The edges inside one partition, found once for the orders made of it: per op how
+    many of its producers are in the partition and its readers there (a loop's back
+    edges left out), and the ops that read a tensor from outside it that is no state
+    (a feed, another partition's output)."""
+
+    def __init__(self, view, ops):
+        members = set(ops)
+        nodes = view.nodes
+        self.waiting = {name: 0 for name in ops}
+        self.readers = {name: [] for name in ops}
+        self.reads_fed = []
+        for name in ops:
+            fed = False
+            for src in nodes[name].producers:
+                if src in members:
+                    if nodes[src].type not in _BACK_EDGES:
+                        self.waiting[name] += 1
+                        self.readers[src].append(name)
+                elif src not in view.sources:
+                    fed = True
+            if fed:
+                self.reads_fed.append(name)
+
+
+def _edges(view, ops, folded=frozenset(), edges=None):
     """({op: how many of its producers are in `ops`}, {op: its readers in `ops`}); ops
-    `folded` into constants wait for nothing."""
-    members = set(ops)
-    waiting = {name: 0 for name in ops}
-    readers = {name: [] for name in ops}
-    for name in ops:
-        if name in folded:
-            continue
-        for src in view.nodes[name].producers:
-            if src in members and view.nodes[src].type not in _BACK_EDGES:
-                waiting[name] += 1
-                readers[src].append(name)
-    return waiting, readers
+    `folded` into constants wait for nothing.  `edges`: the `_Edges` of `ops`, when the
+    caller has them."""
+    edges = edges or _Edges(view, ops)
+    waiting = dict(edges.waiting)
+    if not folded:
+        return waiting, edges.readers
+    for name in folded:
+        waiting[name] = 0
+    return waiting, {name: [reader for reader in readers if reader not in folded]
+                     for name, readers in edges.readers.items()}
 
 
 def folded_constants(view, ops, depth_first=None):
@@ -140,21 +163,24 @@ def candidate_orders(view, ops, originals=frozenset(), threads=1):
     """The orders the simulator tries, the worst counting: the plan's (depth first), and
     the executor's with each op's readers in node-id order and reversed, on one thread
     and, with `threads` above one, on that many (an iterator)."""
-    depth_first = dependency_order(view, ops)
+    edges = _Edges(view, ops)
+    depth_first = dependency_order(view, ops, edges=edges)
     yield depth_first
-    yield from executor_orders(view, ops, originals, depth_first, threads)
+    yield from executor_orders(view, ops, originals, depth_first, threads, edges)
 
 
-def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=1):
+def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=1,
+                    edges=None):
     """The partition's ops in the order TensorFlow's executor runs them with one inter-op
     thread (see the module docstring), with each op's readers in the order of their node
     ids, then with them reversed (an iterator); ops in a cycle, which it never runs, last.
     With `threads` above one, the same two again as `threads` threads interleave them
-    (`_executor_order`).  `depth_first`: `dependency_order(view, ops)`, when the caller
-    has it."""
+    (`_executor_order`).  `depth_first`: `dependency_order(view, ops)`, and `edges`: the
+    `_Edges` of `ops`, when the caller has them."""
+    edges = edges or _Edges(view, ops)
     folded = folded_constants(view, ops, depth_first)
-    node_id = _node_ids(view, ops, originals)
-    waiting, readers = _edges(view, ops, folded)
+    node_id = _node_ids(view, ops, originals, edges)
+    waiting, readers = _edges(view, ops, folded, edges)
     outside, roots = _step_start(view, ops, folded, node_id, waiting)
     inexpensive = frozenset(name for name in ops if view.nodes[name].type in INEXPENSIVE)
     by_direction = {}  # the edges are the same four times: each direction sorted once
@@ -230,7 +256,7 @@ def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=
     return _with_the_rest(order, ops)
 
 
-def _node_ids(view, ops, originals):
+def _node_ids(view, ops, originals, edges=None):
     """{op: its rank among the partition's node ids}.  TensorFlow numbers a graph's nodes
     as it builds them from a GraphDef, in topological order, the earliest listed ready
     node first; the user's ops (originals) are listed before tfmem's copies, the copies
@@ -238,18 +264,11 @@ def _node_ids(view, ops, originals):
     last, so ops that read none are numbered before any that does."""
     # originals first, each group in partition order (one int: heap entries compare fast)
     listed = {name: i + (len(ops) if name not in originals else 0) for i, name in enumerate(ops)}
-    members = set(ops)
-    waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
-    for name in ops:
-        producers = view.nodes[name].producers
-        inside = [p for p in producers
-                  if p in members and view.nodes[p].type not in _BACK_EDGES]
-        fed = any(p not in members and p not in view.sources for p in producers)
-        waiting[name] = len(inside) + fed
-        for src in inside:
-            readers[src].append(name)
-        if fed:
-            reads_fed.append(name)
+    edges = edges or _Edges(view, ops)
+    readers, reads_fed = edges.readers, list(edges.reads_fed)
+    waiting = dict(edges.waiting)
+    for name in reads_fed:
+        waiting[name] += 1
     ready = [(listed[name], name) for name in ops if waiting[name] == 0]
     heapq.heapify(ready)
     ids = {}
@@ -290,12 +309,13 @@ def _make_ready(inexpensive, names, waiting, inline, pool):
         (pool.appendleft if inline else inline.append)(kept)
 
 
-def dependency_order(view, ops, priority=None):
+def dependency_order(view, ops, priority=None, edges=None):
     """The ops with producers first, keeping the partition's order where free (depth
     first, as the plan lists them), or picking among ready ops by `priority(name,
-    position)` (the smallest first; called once per op, as it becomes ready)."""
+    position)` (the smallest first; called once per op, as it becomes ready).  `edges`:
+    the `_Edges` of `ops`, when the caller has them."""
     position = {name: i for i, name in enumerate(ops)}
-    waiting, readers = _edges(view, ops)
+    waiting, readers = _edges(view, ops, edges=edges)
     if priority is None:
         entry, name_of = position.__getitem__, ops.__getitem__
     else:

@@ -29,6 +29,7 @@ peak in the chunks that allocator reports, which can exceed the bytes requested
 """
 
 import dataclasses
+import functools
 
 from tfmem.memory import dedup, op_order
 from tfmem.memory.allocator import AllocationLog, Regions, replay
@@ -322,15 +323,23 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
         options = dict(options, signatures=None, concurrent_ops=1)
     else:
         options = dict(options, forwardable=frozenset())
-    walked, worst = [], None
+    facts = options["facts"] = options.get("facts") or \
+        _ViewFacts(view, size, options.get("signatures"))
+    walked, worst, equal = [], None, None
     for order in partition_orders(view, partition.ops, view.originals,
                                   threads=options.get("concurrent_ops", 1)):
         if order in walked:
             continue
         walked.append(order)
+        if equal is None:  # the equal ops, found in the first order for every order
+            equal = dedup.Duplicates(view, order, options.get("signatures"), keep_until_end,
+                                     facts.equality)
+            merged = equal.first
+        else:
+            merged = equal.in_order(order)
         recorded = _RecordedEvents() if events is not None else None
         peak = _in_order(view, order, size, keep_until_end, dict(freed_inside), scratch,
-                         recorded, **options)
+                         recorded, merged=merged, **options)
         if worst is None or peak > worst[0]:  # the first of the worst
             worst = (peak, recorded)
         if hopeless is not None and hopeless(peak):
@@ -343,7 +352,8 @@ def _working_set(view, partition, size, keep_until_end, freed_inside, scratch, e
 
 def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=None,
               workspaces=Workspaces(), signatures=None, concurrent_ops=1,
-              forwardable=frozenset(), early_scratch=None, copy_on_write=None, facts=None):
+              forwardable=frozenset(), early_scratch=None, copy_on_write=None, facts=None,
+              merged=None):
     """Peak bytes the partition allocates beyond what is resident when it starts.
 
     `freed_inside` maps resident inputs whose in-graph deleter runs in this partition
@@ -370,12 +380,14 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     `copy_on_write` ({update op: (bytes, the resident variable reads it finds alive)},
     see `_copies_on_write`): such an op, run while one of those reads is alive, gives its
     variable a new buffer, held to the partition's end.  `facts`: the `_ViewFacts` of
-    the view at these sizes and signatures, when the caller has them.
+    the view at these sizes and signatures, when the caller has them.  `merged`: the
+    equal ops of `order` (`dedup.duplicates`), when the caller has them.
     """
     facts = facts or _ViewFacts(view, size, signatures)
     copy_on_write = copy_on_write or {}
     freed_later = frozenset(freed_inside)  # resident inputs this partition may free
-    merged = dedup.duplicates(view, order, signatures, keep_until_end, facts.equality)
+    if merged is None:
+        merged = dedup.duplicates(view, order, signatures, keep_until_end, facts.equality)
     root = _buffers(view, order, size, merged, facts.is_view)
     scratch = _scratch_in_partition(scratch, workspaces, order, merged)
     beside = overlapping_buffers(view, order, scratch, concurrent_ops)
@@ -501,12 +513,14 @@ def _workspace_ends(view, order, workspaces, merged):
     return ends
 
 
-def _buffer_holders(view, plan, partition, size, is_view=None):
+def _buffer_holders(view, plan, partition, size, facts=None):
     """{kept output: the kept output of the same buffer read last}, for kept outputs of
     `partition` that are views of one buffer (an Add's gradient: the Identity and the
     Reshape of its unreduced sums view the incoming gradient): the buffer is held once,
-    until the last of them is read, not once per tensor."""
-    root = _buffers(view, partition.ops, size, is_view=is_view)
+    until the last of them is read, not once per tensor.  `facts`: the view's
+    `_ViewFacts`, when the caller has them."""
+    root = facts.buffers(partition.ops) if facts is not None else \
+        _buffers(view, partition.ops, size)
     kept = {}
     for tensor in partition.outputs:
         if plan.transfer(tensor).kept:
@@ -519,7 +533,7 @@ def _buffer_holders(view, plan, partition, size, is_view=None):
     return holders
 
 
-def _copies_on_write(view, plan, partition, size):
+def _copies_on_write(view, plan, partition, size, updates=None):
     """{op of `partition` that updates a variable: (the variable's bytes, the reads of it
     kept on the device for this partition)}.  A kept read is a view of the variable's
     buffer, held by tfmem (a session handle, an eager tensor) until its last reader here
@@ -534,24 +548,52 @@ def _copies_on_write(view, plan, partition, size):
             reads.setdefault(producer.inputs[0], []).append(tensor)
     if not reads:
         return {}
+    updates = updates if updates is not None else _variable_updates(view)
     copies = {}
     for name in partition.ops:
+        if name not in updates:
+            continue
         node = view.nodes[name]
-        if updates_variable(node) and node.inputs[0] in reads:
+        if node.inputs[0] in reads:
             held = tuple(reads[node.inputs[0]])
             copies[name] = (max(size(t) for t in held), held)
     return copies
 
 
+def _variable_updates(view):
+    """The view's ops that write a resource variable (`optypes.updates_variable`)."""
+    return frozenset(name for name, node in view.nodes.items() if updates_variable(node))
+
+
 class _ViewFacts:
     """What the simulator asks of a view's ops, at one set of tensor sizes and dedup
     signatures, for every order of every partition: whether an op's outputs view an
-    input, and what makes it equal to another (`dedup.EqualityFacts`)."""
+    input, what makes it equal to another (`dedup.EqualityFacts`), which ops update a
+    variable, the bytes of the state it reads, and each partition's views (`buffers`)."""
 
     def __init__(self, view, size, signatures):
         self.signatures = signatures
         self.is_view = _ViewTest(view, size)
         self.equality = dedup.EqualityFacts(view, signatures or {})
+        self._view, self._size = view, size
+        self._buffers = {}
+
+    def buffers(self, ops):
+        """`_buffers` of a partition's `ops` (no op merged), found once per partition: a
+        search predicts one partition under several swap distances."""
+        root = self._buffers.get(ops)
+        if root is None:
+            root = self._buffers[ops] = _buffers(self._view, ops, self._size,
+                                                 is_view=self.is_view)
+        return root
+
+    @functools.cached_property
+    def variable_updates(self):
+        return _variable_updates(self._view)
+
+    @functools.cached_property
+    def state_bytes(self):
+        return state_bytes(self._view, self._size)
 
 
 @dataclasses.dataclass
@@ -612,7 +654,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     facts = share.facts_for(view, signatures) if share is not None else \
         _ViewFacts(view, size, signatures)
     schedule = Schedule(plan)
-    state = state_bytes(view, size)
+    state = facts.state_bytes
     log = AllocationLog()
     for name, node in view.sources.items():
         log.allocate_state(name, node.state_bytes + (size(f"{name}:0") if node.type == "Const"
@@ -635,7 +677,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                         if key in live and early_frees}
         # a buffer another kept view holds too is not the reader's alone
         forwardable = frozenset(t for t in freed_inside if t not in shared)
-        copies = _copies_on_write(view, plan, partition, size)
+        copies = _copies_on_write(view, plan, partition, size, facts.variable_updates)
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
@@ -668,7 +710,7 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if uploads_left[tensor] == 0:
                 host.pop(tensor, None)
         to_host = 0
-        holders = _buffer_holders(view, plan, partition, size, facts.is_view)
+        holders = _buffer_holders(view, plan, partition, size, facts)
         shared.update(holders)
         for tensor, holder in holders.items():  # one buffer: the log holds it for `holder`
             if tensor != holder:

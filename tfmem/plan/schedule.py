@@ -6,6 +6,8 @@ replay the same schedule; it lives in the plan wing so the simulator need not
 import the runtime.
 """
 
+import functools
+
 
 class Schedule:
     """What every step of a plan does with its transfers, worked out once.
@@ -31,5 +33,12 @@ class Schedule:
                                  for span in plan.transfer(t).spans
                                  if span.uploaded and span.start == p.index])
         self.kept = {t.tensor: (t.tensor, t.spans[0].readers[0]) for t in plan.transfers if t.kept}
-        self.nbytes = {t.tensor: plan.view.tensor(t.tensor).nbytes or 0 for t in plan.transfers}
         self.upload_count = {t.tensor: sum(s.uploaded for s in t.spans) for t in plan.transfers}
+
+    @functools.cached_property
+    def nbytes(self):
+        """{transferred tensor: its static bytes (0 when not known)}: what the swap manager
+        moves.  Found when first read: the simulator, which makes a schedule for every
+        candidate plan of a budget search, sizes tensors its own way."""
+        return {t.tensor: self.plan.view.tensor(t.tensor).nbytes or 0
+                for t in self.plan.transfers}
