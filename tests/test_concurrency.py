@@ -28,6 +28,8 @@ from tfmem.memory.sizes import mib
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.analyse import analyse
 
+from conftest import eigen_kernels_only
+
 tf1 = tf.compat.v1
 MIB = 1 << 20
 
@@ -108,7 +110,7 @@ def one_at_a_time(graph, plan):
 
 
 @pytest.mark.parametrize("chained", [False, True])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=eigen_kernels_only)])
 def test_out_of_memory_advice_predicts_what_the_session_predicts(threads, chained):
     """The advice's figure for the failed partition is the session's own prediction:
     with two inter-op threads both gradients' scratch, with one a single one; a
@@ -132,7 +134,7 @@ def test_out_of_memory_advice_predicts_what_the_session_predicts(threads, chaine
     assert f"predicts {mib(single)} for this partition" in on_gpu.message
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=eigen_kernels_only)])
 def test_tfmem_plan_predicts_as_many_kernels_as_its_inter_op_threads(
         threads, tmp_path, capsys, monkeypatch):
     """For partitions TensorFlow's executor orders (copies not chained: an original that

@@ -14,6 +14,8 @@ import tensorflow as tf
 from tfmem.cli import child_env
 from tfmem.memory import kernel_runner
 
+from conftest import eigen_kernels_only
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The ResNet experiment's first-stage filter gradient on TensorFlow's own kernels: an
@@ -68,6 +70,7 @@ def _small_gradient():
     return graph, op.name
 
 
+@eigen_kernels_only
 def test_a_runner_that_dies_leaves_calibration_in_this_process(monkeypatch, caplog):
     graph, name = _small_gradient()
     # A child that reads the request and exits without an answer.
@@ -88,6 +91,7 @@ def test_a_runner_that_dies_leaves_calibration_in_this_process(monkeypatch, capl
     assert not caplog.text
 
 
+@eigen_kernels_only
 def test_a_runner_that_cannot_start_leaves_calibration_in_this_process(monkeypatch, caplog):
     graph, name = _small_gradient()
     monkeypatch.setattr(kernel_runner, "_COMMAND", [os.path.join(ROOT, "no-such-python")])

@@ -101,7 +101,10 @@ def test_tfmem_session_changes_no_user_op(route, mutations):
     sess.run(init)  # the user's ops have run: a change now would be lost, and warned of
     tfs = tfmem.TFMemSession(sess, partition_size=3,
                              options=tfmem.Options(partial_runs=(route == "partial_runs"),
-                                                   one_import=(route != "per_partition")))
+                                                   one_import=(route != "per_partition"),
+                                                   # measured steps run callables
+                                                   measure=("off" if route == "partial_runs"
+                                                            else "sample")))
     tfs.run(init)  # the initialisers are originals the init NoOp's copy waits for
     feed = {x: np.ones((8, 6), np.float32)}
     for _ in range(2):
