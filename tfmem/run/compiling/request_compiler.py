@@ -112,6 +112,8 @@ class RequestCompiler:
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
+            run_by_name=0 if executor.partial_run else
+            len(executor.run_plan.partitions) - executor.callables_made,
             graph_ops_before=before,
             partial_run=executor.partial_run,
             graph_ops_after=graph.version, copy_time=copy_time)
