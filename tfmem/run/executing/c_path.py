@@ -17,8 +17,6 @@ originals read connected tensors (`CallableOptions.tensor_connection`, see
 rewrite) cannot run this way: it stays a callable per run options.
 """
 
-import threading
-
 from tensorflow.python.client import pywrap_tf_session as tf_c
 from tensorflow.python.util import compat
 
@@ -28,8 +26,10 @@ from tfmem import tf_private
 class RunPath:
     """One partition's call by name: its feeds, fetches and targets resolved once.
 
-    `built` says whether it ran (or started to) once, which made TensorFlow build its
-    executors; `calling(options)` is what a step calls with its run options."""
+    `built` says whether a call of it has returned: a call that starts before then
+    makes TensorFlow build the executors (calls racing on first use each build them,
+    as they would through plain `Session.run`); `calling(options)` is what a step
+    calls with its run options."""
 
     def __init__(self, session, program):
         graph = session.graph
@@ -40,20 +40,12 @@ class RunPath:
                          for name in program.fetches]
         self._targets = [tf_private.c_op(graph.get_operation_by_name(name))
                          for name in program.targets]
-        self._lock = threading.Lock()
         self.built = False
 
     def calling(self, run_options):
         """A RunPathCallable of this partition with these RunOptions (None: defaults)."""
         return RunPathCallable(self, run_options.SerializeToString()
                                if run_options is not None else None)
-
-    def first_call(self):
-        """True once: for the call that makes TensorFlow build the executors (two
-        calls racing on first use each build them, and each says so)."""
-        with self._lock:
-            first, self.built = not self.built, True
-        return first
 
     def run(self, feed_values, options, run_metadata):
         """TF_SessionRun with serialized RunOptions `options` (or None); fills
@@ -64,6 +56,7 @@ class RunPath:
             values = tf_private.session_run(
                 self._session, options, dict(zip(self._feeds, feed_values)), self._fetches,
                 self._targets, metadata)
+            self.built = True
             if metadata is not None:
                 run_metadata.ParseFromString(compat.as_bytes(tf_c.TF_GetBuffer(metadata)))
             return values

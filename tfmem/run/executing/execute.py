@@ -155,14 +155,14 @@ class _Step:
         peak (None when not measured)."""
         call = self._callables[index]
         path = getattr(call, "path", None)  # a c_path.RunPathCallable's partition
-        if path is not None and not path.built and path.first_call():
-            self.executors_built += 1
-            started = time.perf_counter()
-            try:
-                return self._call(index, call, args)
-            finally:
-                self.build_time += time.perf_counter() - started
-        return self._call(index, call, args)
+        if path is None or path.built:
+            return self._call(index, call, args)
+        self.executors_built += 1  # (see c_path.RunPath.built)
+        started = time.perf_counter()
+        try:
+            return self._call(index, call, args)
+        finally:
+            self.build_time += time.perf_counter() - started
 
     def _call(self, index, call, args):
         stages = self._executor.stages(index)
@@ -292,9 +292,9 @@ class Executor:
         read connected tensors: TF_SessionRun cannot connect them (see rewrite), so such
         a partition stays a callable per run options, whose run metadata a distributed
         session drops (see c_path)."""
+        programs = self.programs  # (a partial-run plan copies them into the graph now)
         tf_private.extend_graph(self.session)  # TF_SessionRun looks the names up there
-        return [None if p.connections else c_path.RunPath(self.session, p)
-                for p in self.programs]
+        return [None if p.connections else c_path.RunPath(self.session, p) for p in programs]
 
     def _make_callables(self, options):
         """One callable per partition for these run options."""
