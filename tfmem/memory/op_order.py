@@ -230,36 +230,58 @@ def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=
     return _with_the_rest(order, ops)
 
 
+def _argument_key(view, tensor):
+    """Where TensorFlow lists the argument standing for `tensor` among a call's: after
+    every node, in the order of the feed names, which DirectSession sorts before it
+    builds a call's executors (for `Session.run` and partial runs alike).  A fed tensor
+    is fed by its own name; a transfer by its ticket, named after the tensor within the
+    plan's scope (run/compiling/plan_import.py)."""
+    if tensor in view.feeds:
+        return (tensor, tensor)
+    return ("tfmem/plan/p_in/" + tensor.rsplit(":", 1)[0].replace("/", "_"), tensor)
+
+
 def _node_ids(view, ops, originals):
     """{op: its rank among the partition's node ids}.  TensorFlow numbers a graph's nodes
     as it builds them from a GraphDef, in topological order, the earliest listed ready
     node first; the user's ops (originals) are listed before tfmem's copies, the copies
     in the partition's order, and the arguments that stand for feeds and transfers come
-    last, so ops that read none are numbered before any that does."""
+    last, one after another (`_argument_key`), so ops that read none are numbered before
+    any that does, and the readers of one argument before those of the next."""
     # originals first, each group in partition order (one int: heap entries compare fast)
     listed = {name: i + (len(ops) if name not in originals else 0) for i, name in enumerate(ops)}
     members = set(ops)
-    waiting, readers, reads_fed = {}, {name: [] for name in ops}, []
+    waiting, readers = {}, {name: [] for name in ops}
+    arguments = {}  # argument key -> the ops that read it
+    first = []  # ops that wait on an outside control input only: with the first argument
     for name in ops:
-        producers = view.nodes[name].producers
-        inside = [p for p in producers
+        node = view.nodes[name]
+        inside = [p for p in node.producers
                   if p in members and view.nodes[p].type not in _BACK_EDGES]
-        fed = any(p not in members and p not in view.sources for p in producers)
-        waiting[name] = len(inside) + fed
+        outside = {t for t in node.inputs if t.rsplit(":", 1)[0] not in members
+                   and t.rsplit(":", 1)[0] not in view.sources}
+        for tensor in outside:
+            arguments.setdefault(_argument_key(view, tensor), []).append(name)
+        control = not outside and any(p not in members and p not in view.sources
+                                      for p in node.producers)
+        if control:
+            first.append(name)
+        waiting[name] = len(inside) + len(outside) + control
         for src in inside:
             readers[src].append(name)
-        if fed:
-            reads_fed.append(name)
+    pending = [arguments[key] for key in sorted(arguments)]
+    if first:
+        pending = [first + (pending[0] if pending else [])] + pending[1:]
+    pending.reverse()  # popped from the end: the first argument first
     ready = [(listed[name], name) for name in ops if waiting[name] == 0]
     heapq.heapify(ready)
     ids = {}
-    while ready or reads_fed:
-        if not ready:  # the arguments: after every node that reads none
-            for name in reads_fed:
+    while ready or pending:
+        if not ready:  # the next argument: after every node that could be numbered
+            for name in pending.pop():
                 waiting[name] -= 1
                 if waiting[name] == 0:
                     heapq.heappush(ready, (listed[name], name))
-            reads_fed = []
             continue
         _, name = heapq.heappop(ready)
         ids[name] = len(ids)

@@ -106,9 +106,11 @@ class RequestCompiler:
         before = graph.version
         # an initializing request runs callables, which release; a partial run's executor
         # stays in the session for good
+        # an initializing request's constants are freed with its callables (see
+        # request_planner.note_buffers): executors built by name live as long as the session
         executor, rewrite_time, extend_time, callables_time = self._compile(
             entry.plan, None if entry.deferred else entry.trace,
-            self._runtime.partial_runs and not entry.assigned)
+            self._runtime.partial_runs and not entry.assigned, by_name=not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
@@ -120,7 +122,7 @@ class RequestCompiler:
         log.info("compiled: %s", self.last_compile)
         return executor
 
-    def _compile(self, plan, trace, partial_runs):
+    def _compile(self, plan, trace, partial_runs, by_name=True):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
         graph = self._session.graph  # finalized or not: see graph_growth
         with graph.as_default():
@@ -146,6 +148,6 @@ class RequestCompiler:
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
         executor = Executor(self._session, plan, programs, self._runtime, residence, partial,
-                            run_plan)
+                            run_plan, by_name)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)

@@ -50,14 +50,28 @@ def _step_options(run_options, measure):
     return options
 
 
-def _callable_options(program, run_options):
-    options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
-                                         target=program.targets)
+def _callable_options(program, run_options, feed_order):
+    options = config_pb2.CallableOptions(feed=[program.feeds[i] for i in feed_order],
+                                         fetch=program.fetches, target=program.targets)
     for source, original_input in program.connections:  # see rewrite: originals
         options.tensor_connection.add(from_tensor=source, to_tensor=original_input)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
     return options
+
+
+def _session_callable(session, program, run_options):
+    """A raw session callable of `program`, fed in the order of its feed names: the order
+    DirectSession builds `Session.run`'s executors in, which numbers the nodes as
+    memory/op_order.py emulates.  Called with the feeds in the program's order."""
+    order = sorted(range(len(program.feeds)), key=program.feeds.__getitem__)
+    call = tf_private.make_callable(session, _callable_options(program, run_options, order))
+    if order == sorted(order):
+        return call
+
+    def fed_by_name(*args, run_metadata=None):
+        return call(*[args[i] for i in order], run_metadata=run_metadata)
+    return fed_by_name
 
 
 def _node_peaks(metadata):
@@ -208,10 +222,13 @@ class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence, partial=None,
-                 run_plan=None):
+                 run_plan=None, by_name=True):
         """`programs`: the callables' Programs, or a function making them when first
         needed (a plan whose steps run as partial runs: `partial`, see partial_run).
-        `run_plan`: what the callables run, the plan's stretches (see stretches)."""
+        `run_plan`: what the callables run, the plan's stretches (see stretches).
+        `by_name`: run the partitions by name (c_path) where they can; False: session
+        callables only, whose executors (and the constants their kernels hold) are
+        freed with this executor, not kept by the session until it closes."""
         self.session = session
         self.plan = plan
         self.run_plan = run_plan or plan
@@ -223,6 +240,7 @@ class Executor:
         self._residence = residence  # where the plan's kept tensors wait (see residence)
         self._callables = {}  # the step's RunOptions (see _step_options) -> list of callables
         self._run_paths = None  # per callable: its c_path.RunPath, or None (see _make_callables)
+        self._by_name = by_name
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
         # per callable: ((partition of the plan, its ops), ...) it runs, and {op: stage}
         # where it runs more than one (see stretches)
@@ -294,12 +312,13 @@ class Executor:
         session drops (see c_path)."""
         programs = self.programs  # (a partial-run plan copies them into the graph now)
         tf_private.extend_graph(self.session)  # TF_SessionRun looks the names up there
-        return [None if p.connections else c_path.RunPath(self.session, p) for p in programs]
+        return [None if p.connections or not self._by_name else c_path.RunPath(self.session, p)
+                for p in programs]
 
     def _make_callables(self, options):
         """One callable per partition for these run options."""
         return [path.calling(options) if path is not None else
-                tf_private.make_callable(self.session, _callable_options(program, options))
+                _session_callable(self.session, program, options)
                 for program, path in zip(self.programs, self._run_paths)]
 
     def stages(self, index):
