@@ -42,6 +42,6 @@ class CompileStats:
                 + ("partial runs (callables when needed), upload callables "
                    if self.partial_run else
                    f"{self.callables} calls ({self.run_by_name} by name, built on their "
-                   f"first run), {self.callables - self.run_by_name} callables ")
+                   f"first run; {self.callables - self.run_by_name} callables) ")
                 + f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")
