@@ -2,7 +2,8 @@
 
 TensorFlow builds a call's executors (prune, place, optimise the whole session
 graph) once per session callable, and once per feed/fetch/target names for
-`Session.run`.  A partition runs by name (run/executing/c_path.py), so a step
+`Session.run`.  With `Options(calls_by_name=True)` a partition runs by name
+(run/executing/c_path.py), so a step
 tfmem measures (allocation tracking on), a step the user traces and an untraced
 step run on the executors the first step built: `StepStats.executors_built` is
 0 on every later step.  A partition whose originals read connected tensors
@@ -53,8 +54,8 @@ def _steps(dropout, closed_at_teardown):
         sess.run(init)
         # measure="off": the steps' run options are the ones below wherever the allocator
         # keeps figures (test_measured_and_unmeasured_steps_share_executors measures)
-        run = tfmem.TFMemSession(sess, partition_size=6, options=tfmem.Options(measure="off")) \
-            if wrap else sess
+        run = tfmem.TFMemSession(sess, partition_size=6, options=tfmem.Options(
+            measure="off", calls_by_name=True)) if wrap else sess
         feed = {x: np.linspace(-1, 1, 128, dtype=np.float32).reshape(8, 16)}
         values, stats = [], []
         for options in TRACES:
@@ -100,7 +101,8 @@ plain = tf1.Session(graph=model.graph, config=config)
 plain.run(model.init)
 sess = tf1.Session(graph=model.graph, config=config)
 sess.run(model.init)
-tfs = tfmem.TFMemSession(sess, partition_size=40)  # measures its first steps, then samples
+# measures its first steps, then samples
+tfs = tfmem.TFMemSession(sess, partition_size=40, options=tfmem.Options(calls_by_name=True))
 for _ in range(7):
     out["plain"].append(float(plain.run(fetches, feed)[1]))
     loss = float(tfs.run(fetches, feed)[1])

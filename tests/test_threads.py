@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfmem
+from tfmem.plan import stretches
 from conftest import assert_same_result
 
 tf1 = tf.compat.v1
@@ -126,15 +127,16 @@ def test_concurrent_failures_release_their_steps(sessions):
     assert_same_result(plain.run(out, feed_dict={x: feeds[0]}), tfs.run(out, feed_dict={x: feeds[0]}))
 
 
-def test_concurrent_steps_with_new_run_options_compile_nothing(sessions, monkeypatch):
-    """Threads that all bring new RunOptions at once run the partitions by name on the
-    executors the first step built: no callable is made for them, in no thread."""
+def test_concurrent_first_steps_with_new_run_options_compile_once(sessions, monkeypatch):
+    """Threads that all bring the same new RunOptions at once share one set of callables:
+    each stretch of partitions is compiled once for them, not once per thread."""
     g, x, out, _, _, _, init, feeds = build()
     plain = sessions(g)
     tfs = tfmem.TFMemSession(sessions(g), partition_size=2, options=tfmem.Options(measure="off"))
     plain.run(init)
     tfs.run(init)
-    tfs.run(out, feed_dict={x: feeds[0]})  # planned; its first step built the executors
+    tfs.run(out, feed_dict={x: feeds[0]})  # plan and callables for the default options
+    calls = len(stretches.stretches(tfs.plan(out, feed_dict={x: feeds[0]})))
     made = []
     original = tfmem.tf_private.make_callable
 
@@ -146,13 +148,11 @@ def test_concurrent_steps_with_new_run_options_compile_nothing(sessions, monkeyp
     monkeypatch.setattr(tfmem.tf_private, "make_callable", slow_make_callable)
     options = tf1.RunOptions(timeout_in_ms=600000)
     got = [None] * THREADS
-    built = []
-    tfs.add_step_listener(lambda _, record: built.append(record.stats.executors_built))
 
     def work(thread):
         got[thread] = tfs.run(out, feed_dict={x: feeds[thread]}, options=options)
 
     _run_threads(work)
-    assert made == [] and built == [0] * THREADS
+    assert made.count(600000) == calls, made
     for thread in range(THREADS):
         assert_same_result(plain.run(out, feed_dict={x: feeds[thread]}), got[thread])

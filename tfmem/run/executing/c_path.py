@@ -11,8 +11,9 @@ of a partition, traced or not, runs on the executors its first call built:
     untraced step  --no trace------->  TF_SessionRun(names)  -->   the same executors
 
 It costs a few microseconds more per call than a callable (names joined into
-TensorFlow's cache key).  It is also how a distributed session returns a step's
-run metadata (its `RunCallable` drops the master's).  A partition whose
+TensorFlow's cache key).  Options.calls_by_name turns it on (off by default:
+see its docstring).  It is also how a distributed session returns a step's run
+metadata (its `RunCallable` drops the master's).  A partition whose
 originals read connected tensors (`CallableOptions.tensor_connection`, see
 rewrite) cannot run this way: it stays a callable per run options.
 """
@@ -21,6 +22,11 @@ from tensorflow.python.client import pywrap_tf_session as tf_c
 from tensorflow.python.util import compat
 
 from tfmem import tf_private
+
+
+def wants_run_path(session, run_metadata):
+    """True when a callable would lose the step's run metadata (a distributed session)."""
+    return run_metadata is not None and bool(session.sess_str)
 
 
 class RunPath:

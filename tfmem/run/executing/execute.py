@@ -4,12 +4,13 @@ The Session front end of the step loop (`step_loop`, shared with tfmem.function)
 The loop runs the plan's stretches (`plan/stretches.py`: partitions with
 nothing swapped between them, one after another in one call); the plan itself
 stays what is measured and reported, partition by partition.
-Each stretch runs through `Session.run`'s C path by name (c_path), so that
-measured and untraced steps share the executors TensorFlow built on its first
-call; a stretch whose originals read connected tensors is a raw session callable
-per run options (the C++ path of `Session.make_callable`, without its Python
-fetch handling, which would wrap fetched handles in objects that free themselves
-later).  Its feeds are the request's fed values and the handles of the transfers
+Each stretch is a raw session callable per run options (the C++ path of
+`Session.make_callable`, without its Python fetch handling, which would wrap
+fetched handles in objects that free themselves later), or runs through
+`Session.run`'s C path by name (c_path: with Options.calls_by_name, where measured
+and untraced steps then share the executors TensorFlow built on the first call,
+and for a distributed session's run metadata); a stretch whose originals read
+connected tensors is always a callable.  Its feeds are the request's fed values and the handles of the transfers
 it reads; its fetches are the transfers it produces (handles, or values to swap
 out) and the requested tensors it computes.  The swap manager holds the transfers in
 between; if a step fails it releases what the step held.
@@ -222,7 +223,7 @@ class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence, partial=None,
-                 run_plan=None, by_name=True):
+                 run_plan=None, by_name=False):
         """`programs`: the callables' Programs, or a function making them when first
         needed (a plan whose steps run as partial runs: `partial`, see partial_run).
         `run_plan`: what the callables run, the plan's stretches (see stretches).
@@ -291,19 +292,23 @@ class Executor:
             self._wiring = [_wiring(p) for p in self.programs]
         return self._wiring
 
-    def _callables_for(self, options, measure=False):
+    def _callables_for(self, options, run_metadata=None, measure=False):
         """(the partitions' callables for these run options, how many session callables
         were made for them now): a measuring step's (allocation tracking on) apart, since
-        tracking costs time on every step (see sampling)."""
+        tracking costs time on every step (see sampling).  By name where the executor
+        runs calls so, and where a callable would lose the step's run metadata (c_path)."""
         options = _step_options(options, measure)
-        key = options.SerializeToString(deterministic=True) if options is not None else b""
+        by_name = self._by_name or c_path.wants_run_path(self.session, run_metadata)
+        key = (options.SerializeToString(deterministic=True) if options is not None
+               else b"", by_name)
         with self._callables_lock:
             if key in self._callables:
                 return self._callables[key], 0
             if self._run_paths is None:
                 self._run_paths = self._make_run_paths()
-            callables = self._callables[key] = self._make_callables(options)
-            return callables, sum(p is None for p in self._run_paths)
+            paths = self._run_paths if by_name else [None] * len(self._run_paths)
+            callables = self._callables[key] = self._make_callables(options, paths)
+            return callables, sum(p is None for p in paths)
 
     def _make_run_paths(self):
         """Per program, the RunPath that calls it by name, or None where its originals
@@ -312,14 +317,14 @@ class Executor:
         session drops (see c_path)."""
         programs = self.programs  # (a partial-run plan copies them into the graph now)
         tf_private.extend_graph(self.session)  # TF_SessionRun looks the names up there
-        return [None if p.connections or not self._by_name else c_path.RunPath(self.session, p)
-                for p in programs]
+        return [None if p.connections else c_path.RunPath(self.session, p) for p in programs]
 
-    def _make_callables(self, options):
-        """One callable per partition for these run options."""
+    def _make_callables(self, options, paths):
+        """One callable per partition for these run options: by name where `paths` has
+        its RunPath, else a session callable."""
         return [path.calling(options) if path is not None else
                 _session_callable(self.session, program, options)
-                for program, path in zip(self.programs, self._run_paths)]
+                for program, path in zip(self.programs, paths)]
 
     def stages(self, index):
         """((partition of the plan, its ops), ...) that callable `index` runs."""
@@ -403,7 +408,7 @@ class Executor:
         else:
             step_run = call_peaks = None
             started = time.perf_counter()
-            callables, made = self._callables_for(options, measure)
+            callables, made = self._callables_for(options, run_metadata, measure)
             swaps = SwapManager(self._schedule, keys.bind(self._run_batches), runtime.pool,
                                 runtime.prefetcher, keys, timeline)
             step = _Step(self, callables, run_metadata, measure, feeds, made)
