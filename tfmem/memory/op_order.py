@@ -256,29 +256,52 @@ def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=
     return _with_the_rest(order, ops)
 
 
+def _argument_key(view, tensor):
+    """Where TensorFlow lists the argument standing for `tensor` among a call's: after
+    every node, in the order of the feed names, which DirectSession sorts before it
+    builds a call's executors (for `Session.run` and partial runs alike).  A fed tensor
+    is fed by its own name; a transfer by its ticket, named after the tensor within the
+    plan's scope (run/compiling/plan_import.py)."""
+    if tensor in view.feeds:
+        return (tensor, tensor)
+    return ("tfmem/plan/p_in/" + tensor.rsplit(":", 1)[0].replace("/", "_"), tensor)
+
+
 def _node_ids(view, ops, originals, edges=None):
     """{op: its rank among the partition's node ids}.  TensorFlow numbers a graph's nodes
     as it builds them from a GraphDef, in topological order, the earliest listed ready
     node first; the user's ops (originals) are listed before tfmem's copies, the copies
     in the partition's order, and the arguments that stand for feeds and transfers come
-    last, so ops that read none are numbered before any that does."""
+    last, one after another (`_argument_key`), so ops that read none are numbered before
+    any that does, and the readers of one argument before those of the next."""
     # originals first, each group in partition order (one int: heap entries compare fast)
     listed = {name: i + (len(ops) if name not in originals else 0) for i, name in enumerate(ops)}
     edges = edges or _Edges(view, ops)
-    readers, reads_fed = edges.readers, list(edges.reads_fed)
-    waiting = dict(edges.waiting)
-    for name in reads_fed:
-        waiting[name] += 1
+    members = set(ops)
+    readers, waiting = edges.readers, dict(edges.waiting)
+    arguments = {}  # argument key -> the ops that read it
+    first = []  # ops that wait on an outside control input only: with the first argument
+    for name in edges.reads_fed:  # the ops with a producer outside the partition, no state
+        outside = {t for t in view.nodes[name].inputs if t.rsplit(":", 1)[0] not in members
+                   and t.rsplit(":", 1)[0] not in view.sources}
+        for tensor in outside:
+            arguments.setdefault(_argument_key(view, tensor), []).append(name)
+        if not outside:
+            first.append(name)
+        waiting[name] += len(outside) or 1
+    pending = [arguments[key] for key in sorted(arguments)]
+    if first:
+        pending = [first + (pending[0] if pending else [])] + pending[1:]
+    pending.reverse()  # popped from the end: the first argument first
     ready = [(listed[name], name) for name in ops if waiting[name] == 0]
     heapq.heapify(ready)
     ids = {}
-    while ready or reads_fed:
-        if not ready:  # the arguments: after every node that reads none
-            for name in reads_fed:
+    while ready or pending:
+        if not ready:  # the next argument: after every node that could be numbered
+            for name in pending.pop():
                 waiting[name] -= 1
                 if waiting[name] == 0:
                     heapq.heappush(ready, (listed[name], name))
-            reads_fed = []
             continue
         _, name = heapq.heappop(ready)
         ids[name] = len(ids)

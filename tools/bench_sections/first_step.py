@@ -76,7 +76,11 @@ def run(graph_ops=(2000, 10_000, 50_000), partition_sizes=(20, 50, 200),
                            # a partial run's one executor, built by its first setup
                            setup_s=tfs.last_step.setup_time,
                            partial_run=tfs.last_step.partial_run,
-                           ms_per_partition=(c.callables_time + tfs.last_step.setup_time)
+                           # the first calls by name: TensorFlow building their
+                           # executors, and running them
+                           build_s=tfs.last_step.build_time,
+                           ms_per_partition=(c.callables_time + tfs.last_step.setup_time
+                                             + tfs.last_step.build_time)
                            / max(parts, 1) * 1e3,
                            first_run_s=tfs.last_step.wall_time, first_step_s=first_s,
                            plain_first_step_s=plain_first_s)
@@ -115,7 +119,7 @@ def report(first, out=print):
         f"batch {first['batch']}) in a session graph filled with unrelated ops; seconds")
     out(f"{'config':>7} {'user':>6} {'graph':>6} {'ps':>4} {'parts':>5} {'calls':>5} {'copy':>5} "
         f"{'plan':>5} {'pred.':>5} "
-        f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
+        f"{'rewrite':>7} {'extend':>6} {'callab.':>7} {'setup':>6} {'build':>6} {'ms/part':>7} {'run':>5} {'first':>6} {'plain':>6} "
         f"{'+ops':>5}")
     for r in first["rows"]:
         out(f"{r['config']:>7} {r.get('user_graph_ops', r['session_graph_ops']):>6} "
@@ -123,19 +127,21 @@ def report(first, out=print):
             f"{r['partitions']:>5} {r.get('callables', r['partitions']):>5} "
             f"{r.get('copy_s', 0.0):>5.2f} {r['plan_s']:>5.2f} {r['simulate_s']:>5.2f} "
             f"{r['rewrite_s']:>7.2f} {r['extend_s']:>6.2f} {r['callables_s']:>7.2f} "
-            f"{r.get('setup_s', 0.0):>6.2f} {r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
+            f"{r.get('setup_s', 0.0):>6.2f} {r.get('build_s', 0.0):>6.2f} "
+            f"{r.get('ms_per_partition', r['ms_per_callable']):>7.1f} "
             f"{r['first_run_s']:>5.2f} {r['first_step_s']:>6.2f} {r['plain_first_step_s']:>6.2f} "
             f"{r['added_ops']:>5}")
     out("  config tfmem: tfmem.Session (a session graph of what requests reach); default: "
         "a TFMemSession wrapping a default-config session on the user's graph")
     out("  user: ops in the user's graph; graph: ops in the session graph when the plan "
         "was compiled; ps: partition_size; "
-        "calls: Session callables (one per stretch of partitions, see plan/stretches.py)")
+        "calls: Session calls (one per stretch of partitions, see plan/stretches.py)")
     out("  copy: tfmem.Session copying the ops the request reaches into its session graph; "
         "plan / pred. / rewrite / extend / callab.: planning, memory prediction, copying the "
         "plan into the graph, TensorFlow taking in the grown graph, making the Session "
         "callables;")
     out("  setup: the first partial run's setup (one executor for every partition; 0 with "
-        "callables); ms/part: (callab. + setup) / parts")
+        "calls); build: the first step's calls by name (TensorFlow building their executors, "
+        "and running them); ms/part: (callab. + setup + build) / parts")
     out("  run: the first run of the partitions; first: tfs.run's first call in all; plain: "
         "plain Session.run's first call, same config; +ops: ops the plan's copies added")

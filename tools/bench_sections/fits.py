@@ -105,6 +105,7 @@ def run(blocks=(9, 9, 9), batch=32, partition_sizes=(50, 200, "auto"), steps=10,
                          rewrite_s=compiled.rewrite_time, extend_s=compiled.extend_time,
                          callables_s=compiled.callables_time, callables=compiled.callables,
                          setup_s=first_step.setup_time, partial_run=first_step.partial_run,
+                         build_s=first_step.build_time,
                          graph_ops_before=compiled.graph_ops_before,
                          graph_ops_after=compiled.graph_ops_after),
             request_ops=_request_ops(tfs, fetches, feed),
@@ -177,8 +178,9 @@ def report(fits, out=print):
             f"({c['first_step_ratio']:.2f}x plain's): planning {k['plan_s']:.1f} s, "
             f"prediction {k['simulate_s']:.1f} s, rewrite {k['rewrite_s']:.1f} s, "
             f"extend {k['extend_s']:.1f} s, "
-            f"{k.get('callables', c['partitions'])} callables {k['callables_s']:.1f} s, "
-            + (f"partial-run setup {k['setup_s']:.1f} s, " if k.get("partial_run") else "")
+            f"{k.get('callables', c['partitions'])} calls {k['callables_s']:.1f} s, "
+            + (f"partial-run setup {k['setup_s']:.1f} s, " if k.get("partial_run") else
+               f"first calls by name {k.get('build_s', 0.0):.1f} s (building and running), ")
             + f"graph {k['graph_ops_before']} -> "
             f"{k['graph_ops_after']} ops")
 

@@ -16,9 +16,13 @@ class CompileStats:
     rewrite_time: float = 0.0  # copying the partitions into the session graph
     extend_time: float = 0.0  # TensorFlow taking the grown graph into the session (once)
     callables_time: float = 0.0  # Session callables: TensorFlow builds each from the graph
-    # callables made: one per stretch of partitions (see plan/stretches.py); none for a
-    # plan whose steps run as partial runs (made when a step first needs them)
+    # calls made runnable: one per stretch of partitions (see plan/stretches.py); none for
+    # a plan whose steps run as partial runs (made when a step first needs them)
     callables: int = 0
+    # of those, the calls run through Session.run by name (run/executing/c_path.py), the
+    # rest are session callables: TensorFlow builds a call's executors on its first run,
+    # inside the first step (StepStats.executors_built, build_time), not in callables_time
+    run_by_name: int = 0
     graph_ops_before: int = 0
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
@@ -36,6 +40,8 @@ class CompileStats:
         return (f"{copied}planning {self.plan_time:.2f} s, prediction {self.simulate_time:.2f} s, "
                 f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
                 + ("partial runs (callables when needed), upload callables "
-                   if self.partial_run else f"{self.callables} callables ")
+                   if self.partial_run else
+                   f"{self.callables} calls ({self.run_by_name} by name, built on their "
+                   f"first run; {self.callables - self.run_by_name} callables) ")
                 + f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")

@@ -42,6 +42,7 @@ class SessionRuntime:
     partial_runs: bool = False  # steps of plans that allow it run as partial runs
     stretches: bool = True  # runs of partitions in one call (Options.stretches)
     one_import: bool = True  # a plan's copies in one import (Options.one_import)
+    calls_by_name: bool = False  # calls through Session.run by name (Options.calls_by_name)
     cancelled_by: object = None  # the OpError of a failed partial-run step (see partial_run)
     # budget mode: a measured step stays a partial run, read by the process figures (call_peaks)
     measure_partial_runs: bool = False
@@ -106,19 +107,24 @@ class RequestCompiler:
         before = graph.version
         # an initializing request runs callables, which release; a partial run's executor
         # stays in the session for good
+        # an initializing request's constants are freed with its callables (see
+        # request_planner.note_buffers): executors built by name live as long as the session
         executor, rewrite_time, extend_time, callables_time = self._compile(
             entry.plan, None if entry.deferred else entry.trace,
-            self._runtime.partial_runs and not entry.assigned)
+            self._runtime.partial_runs and not entry.assigned,
+            by_name=self._runtime.calls_by_name and not entry.assigned)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
             callables=0 if executor.partial_run else len(executor.run_plan.partitions),
+            run_by_name=0 if executor.partial_run else
+            len(executor.run_plan.partitions) - executor.callables_made,
             graph_ops_before=before,
             partial_run=executor.partial_run,
             graph_ops_after=graph.version, copy_time=copy_time)
         log.info("compiled: %s", self.last_compile)
         return executor
 
-    def _compile(self, plan, trace, partial_runs):
+    def _compile(self, plan, trace, partial_runs, by_name=False):
         """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
         graph = self._session.graph  # finalized or not: see graph_growth
         with graph.as_default():
@@ -144,6 +150,6 @@ class RequestCompiler:
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
         executor = Executor(self._session, plan, programs, self._runtime, residence, partial,
-                            run_plan)
+                            run_plan, by_name)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)

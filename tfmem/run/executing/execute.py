@@ -4,12 +4,15 @@ The Session front end of the step loop (`step_loop`, shared with tfmem.function)
 The loop runs the plan's stretches (`plan/stretches.py`: partitions with
 nothing swapped between them, one after another in one call); the plan itself
 stays what is measured and reported, partition by partition.
-Each stretch is a raw session callable (the C++ path of
+Each stretch is a raw session callable per run options (the C++ path of
 `Session.make_callable`, without its Python fetch handling, which would wrap
-fetched handles in objects that free themselves later).  Its feeds are the
-request's fed values and the handles of the transfers it reads; its fetches
-are the transfers it produces (handles, or values to swap out) and the
-requested tensors it computes.  The swap manager holds the transfers in
+fetched handles in objects that free themselves later), or runs through
+`Session.run`'s C path by name (c_path: with Options.calls_by_name, where measured
+and untraced steps then share the executors TensorFlow built on the first call,
+and for a distributed session's run metadata); a stretch whose originals read
+connected tensors is always a callable.  Its feeds are the request's fed values and the handles of the transfers
+it reads; its fetches are the transfers it produces (handles, or values to swap
+out) and the requested tensors it computes.  The swap manager holds the transfers in
 between; if a step fails it releases what the step held.
 """
 
@@ -35,16 +38,41 @@ from tfmem.run.measuring.trace import NO_TIMELINE
 from tfmem import tf_private
 
 
-def _callable_options(program, run_options, measure):
-    options = config_pb2.CallableOptions(feed=program.feeds, fetch=program.fetches,
-                                         target=program.targets)
+def _step_options(run_options, measure):
+    """The RunOptions of a step's calls: the user's, with allocation tracking when the
+    step measures (None: TensorFlow's defaults)."""
+    if not measure or (run_options is not None and
+                       run_options.trace_level >= config_pb2.RunOptions.SOFTWARE_TRACE):
+        return run_options
+    options = config_pb2.RunOptions()
+    if run_options is not None:
+        options.CopyFrom(run_options)
+    options.trace_level = config_pb2.RunOptions.SOFTWARE_TRACE
+    return options
+
+
+def _callable_options(program, run_options, feed_order):
+    options = config_pb2.CallableOptions(feed=[program.feeds[i] for i in feed_order],
+                                         fetch=program.fetches, target=program.targets)
     for source, original_input in program.connections:  # see rewrite: originals
         options.tensor_connection.add(from_tensor=source, to_tensor=original_input)
     if run_options is not None:
         options.run_options.CopyFrom(run_options)
-    if measure and options.run_options.trace_level < config_pb2.RunOptions.SOFTWARE_TRACE:
-        options.run_options.trace_level = config_pb2.RunOptions.SOFTWARE_TRACE
     return options
+
+
+def _session_callable(session, program, run_options):
+    """A raw session callable of `program`, fed in the order of its feed names: the order
+    DirectSession builds `Session.run`'s executors in, which numbers the nodes as
+    memory/op_order.py emulates.  Called with the feeds in the program's order."""
+    order = sorted(range(len(program.feeds)), key=program.feeds.__getitem__)
+    call = tf_private.make_callable(session, _callable_options(program, run_options, order))
+    if order == sorted(order):
+        return call
+
+    def fed_by_name(*args, run_metadata=None):
+        return call(*[args[i] for i in order], run_metadata=run_metadata)
+    return fed_by_name
 
 
 def _node_peaks(metadata):
@@ -119,9 +147,9 @@ class _Step:
 
     Made per step, since steps of one plan may run at once on different threads:
     it holds the callables of the step's run options, whether the step measures
-    and its run metadata."""
+    and its run metadata, and counts the executors TensorFlow built for it."""
 
-    def __init__(self, executor, callables, run_metadata, measure, feeds):
+    def __init__(self, executor, callables, run_metadata, measure, feeds, built=0):
         self.plan = executor.run_plan if callables is not None else executor.plan
         # (made only for a callable step: a partial-run step borrows only the diagnosis)
         self.wiring = executor.wiring if callables is not None else None
@@ -132,11 +160,26 @@ class _Step:
         self._feeds = feeds  # the user's feeds (the partitions get the step's keys too)
         self.peaks = []  # per partition of the plan: peak bytes or None
         self.scratch = {}  # op name -> kernel scratch this step's statistics showed
+        # executor sets TensorFlow built for this step: callables made for its run options,
+        # and partitions run through Session.run for the first time (c_path)
+        self.executors_built = built
+        self.build_time = 0.0  # seconds of those first calls (running them included)
 
     def call(self, index, args):
         """Run callable `index` (a stretch of partitions); record each partition's device
         peak (None when not measured)."""
         call = self._callables[index]
+        path = getattr(call, "path", None)  # a c_path.RunPathCallable's partition
+        if path is None or path.built:
+            return self._call(index, call, args)
+        self.executors_built += 1  # (see c_path.RunPath.built)
+        started = time.perf_counter()
+        try:
+            return self._call(index, call, args)
+        finally:
+            self.build_time += time.perf_counter() - started
+
+    def _call(self, index, call, args):
         stages = self._executor.stages(index)
         if self._run_metadata is None and not self._measure:
             self.peaks.extend([None] * len(stages))
@@ -180,10 +223,13 @@ class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence, partial=None,
-                 run_plan=None):
+                 run_plan=None, by_name=False):
         """`programs`: the callables' Programs, or a function making them when first
         needed (a plan whose steps run as partial runs: `partial`, see partial_run).
-        `run_plan`: what the callables run, the plan's stretches (see stretches)."""
+        `run_plan`: what the callables run, the plan's stretches (see stretches).
+        `by_name`: run the partitions by name (c_path) where they can; False: session
+        callables only, whose executors (and the constants their kernels hold) are
+        freed with this executor, not kept by the session until it closes."""
         self.session = session
         self.plan = plan
         self.run_plan = run_plan or plan
@@ -193,7 +239,9 @@ class Executor:
         self._runtime = runtime  # the session-wide pool, prefetcher and device
         self.remote_info = runtime.remote_info  # of a session on TF's distributed runtime
         self._residence = residence  # where the plan's kept tensors wait (see residence)
-        self._callables = {}  # (RunOptions, measuring, run path) -> list of callables
+        self._callables = {}  # the step's RunOptions (see _step_options) -> list of callables
+        self._run_paths = None  # per callable: its c_path.RunPath, or None (see _make_callables)
+        self._by_name = by_name
         self._callables_lock = threading.Lock()  # concurrent first steps build them once
         # per callable: ((partition of the plan, its ops), ...) it runs, and {op: stage}
         # where it runs more than one (see stretches)
@@ -208,8 +256,10 @@ class Executor:
                    for index, keys in enumerate(schedule.uploads) if keys}
         # Every op exists now: the callables below extend the session's graph once.  They
         # are the first step's: measured unless measuring is off.
+        self.callables_made = 0  # session callables made at compile (the rest run by name)
         if partial is None:
-            self._callables_for(None, measure=runtime.measure_device and runtime.measure != "off")
+            _, self.callables_made = self._callables_for(
+                None, measure=runtime.measure_device and runtime.measure != "off")
         self._batches = {index: runtime.prefetcher.batch(options)  # partition -> upload callable
                          for index, options in uploads.items()}
         # A stretch uploads only where its first partition does (see stretches).
@@ -243,28 +293,38 @@ class Executor:
         return self._wiring
 
     def _callables_for(self, options, run_metadata=None, measure=False):
-        """The partitions' callables for these run options; measuring ones (allocation
-        tracking on) apart, since tracking costs time on every step (see sampling)."""
-        serialized = options.SerializeToString(deterministic=True) if options is not None else b""
-        run_path_wanted = c_path.wants_run_path(self.session, run_metadata)
-        # run path: see c_path (keeps the step's run metadata)
-        key = (serialized, bool(measure), run_path_wanted)
+        """(the partitions' callables for these run options, how many session callables
+        were made for them now): a measuring step's (allocation tracking on) apart, since
+        tracking costs time on every step (see sampling).  By name where the executor
+        runs calls so, and where a callable would lose the step's run metadata (c_path)."""
+        options = _step_options(options, measure)
+        by_name = self._by_name or c_path.wants_run_path(self.session, run_metadata)
+        key = (options.SerializeToString(deterministic=True) if options is not None
+               else b"", by_name)
         with self._callables_lock:
-            if key not in self._callables:
-                self._callables[key] = self._make_callables(options, measure, run_path_wanted)
-            return self._callables[key]
+            if key in self._callables:
+                return self._callables[key], 0
+            if self._run_paths is None:
+                self._run_paths = self._make_run_paths()
+            paths = self._run_paths if by_name else [None] * len(self._run_paths)
+            callables = self._callables[key] = self._make_callables(options, paths)
+            return callables, sum(p is None for p in paths)
 
-    def _make_callables(self, options, measure, run_path_wanted):
-        """One callable per partition for these run options."""
-        def make(program):
-            callable_options = _callable_options(program, options, measure)
-            # TF_SessionRun cannot connect tensors (see rewrite): such a partition
-            # stays a callable, whose run metadata a distributed session drops
-            if not run_path_wanted or program.connections:
-                return tf_private.make_callable(self.session, callable_options)
-            return c_path.RunPathCallable(self.session, callable_options)
+    def _make_run_paths(self):
+        """Per program, the RunPath that calls it by name, or None where its originals
+        read connected tensors: TF_SessionRun cannot connect them (see rewrite), so such
+        a partition stays a callable per run options, whose run metadata a distributed
+        session drops (see c_path)."""
+        programs = self.programs  # (a partial-run plan copies them into the graph now)
+        tf_private.extend_graph(self.session)  # TF_SessionRun looks the names up there
+        return [None if p.connections else c_path.RunPath(self.session, p) for p in programs]
 
-        return [make(p) for p in self.programs]
+    def _make_callables(self, options, paths):
+        """One callable per partition for these run options: by name where `paths` has
+        its RunPath, else a session callable."""
+        return [path.calling(options) if path is not None else
+                _session_callable(self.session, program, options)
+                for program, path in zip(self.programs, paths)]
 
     def stages(self, index):
         """((partition of the plan, its ops), ...) that callable `index` runs."""
@@ -347,10 +407,13 @@ class Executor:
                                            _Step(self, None, None, False, feeds), call_peaks)
         else:
             step_run = call_peaks = None
-            callables = self._callables_for(options, run_metadata, measure)
+            started = time.perf_counter()
+            callables, made = self._callables_for(options, run_metadata, measure)
             swaps = SwapManager(self._schedule, keys.bind(self._run_batches), runtime.pool,
                                 runtime.prefetcher, keys, timeline)
-            step = _Step(self, callables, run_metadata, measure, feeds)
+            step = _Step(self, callables, run_metadata, measure, feeds, made)
+            if made:
+                step.build_time = time.perf_counter() - started
         started = time.perf_counter()
         resident = None
         if call_peaks is not None:
@@ -382,5 +445,7 @@ class Executor:
             host_buffer_bytes=runtime.pool.capacity_bytes,
             host_rss_bytes=self._process.memory_info().rss,
             wall_time=wall, call_time=call_time, partial_run=step_run is not None,
-            setup_time=step_run.setup_time if step_run is not None else 0.0)
+            setup_time=step_run.setup_time if step_run is not None else 0.0,
+            executors_built=step.executors_built if step_run is None else 0,
+            build_time=step.build_time if step_run is None else 0.0)
         return results, stats

@@ -70,6 +70,14 @@ class Options:
     """TFMemSession: a plan's copies are added to the session's graph in one import;
     False adds them partition by partition (and runs no stretches)."""
 
+    calls_by_name: bool = False
+    """TFMemSession: run each call through `Session.run` by name (run/executing/c_path.py),
+    so measured, untraced and traced steps share the executors TensorFlow built on the
+    first step; False makes a session callable per run options, built again when
+    measuring stops.  Off by default: on the oneDNN path a steady step peaked higher
+    (tests/test_simulate.py, pool) and budget mode learned differently from a step out
+    of memory (tests/test_oom_run_again.py)."""
+
     profile_peaks: bool = False
     """tfmem.function: measure every partition's device peak on every step with
     TensorFlow's profiler (costs tens to hundreds of milliseconds a step)."""
@@ -80,7 +88,7 @@ class Options:
             raise ValueError(f"Options.swap_min_bytes must be an integer >= 0, got {size!r}")
         sampling.check_mode(self.measure)
         for name in ("place_state_on_host", "partial_runs", "chain_copies", "stretches",
-                     "one_import", "profile_peaks"):
+                     "one_import", "calls_by_name", "profile_peaks"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Options.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")

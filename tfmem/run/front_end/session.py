@@ -72,7 +72,7 @@ class TFMemSession(SessionInterfaceMethods):
     trace: a path; each step's timeline is written there as a Chrome trace.
     options: a tfmem.Options with the rarely changed settings (swap_min_bytes,
         place_state_on_host, accelerator_device, atomic_updates, measure,
-        partial_runs, chain_copies, stretches, one_import; see
+        partial_runs, chain_copies, stretches, one_import, calls_by_name; see
         run/front_end/options.py).  Those settings given
         as keyword arguments still work, with a DeprecationWarning.
     _graph_copy: tfmem.Session's own wiring: the session runs a
@@ -105,7 +105,8 @@ class TFMemSession(SessionInterfaceMethods):
             device, HostBufferPool(), Prefetcher(sess), residence.for_session(sess, device),
             measure_device=measurable, measure=options.measure, remote_info=remote_info,
             partial_runs=options.partial_runs, measure_partial_runs=settings.budget is not None,
-            stretches=options.stretches, one_import=options.one_import)
+            stretches=options.stretches, one_import=options.one_import,
+            calls_by_name=options.calls_by_name)
         self._plans = PlanCache()  # each request planned once, compiled once
         self._compiler = RequestCompiler(sess, self._runtime, self._plans, settings.budget)
         remeasured = ScratchCache()  # kernels measured again after a step went over

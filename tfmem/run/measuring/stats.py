@@ -61,6 +61,13 @@ class StepStats:
     # on a request's first step)
     partial_run: bool = False
     setup_time: float = 0.0
+    # Executor sets TensorFlow built for this step (each prunes and optimises the session
+    # graph): a partition's first call through Session.run, or a session callable made
+    # for the step's run options (see run/executing/c_path.py); build_time: the seconds of
+    # those calls, running them included (in call_time), and of making those callables.
+    # A partial-run step's executor: see setup_time.
+    executors_built: int = 0
+    build_time: float = 0.0
 
     def __str__(self):
         mib = MIB
