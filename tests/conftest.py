@@ -412,6 +412,20 @@ def build_chain(length=10, seed=0):
 Point = collections.namedtuple("Point", ["a", "b"])
 
 
+def run_worker(code, env, timeout):
+    """Run Python `code` in a fresh process with environment `env`; the JSON it printed on
+    its last "TFMEM-RESULTS " line.  The process never outlives the call."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+    worker = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        return worker_results(worker, timeout)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def worker_results(worker, timeout):
     """The JSON a worker subprocess printed on its last "TFMEM-RESULTS " line."""
     import json  # pylint: disable=import-outside-toplevel

@@ -381,16 +381,12 @@ print("TFMEM-RESULTS " + json.dumps(result))
 def test_out_of_device_memory_names_the_partition_and_releases_the_step():
     """Under an emulated 24 MiB cap: one partition cannot run the step, budget mode can."""
     import os
-    import subprocess
-    import sys
-    from conftest import worker_results
+    from conftest import run_worker
 
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     for name in ("TF_CPU_ALLOCATOR_USE_BFC", "TF_CPU_BFC_MEM_LIMIT_IN_MB"):
         env.pop(name, None)
-    worker = subprocess.Popen([sys.executable, "-c", OOM_CHILD], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    result = worker_results(worker, timeout=600)
+    result = run_worker(OOM_CHILD, env, timeout=600)
     assert result.get("is_tf"), result  # a DeviceMemoryError, also TF's own error class
     assert result["partition"] == 0 and "partition 0 of 1" in result["error"]
     assert result["suggested"] and f"partition_size={result['suggested']}" in result["error"]

@@ -12,15 +12,13 @@ whose allocators keep them, one per kernel path.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfmem
-from conftest import assert_same_result, worker_results
+from conftest import assert_same_result, run_worker
 
 tf1 = tf.compat.v1
 
@@ -186,13 +184,7 @@ def test_measured_steps_leave_the_users_run_metadata_alone(onednn):
     when the user asked for a trace (allocators that keep figures: tfmem measures)."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn, TF_CPP_MIN_LOG_LEVEL="2",
                TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPU_BFC_MEM_LIMIT_IN_MB="4096")
-    worker = subprocess.Popen([sys.executable, "-c", _LEAK], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        out = worker_results(worker, timeout=180)
-    finally:
-        worker.kill()
-        worker.wait()
+    out = run_worker(_LEAK, env, timeout=180)
     assert out["tfmem"]["measured"], "tfmem measured nothing: the check proves nothing"
     assert out["plain"]["steps"][0] == [0, []]
     assert out["tfmem"]["steps"] == out["plain"]["steps"]

@@ -298,17 +298,9 @@ print("TFMEM-RESULTS " + json.dumps(counts))
 def test_run_metadata_over_a_distributed_session():
     """TensorFlow's gRPC session drops a callable's run metadata; tfmem still returns it
     (a wrapped session's and a tfmem.Session's)."""
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-    from conftest import worker_results  # pylint: disable=import-outside-toplevel
+    from conftest import run_worker  # pylint: disable=import-outside-toplevel
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
-    worker = subprocess.Popen([sys.executable, "-c", _DISTRIBUTED], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        counts = worker_results(worker, timeout=120)
-    finally:
-        worker.kill()
-        worker.wait()
+    counts = run_worker(_DISTRIBUTED, env, timeout=120)
     assert counts["plain"][0] > 0 and counts["plain"][1] == 0
     assert counts["tfmem"][0] == counts["plain"][0] and counts["tfmem"][1] == 0
     # tfmem.Session on the same server: its own session graph, the same answers

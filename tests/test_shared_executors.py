@@ -12,15 +12,13 @@ against plain Session.run of the same graph.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfmem
-from conftest import assert_same_result, tfmem_config, worker_results
+from conftest import assert_same_result, tfmem_config, run_worker
 
 tf1 = tf.compat.v1
 
@@ -122,13 +120,7 @@ def test_measured_and_unmeasured_steps_share_executors(onednn):
     each partition's peak and kernel scratch from the step statistics."""
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn, TF_CPP_MIN_LOG_LEVEL="2",
                TF_CPU_ALLOCATOR_USE_BFC="true", TF_CPU_BFC_MEM_LIMIT_IN_MB="4096")
-    worker = subprocess.Popen([sys.executable, "-c", _MEASURED], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        out = worker_results(worker, timeout=300)
-    finally:
-        worker.kill()
-        worker.wait()
+    out = run_worker(_MEASURED, env, timeout=300)
     steps = out["steps"]
     assert [s["loss"] for s in steps] == out["plain"]
     measured = [s["measured"] for s in steps]

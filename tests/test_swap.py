@@ -16,8 +16,6 @@ import dataclasses
 import itertools
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,7 +26,7 @@ from tfmem.plan import stretches
 from tfmem.plan.swap import Span, SwapPolicy, spans
 from tfmem.run.placement import accelerator
 from conftest import (ATOL, RTOL, assert_same_result, build_mlp, check_plan, new_session,
-                      worker_results)
+                      run_worker)
 
 tf1 = tf.compat.v1
 
@@ -581,9 +579,7 @@ def test_device_peak_is_tensorflows_figure_for_each_step():
                TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
     here = os.path.dirname(os.path.abspath(__file__))
     code = f"import sys; sys.path.insert(0, {here!r}); import test_swap; test_swap._peak_worker()"
-    worker = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    steps = worker_results(worker, timeout=300)
+    steps = run_worker(code, env, timeout=300)
     big = PEAK_ROWS[0] * PEAK_WIDTH * 4
     for before, step in zip([None] + steps, steps):
         assert isinstance(step["reported"], int), step
