@@ -6,9 +6,8 @@ table in docs/results.md): fresh processes, one per kernel path (TF_ENABLE_ONEDN
 and =1, so a machine of either kind checks both) and allocator layout, each with a BFC
 allocator far above the step (read when TensorFlow starts, and this process has
 imported TensorFlow already): every model and partition size with regions grown on
-demand, and the nets a one-region allocator (a GPU's layout) once measured far above
-their band (`ONE_REGION`) with the memory reserved as one region first.  The pure
-properties plan and simulate in this process and run no step.
+demand, and some nets (`ONE_REGION`) with the memory reserved as one region first (a
+GPU's layout).  The pure properties plan and simulate in this process and run no step.
 """
 
 
@@ -92,10 +91,10 @@ BAND_GAPS = {("onednn", "resnet", 50): 0.13}
 BAND_GAPS.update({(path, "moe", 20): 0.20 for path in PATHS})
 
 
-# The models and partition sizes measured with the memory reserved as one region: the
-# nets whose feeds TensorFlow copied into that region for every partition's run, and
-# which met the chunks an earlier model's late-freed session left (the conv net -35 %,
-# pool -37 %, RNN -14 % against the chunk figure), whole and partitioned.
+# The models and partition sizes measured with the memory reserved as one region, whole
+# and partitioned: nets whose figures there hold only while fed arrays stay out of the
+# device's region (request.aligned_feed) and each model's session is freed before the
+# next model runs (a hole it leaves in the small first region takes their chunks).
 ONE_REGION = ({name: MODELS[name] for name in ("conv", "pool", "rnn")}, (SIZES[0], 50))
 
 
