@@ -111,7 +111,9 @@ else:
         for w, g in zip(ws, tape.gradient(loss, ws)):
             w.assign_sub(0.5 * g)
         return loss
-    x = tf.constant(data)
+    # a result of the device's allocator whatever numpy's placement of `data` (a 64-byte
+    # aligned array becomes a constant in place, another is copied into the allocator)
+    x = tf.constant(data) * 1.0
     run = tf.function(step) if stage == "reference" else tfmem.function(
         step, partition_size="auto")
     if stage != "reference":
