@@ -74,9 +74,13 @@ class Options:
     """TFMemSession: run each call through `Session.run` by name (run/executing/c_path.py),
     so measured, untraced and traced steps share the executors TensorFlow built on the
     first step; False makes a session callable per run options, built again when
-    measuring stops.  Off by default: on the oneDNN path a steady step peaked higher
-    (tests/test_simulate.py, pool) and budget mode learned differently from a step out
-    of memory (tests/test_oom_run_again.py)."""
+    measuring stops (keeping the traced ones costs about 35 % of a ResNet step).  Off by
+    default: by name, the oneDNN pool net of tests/test_simulate.py at partition size 50
+    leaves its 2 MiB first region one free chunk of 1.84 MB between steps, which the next
+    step's 0.97 MB convolution output takes whole (the allocator splits no chunk smaller
+    than twice a request): 1.94 MB more on every step after the first than the chunk
+    replay predicts; and budget mode learned differently from a step out of memory
+    (tests/test_oom_run_again.py)."""
 
     profile_peaks: bool = False
     """tfmem.function: measure every partition's device peak on every step with
