@@ -9,8 +9,9 @@ of its own:
   convolutions, local response normalisation, dozens of summaries merged and
   fetched each step, moving averages applied under control dependencies,
   variables pinned to /cpu:0, fed input), trains plainly and through
-  `TFMemSession` at two partition sizes in one process per path; every
-  loss and summary value must agree with the plain run's;
+  `TFMemSession` at partition sizes 3, 7, 20 and 50 (those whose plans
+  tests/test_merged_kernels.py checks) in one process per path; every loss
+  and summary value must agree with the plain run's;
 * tests/test_equivalence.py and tests/test_random_graphs.py run again in one
   pytest process on the path this process does not run (conftest sets oneDNN
   off unless TF_ENABLE_ONEDNN_OPTS says otherwise).
@@ -29,7 +30,7 @@ from tfmem.cli import child_env
 HERE = os.path.dirname(__file__)
 PROGRAM = os.path.join(HERE, "programs", "cifar10_tf1.py")
 PATHS = ("0", "1")  # TF_ENABLE_ONEDNN_OPTS
-SIZES = (3, 20)  # partition sizes the program trains at, beside its plain run
+SIZES = (3, 7, 20, 50)  # partition sizes the program trains at, beside its plain run
 TIMEOUT = 600
 
 

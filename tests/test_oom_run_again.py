@@ -2,14 +2,14 @@
 any state; a step that may have changed state is never run again.
 
 The run-again case is a real out-of-memory under the emulated accelerator, in fresh
-processes (oneDNN off, set explicitly; one intra-op and one inter-op thread): an MLP
-trained by SGD whose forward pass tiles a slice of an activation by multiples a py_func
-returns, so no shape inference knows the tiled tensor's size and budget mode predicts
-nothing for it.  Under a cap between the prediction and the real step, the first plan
-runs out in the forward pass, before any update; the step is planned again with what
-the failure taught and run again (more than once, if it runs out again before an
-update), and returns plain TensorFlow's loss and weights
-(computed in an uncapped process): the updates applied once.  Both front ends.
+processes (on this process's kernel path, which conftest sets; one intra-op and one
+inter-op thread): an MLP trained by SGD whose forward pass tiles a slice of an
+activation by multiples a py_func returns, so no shape inference knows the tiled
+tensor's size and budget mode predicts nothing for it.  Under a cap between the
+prediction and the real step, the first plan runs out in the forward pass, before any
+update; the step is planned again with what the failure taught and run again (more than
+once, if it runs out again before an update), and returns plain TensorFlow's loss and
+weights (computed in an uncapped process): the updates applied once.  Both front ends.
 
 The refusal runs in this process: a py_func raising MemoryError("OOM ...") after the
 updates stands in for an allocation failure (as in test_oom); the step raises, the
@@ -133,7 +133,7 @@ print(json.dumps(out))
 
 
 def _child(front_end, stage, cap_mib):
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")  # this process's kernel path
     env.pop("TFMEM_SCRATCH_CACHE", None)
     tiles = SETTINGS[front_end][1]
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(cap_mib), front_end, stage,

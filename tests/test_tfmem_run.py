@@ -30,7 +30,7 @@ TIMEOUT = 300
 
 
 def _env(**extra):
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")  # this process's kernel path (conftest)
     env.pop("TFMEM", None)
     env.update(extra)
     return env
