@@ -157,6 +157,50 @@ def import_beside(graph, graph_def, tensors, controls):
         defined.add_to_graph(graph)  # the Python side of functions the import added
 
 
+def import_for_shapes(graph, serialized, prefix, tensors, library=None):
+    """Import the serialized GraphDef `serialized` into `graph` under `prefix`, each input
+    named in `tensors` ({tensor name: Tensor of `graph`}) read from that tensor;
+    `library`: the FunctionDefLibrary it holds, when it holds functions.
+
+    What `import_graph_def` does for a graph that only answers questions (shapes,
+    constant values) and never runs: TensorFlow infers every shape as it imports, and
+    the Python ops are made as they are, without import_graph_def's post-processing
+    (devices derived again through device functions, colocations propagated, control
+    flow contexts checked), which costs three times the import itself.  Colocation
+    constraints are not checked: a copy of part of a graph may name ops left out.
+    Raises ValueError for a GraphDef that does not import (a shape that does not fit)."""
+    from tensorflow.python.client import pywrap_tf_session as c_api  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.framework import c_api_util, errors, function  # pylint: disable=import-outside-toplevel
+    scoped = c_api_util.ScopedTFImportGraphDefOptions()
+    options = scoped.options
+    c_api.TF_ImportGraphDefOptionsSetPrefix(options, prefix)
+    c_api.TF_ImportGraphDefOptionsSetUniquifyNames(options, True)
+    c_api.TF_ImportGraphDefOptionsSetValidateColocationConstraints(options, False)
+    for name, tensor in tensors.items():
+        op_name, _, index = name.rpartition(":")
+        c_api.TF_ImportGraphDefOptionsAddInputMapping(options, op_name, int(index),
+                                                      tensor._as_tf_output())  # pylint: disable=protected-access
+    with graph._mutation_lock():  # pylint: disable=protected-access
+        buffer = c_api.TF_NewBufferFromString(serialized)
+        try:
+            with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buffer, options)
+            c_api_util.ScopedTFImportGraphDefResults(results)  # frees them
+        except errors.InvalidArgumentError as exc:
+            raise ValueError(str(exc)) from None
+        finally:
+            c_api.TF_DeleteBuffer(buffer)
+        for c_op in graph.new_operations():
+            graph._create_op_from_tf_operation(c_op, compute_device=False)  # pylint: disable=protected-access
+    for defined in function.from_library(library) if library is not None else ():
+        defined.add_to_graph(graph)  # the Python side of the functions it imported
+
+
+def serialized_node_def(op):
+    """`op.node_def` serialized, without parsing it into a NodeDef."""
+    return op._node_def  # pylint: disable=protected-access
+
+
 def ops_by_name(graph):
     """{name: op} of `graph`'s ops now, for many lookups: `in` and `[]` on it take about a
     microsecond, where get_operation_by_name takes 20 us to miss.  Getting it costs about

@@ -11,7 +11,6 @@ import tensorflow as tf
 from tensorflow.python.ops import handle_data_util
 
 from tfmem import tf_private
-from tfmem.plan.analyse import split_tensor_name
 
 
 def import_request(graph, view, feed_shapes):
@@ -20,24 +19,20 @@ def import_request(graph, view, feed_shapes):
 
     Shape inference runs as the copies are imported; nothing runs, and the user's
     graph is not touched.  `scratch.calibrate` reads concrete input shapes and
-    constant shape vectors from it.
+    constant shape vectors from it.  The copies keep the user's devices and
+    colocations: the scratch graph never runs (calibration copies the kernels it
+    measures into graphs of their own, devices cleared).
     """
     members = set(view.nodes) | set(view.sources)
-    graph_def = tf.compat.v1.GraphDef()
-    graph_def.versions.CopyFrom(graph.graph_def_versions)
+    header = tf.compat.v1.GraphDef()
+    header.versions.CopyFrom(graph.graph_def_versions)
+    library = None
     if tf_private.has_functions(graph):  # else serialising the graph finds no library
-        graph_def.library.CopyFrom(graph.as_graph_def().library)
+        library = graph.as_graph_def().library
+        header.library.CopyFrom(library)
     ops = tf_private.ops_by_name(graph)
-    for name in members:
-        node = graph_def.node.add()
-        node.CopyFrom(ops[name].node_def)
-        kept = [i for i in node.input if (i[1:] if i.startswith("^") else
-                                          split_tensor_name(i if ":" in i else i + ":0")[0])
-                in members or not i.startswith("^")]
-        del node.input[:]
-        node.input.extend(kept)
-        node.attr.pop("_class", None)
-        node.device = ""
+    nodes = [_node_entry(tf_private.serialized_node_def(ops[name]), members)
+             for name in members]
     scratch = tf.Graph()
     with scratch.as_default():
         input_map = {}
@@ -49,8 +44,35 @@ def import_request(graph, view, feed_shapes):
                 handle_data_util.copy_handle_data(tensor, input_map[name])
         used = {t for n in view.nodes.values() for t in n.inputs}
         input_map = {k: v for k, v in input_map.items() if k in used}
-        tf.graph_util.import_graph_def(graph_def, input_map=input_map, name="s")
+    tf_private.import_for_shapes(scratch, header.SerializeToString() + b"".join(nodes), "s",
+                                 input_map, library)
     return scratch
+
+
+def _node_entry(serialized, members):
+    """A NodeDef (`serialized`) as a GraphDef's `node` field, in its wire format (field 1,
+    length-delimited: a GraphDef is the concatenation of its fields), its control
+    inputs from ops outside `members` left out.  Only a NodeDef holding a "^" byte can
+    have control inputs, and only those are parsed: a copy of a 100k-op request
+    otherwise spends seconds parsing NodeDefs to write them back unchanged."""
+    if b"^" in serialized:
+        node = tf.compat.v1.NodeDef.FromString(serialized)
+        kept = [i for i in node.input if not i.startswith("^") or i[1:] in members]
+        if len(kept) != len(node.input):
+            del node.input[:]
+            node.input.extend(kept)
+            serialized = node.SerializeToString()
+    return b"\n" + _varint(len(serialized)) + serialized
+
+
+def _varint(value):
+    """`value` (>= 0) as a protocol buffer varint: 7 bits a byte, low bits first."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def resolve_shapes(graph, view, feed_shapes, scratch=None):
@@ -69,8 +91,10 @@ def resolve_shapes(graph, view, feed_shapes, scratch=None):
     if scratch is None:
         scratch = import_request(graph, view, feed_shapes)
     resolved, ops = {}, tf_private.ops_by_name(scratch)
-    for name in static:
-        op_name, index = split_tensor_name(name)
-        shape = ops["s/" + op_name].outputs[index].shape
-        resolved[name] = None if shape.rank is None else tuple(shape.as_list())
+    for nodes in (view.nodes, view.sources):
+        for name, node in nodes.items():
+            outputs = ops["s/" + name].outputs
+            for i in range(len(node.outputs)):
+                dims, unknown_rank = tf_private.static_shape(outputs[i])
+                resolved[f"{name}:{i}"] = None if unknown_rank else tuple(dims)
     return resolved
