@@ -248,13 +248,6 @@ def canonical_input(name):
     return name if ":" in name else name + ":0"
 
 
-def _shape_of(tensor):
-    # The C shape, without building a TensorShape per tensor: planning a
-    # 100k-op graph reads hundreds of thousands of shapes.
-    dims, unknown_rank = tf_private.static_shape(tensor)
-    return None if unknown_rank else tuple(dims)
-
-
 def control_inputs(op):
     """`op`'s control inputs in the order its NodeDef lists them (the order they were
     added).  `op.control_inputs` follows TensorFlow's in-edge set, ordered by memory
@@ -275,7 +268,8 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
     `controls`: `control_inputs(op)`; `name`, `kind`: `op.name`, `op.type`, when the
     caller has them (each read of an op's name or type is a call into TensorFlow's C
-    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors."""
+    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors.
+    Written for speed: analyse makes one per op of a 100k-op request."""
     kind = op.type if kind is None else kind
     frame = None
     if kind in optypes.ENTER:
@@ -287,20 +281,27 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     inputs = op.inputs
     infos = {} if infos is None else infos
     outputs = []
-    for tensor in op.outputs:
-        key = (tensor.dtype, _shape_of(tensor))
+    for tensor in op.outputs:  # the C shape: a TensorShape per tensor costs more
+        dims, unknown_rank = tf_private.static_shape(tensor)
+        key = (tensor.dtype, None if unknown_rank else tuple(dims))
         info = infos.get(key)
         if info is None:
             info = infos[key] = TensorInfo(*key)
         outputs.append(info)
+    side_effects = stateful
+    if not stateful:
+        for tensor in inputs:
+            if optypes.is_run_bound(tensor.dtype):
+                side_effects = True
+                break
     return _op_node(
         name=op.name if name is None else name,
         type=kind,
-        inputs=tuple(t.name for t in inputs),
-        control_inputs=tuple(c.name for c in controls),
+        inputs=tuple([t.name for t in inputs]),
+        control_inputs=tuple([c.name for c in controls]) if controls else (),
         outputs=tuple(outputs),
         stateful=stateful,
-        side_effects=stateful or any(optypes.is_run_bound(t.dtype) for t in inputs),
+        side_effects=side_effects,
         frame=frame,
         device=op.device,
         state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
@@ -332,13 +333,18 @@ def _arithmetic_type(op):
 
 
 def _variable_bytes(op):
-    """Size of the variable a VarHandleOp / VariableV2 holds, or 0 when unknown."""
+    """Size of the variable a VarHandleOp / VariableV2 holds, or 0 when unknown.  Read
+    off its NodeDef once (get_attr parses the NodeDef's attributes at each call)."""
     if op.type not in optypes.VARIABLES or op.type == "_VarHandlesOp":  # one shape attr
         return 0
-    shape = tf.TensorShape(op.get_attr("shape"))
-    if not shape.is_fully_defined():
+    attrs = op.node_def.attr
+    shape = attrs["shape"].shape
+    if shape.unknown_rank or any(dim.size < 0 for dim in shape.dim):
         return 0
-    return shape.num_elements() * tf.as_dtype(op.get_attr("dtype")).size
+    count = 1
+    for dim in shape.dim:
+        count *= dim.size
+    return count * tf.as_dtype(attrs["dtype"].type).size
 
 
 def _unfed_placeholder_error(op):
@@ -379,7 +385,7 @@ def _drop_unobservable(nodes, keep):
                        for p in node.input_ops)
 
     removed = set()
-    pending = [name for name in nodes if removable(name)]
+    pending = [name for name, readers in data_readers.items() if not readers and removable(name)]
     while pending:
         name = pending.pop()
         if name in removed or not removable(name):
@@ -525,7 +531,7 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
             continue
         controls = control_inputs(op)
         node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
-        if all(optypes.is_source(c) for c in controls):
+        if not controls or all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
         if optypes.draws_random_stream(op, kind):
             draws.add(name)
@@ -533,8 +539,9 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
         # (an op walked already would be passed over when popped).
         pending = [t.op for t, tensor in zip(op.inputs, node.inputs)
                    if tensor not in fed and t.op not in seen]
-        pending += [c for c in controls if c not in seen and
-                    not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
+        if controls:
+            pending += [c for c in controls if c not in seen and
+                        not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
     together = _drawing_together(nodes, sources, fed, draws)

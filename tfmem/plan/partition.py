@@ -50,21 +50,29 @@ def _unit_inputs(view, unit_of, unit):
 
 
 def _depths(inputs):
-    """Longest path, in units, from a unit without inputs to each unit."""
-    depth = [None] * len(inputs)
+    """Longest path, in units, from a unit without inputs to each unit (the units form a
+    DAG: a unit's inputs are finished before it is)."""
+    depth = [0] * len(inputs)
+    reached = [False] * len(inputs)
     for root in range(len(inputs)):
-        stack = [root]
+        if reached[root]:
+            continue
+        reached[root] = True
+        stack = [(root, iter(inputs[root]))]
         while stack:
-            unit = stack[-1]
-            if depth[unit] is not None:
-                stack.pop()
-                continue
-            pending = [src for src in inputs[unit] if depth[src] is None]
-            if pending:
-                stack.extend(pending)
+            unit, pending = stack[-1]
+            for src in pending:
+                if not reached[src]:
+                    reached[src] = True
+                    stack.append((src, iter(inputs[src])))
+                    break
             else:
-                depth[unit] = 1 + max((depth[src] for src in inputs[unit]), default=0)
                 stack.pop()
+                deepest = 0
+                for src in inputs[unit]:
+                    if depth[src] > deepest:
+                        deepest = depth[src]
+                depth[unit] = deepest + 1
     return depth
 
 
@@ -73,7 +81,8 @@ def depth_first_order(view, groups):
     unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
     inputs = [_unit_inputs(view, unit_of, unit) for unit in groups]
     depth = _depths(inputs)
-    inputs = [sorted(srcs, key=lambda src: depth[src]) for srcs in inputs]  # stable
+    by_depth = depth.__getitem__
+    inputs = [sorted(srcs, key=by_depth) if len(srcs) > 1 else srcs for srcs in inputs]  # stable
     shape_readers = {}  # unit -> single-op Shape/Size/Rank units reading only it
     for i, unit in enumerate(groups):
         node = view.nodes[unit[0]]
