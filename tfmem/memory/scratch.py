@@ -31,6 +31,7 @@ replace stale ones there (`ScratchCache.correct`).
 
 import json
 import logging
+import math
 import os
 import threading
 
@@ -155,15 +156,16 @@ def _calibratable(node):
 
 def input_spec(tensor):
     """(dtype, shape, value or None) of a scratch-graph tensor, or None if its shape is open."""
-    shape = tensor.shape
-    if shape.rank is None or not shape.is_fully_defined():
+    dims, unknown_rank = tf_private.static_shape(tensor)  # without making a TensorShape
+    if unknown_rank or None in dims:
         return None
-    if tensor.dtype in (tf.string, tf.variant, tf.resource) or tf_private.is_ref_dtype(tensor.dtype):
+    dtype = tensor.dtype
+    if dtype in (tf.string, tf.variant, tf.resource) or tf_private.is_ref_dtype(dtype):
         return None
     value = None
-    if tensor.dtype.is_integer and shape.num_elements() <= _VALUE_LIMIT:
+    if dtype.is_integer and math.prod(dims) <= _VALUE_LIMIT:
         value = _static_value(tensor)
-    return tensor.dtype.name, tuple(shape.as_list()), value
+    return dtype.name, tuple(dims), value
 
 
 def _static_value(tensor):

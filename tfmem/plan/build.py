@@ -143,6 +143,8 @@ class Slicing:
             producer = partition_of.get(op_name)
             if producer is None:
                 continue
+            if len(readers) == 1 and partition_of[readers[0]] == producer:
+                continue  # most tensors: one reader, in the producer's partition
             later = {partition_of[name] for name in readers}
             later.discard(producer)
             if later:

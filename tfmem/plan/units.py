@@ -115,9 +115,10 @@ def _ordered(view):
         count = 0
         for edges in (node.input_ops, node.control_inputs):
             for src in edges:
-                if src in consumers and src not in back:
+                waits = consumers.get(src)
+                if waits is not None and (not back or src not in back):
                     count += 1
-                    consumers[src].append(name)
+                    waits.append(name)
         indegree[name] = count
     ready = [name for name, d in indegree.items() if d == 0]
     order = []
@@ -334,14 +335,19 @@ def _join_merged_kernels(view, uf):
 
 def _merge_cycles(view, uf):
     """Rule 6: units on a cycle of the unit graph become one unit."""
-    unit_of = {name: uf.find(name) for name in view.nodes}
+    parent, find = uf.parent, uf.find
+    # (most ops are units of their own: their own parents)
+    unit_of = {name: name if parent[name] == name else find(name) for name in view.nodes}
     successors = {}  # unit -> the units that wait for one of its ops (repeats allowed)
-    for node in view.nodes.values():
-        dst = unit_of[node.name]
+    for name, node in view.nodes.items():
+        dst = unit_of[name]
         for src in node.producers:
             src = unit_of.get(src)
             if src is not None and src != dst:
-                successors.setdefault(src, []).append(dst)
+                if src in successors:
+                    successors[src].append(dst)
+                else:
+                    successors[src] = [dst]
     if _acyclic(set(unit_of.values()), successors):
         return  # the usual case, told in linear time
     graph = nx.DiGraph()
@@ -384,7 +390,7 @@ def units(view):
         _join_frames_and_conds(view, uf)
     if uf.unions:  # single-op units of a DAG form no cycle
         _merge_cycles(view, uf)
-    groups = {}
+    groups, parent = {}, uf.parent
     for name in view.nodes:
-        groups.setdefault(uf.find(name), []).append(name)
+        groups.setdefault(name if parent[name] == name else uf.find(name), []).append(name)
     return tuple(tuple(group) for group in groups.values())
