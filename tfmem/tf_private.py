@@ -192,8 +192,9 @@ def import_for_shapes(graph, serialized, prefix, tensors, library=None):
             c_api.TF_DeleteBuffer(buffer)
         for c_op in graph.new_operations():
             graph._create_op_from_tf_operation(c_op, compute_device=False)  # pylint: disable=protected-access
-    for defined in function.from_library(library) if library is not None else ():
-        defined.add_to_graph(graph)  # the Python side of the functions it imported
+    with graph.as_default():  # (outside a graph, add_to_graph adds to the eager context)
+        for defined in function.from_library(library) if library is not None else ():
+            defined.add_to_graph(graph)  # the Python side of the functions it imported
 
 
 def serialized_node_def(op):

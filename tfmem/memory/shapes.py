@@ -44,8 +44,8 @@ def import_request(graph, view, feed_shapes):
                 handle_data_util.copy_handle_data(tensor, input_map[name])
         used = {t for n in view.nodes.values() for t in n.inputs}
         input_map = {k: v for k, v in input_map.items() if k in used}
-    tf_private.import_for_shapes(scratch, header.SerializeToString() + b"".join(nodes), "s",
-                                 input_map, library)
+        tf_private.import_for_shapes(scratch, header.SerializeToString() + b"".join(nodes),
+                                     "s", input_map, library)
     return scratch
 
 
