@@ -22,7 +22,7 @@ from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
 from tfmem.cli.proof import build_model
 from tfmem.memory.shapes import resolve_shapes
-from tfmem.memory.simulate import simulate
+from tfmem.memory.simulate import CandidateShare, TensorSizes, simulate
 from tfmem.plan.swap import SwapPolicy
 
 from experiments import accuracy as measurement
@@ -281,6 +281,31 @@ def _mlp_plan(partition_size=10):
     model = models.mlp(layers=4)
     x, = model.inputs
     return model, make_plan(analyse([model.loss], [model.train], [x]), partition_size)
+
+
+def test_a_search_predicts_each_candidate_as_a_lone_simulation_does():
+    """A search's simulations share working sets and try partitions from the one that
+    starts with the most resident down: the trace is the plan-order walk's, and a
+    candidate is rejected whichever partition goes over, first or last."""
+    plan = _plan("auto")
+    view = plan.view
+    alone = simulate(plan, early_frees=False, chunks=True)
+    assert len({p.device_before for p in alone.partitions}) > 2  # an order to try in
+    share = CandidateShare(TensorSizes(view, None))
+    for _ in range(2):  # found, then taken from the share
+        assert simulate(plan, early_frees=False, chunks=True, share=share,
+                        give_up=lambda memory: False) == alone
+    for over in (0, len(plan.partitions) - 1):
+        for searched in (share, CandidateShare(TensorSizes(view, None))):
+            assert simulate(plan, early_frees=False, chunks=True, share=searched,
+                            give_up=lambda memory, over=over: memory.index == over) is None
+    # a working set over the budget, in the partition that starts with the least resident
+    least = min(alone.partitions, key=lambda p: (p.device_before, -p.index))
+    assert least.device_peak_requested > least.device_before
+    share = CandidateShare(TensorSizes(view, None))
+    assert simulate(plan, early_frees=False, chunks=True, share=share,
+                    give_up=lambda memory: memory.index == least.index
+                    and memory.device_peak > memory.device_before) is None
 
 
 def test_unknown_dimensions_are_counted_and_resolved_by_feed_shapes():

@@ -13,8 +13,9 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    slices as many partitions as the best found so far is not predicted: it
    would save no Session call.  At each size, try the user's swap distance
    first and shorter distances (more swapping) after.  A candidate is rejected
-   at its first partition over the budget, unsimulated after it, and a
-   partition as soon as one of the orders its ops may run in goes over;
+   at the first partition found over the budget (those that start with the most
+   resident are predicted first), the others unsimulated, and a partition as
+   soon as one of the orders its ops may run in goes over;
 3. coarsen: one large partition usually does not fit where one op of the step
    (a convolution's gradient and its scratch) fills the device, while everywhere
    else it would.  So partitions of 2, 4, 8 ... times the size found, sliced at

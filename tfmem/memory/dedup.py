@@ -107,6 +107,9 @@ class EqualityFacts:
         return facts
 
 
+_UNKNOWN = object()  # an op `EqualityFacts` has not been asked about yet
+
+
 def duplicates(view, order, signatures, keep=(), facts=None):
     """{op name: the equal op it is merged into}: see `_duplicates`; a `Duplicates`
     finds the same for several orders of one partition's ops at the cost of one."""
@@ -178,8 +181,11 @@ def _duplicates(view, order, signatures, keep=(), facts=None):
 
     kept_ops = {split_tensor_name(t)[0] for t in keep}
     equal_sets = {}
+    found = facts._ops  # facts_of's cache, read inline: the loop runs per op of every order
     for name in order:
-        known = facts_of(name)
+        known = found.get(name, _UNKNOWN)
+        if known is _UNKNOWN:
+            known = facts_of(name)
         if known is None:
             continue
         signature, input_ops, input_indices, commutative, controls, mergeable = known

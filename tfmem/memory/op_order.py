@@ -110,13 +110,19 @@ def folded_constants(view, ops, depth_first=None):
     ones shaped like a scalar loss, scaled by the constant batch size).  `depth_first`:
     `dependency_order(view, ops)`, when the caller has it."""
     folded = set()
+    nodes, sources = view.nodes, view.sources
     for name in depth_first or dependency_order(view, ops):
-        node = view.nodes[name]
+        node = nodes[name]
         if node.side_effects or (node.type in INEXPENSIVE and node.type not in _VALUE_VIEWS):
             continue
         producers = node.producers
-        if producers and all(p in folded or getattr(view.sources.get(p), "type", None) == "Const"
-                             for p in producers):
+        if not producers:
+            continue
+        for producer in producers:  # most ops read an op that is neither: stop there
+            if producer not in folded and (producer not in sources
+                                           or sources[producer].type != "Const"):
+                break
+        else:
             folded.add(name)
     return folded
 
@@ -197,11 +203,15 @@ def _readers_in_turn(view, readers, node_id, reversed_readers):
     """{op: its readers in the order the executor makes them ready}: data readers before
     control readers, each by node id (or reversed)."""
     sign = -1 if reversed_readers else 1
+    nodes = view.nodes
     in_turn = {}
     for producer, names in readers.items():
-        in_turn[producer] = names if len(names) < 2 else sorted(
-            names, key=lambda reader: (producer not in view.nodes[reader].data_producers,
-                                       sign * node_id[reader]))
+        if len(names) < 2:
+            in_turn[producer] = names
+        else:
+            in_turn[producer] = sorted(
+                names, key=lambda reader: (producer not in nodes[reader].data_producers,
+                                           sign * node_id[reader]))
     return in_turn
 
 
@@ -281,9 +291,11 @@ def _node_ids(view, ops, originals, edges=None):
     readers, waiting = edges.readers, dict(edges.waiting)
     arguments = {}  # argument key -> the ops that read it
     first = []  # ops that wait on an outside control input only: with the first argument
+    sources = view.sources
     for name in edges.reads_fed:  # the ops with a producer outside the partition, no state
-        outside = {t for t in view.nodes[name].inputs if t.rsplit(":", 1)[0] not in members
-                   and t.rsplit(":", 1)[0] not in view.sources}
+        node = view.nodes[name]
+        outside = {t for t, op in zip(node.inputs, node.input_ops)
+                   if op not in members and op not in sources}
         for tensor in outside:
             arguments.setdefault(_argument_key(view, tensor), []).append(name)
         if not outside:

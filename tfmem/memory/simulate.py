@@ -209,10 +209,12 @@ def _is_view(view, name, size):
 
 class _ViewTest:
     """`_is_view` of each op, found once: every order of every partition a search
-    simulates asks it again."""
+    simulates asks it again.  `links(name)`: the (output, viewed input) pairs of a view
+    op, () for any other op."""
 
     def __init__(self, view, size):
         self._view, self._size, self._known = view, size, {}
+        self._links = {}
 
     def __call__(self, name):
         known = self._known.get(name)
@@ -220,23 +222,35 @@ class _ViewTest:
             known = self._known[name] = _is_view(self._view, name, self._size)
         return known
 
+    def links(self, name):
+        pairs = self._links.get(name)
+        if pairs is None:
+            pairs = ()
+            if self(name):
+                node = self._view.nodes[name]
+                pairs = tuple((tensor, node.inputs[index if node.type == "IdentityN" else 0])
+                              for index, tensor in enumerate(node.output_names))
+            self._links[name] = pairs
+        return pairs
+
 
 def _buffers(view, order, size, merged=None, is_view=None):
     """{tensor: the tensor whose buffer it is}, through chains of views, and through the
     equal ops Grappler merges (`merged`: {op: the op kept in its place}, see dedup).
     `is_view`: a `_ViewTest` of `view` and `size`, when the caller has one."""
     is_view = is_view or _ViewTest(view, size)
+    known, links = is_view._links, is_view.links  # per op of every order: a dict look-up
     root = {}
     for name in order:
-        node = view.nodes[name]
         if merged and name in merged:
-            for tensor, kept in zip(node.output_names, view.nodes[merged[name]].output_names):
+            for tensor, kept in zip(view.nodes[name].output_names,
+                                    view.nodes[merged[name]].output_names):
                 root[tensor] = root.get(kept, kept)
             continue
-        if not is_view(name):
-            continue
-        for index, tensor in enumerate(node.output_names):
-            source = node.inputs[index if node.type == "IdentityN" else 0]
+        pairs = known.get(name)
+        if pairs is None:
+            pairs = links(name)
+        for tensor, source in pairs:
             root[tensor] = root.get(source, source)
     return root
 
@@ -264,8 +278,13 @@ class _RecordedEvents:
         self.calls.append(("rename", args))
 
     def replay(self, log):
+        if isinstance(log, _RecordedEvents):  # recorded again: the same calls
+            log.calls.extend(self.calls)
+            return
+        bound = {name: getattr(log, name)
+                 for name in ("produce", "allocate", "scratch", "release", "rename")}
         for method, args in self.calls:
-            getattr(log, method)(*args)
+            bound[method](*args)
 
 
 class _Hopeless(Exception):
@@ -301,7 +320,8 @@ def _working_set_of(view, partition, size, keep_until_end, freed_inside, scratch
     peak, recorded = known
     if hopeless is not None and hopeless(peak):
         raise _Hopeless(peak)
-    recorded.replay(events)
+    if events is not None:
+        recorded.replay(events)
     return peak
 
 
@@ -401,13 +421,19 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
     for step, name in enumerate(order):
         node = nodes[name]
         inputs = node.inputs
-        read = [root.get(inputs[0], inputs[0])] if len(inputs) == 1 else \
-            list(dict.fromkeys([root.get(t, t) for t in inputs]))
+        if len(inputs) == 1:
+            read = [root.get(inputs[0], inputs[0])]
+        elif root:
+            read = list(dict.fromkeys([root.get(t, t) for t in inputs]))
+        else:
+            read = list(dict.fromkeys(inputs))
         reads.append(read)
-        reads_data = node.type not in SHAPE_ONLY
-        for buffer in read:
-            last_held[buffer] = step
-            if reads_data:
+        if node.type in SHAPE_ONLY:
+            for buffer in read:
+                last_held[buffer] = step
+        else:
+            for buffer in read:
+                last_held[buffer] = step
                 last_read[buffer] = step
     # A kept view keeps its buffer; the simulate loop finds it under the view's name.
     kept = {root.get(t, t) for t in keep_until_end}
@@ -427,14 +453,19 @@ def _in_order(view, order, size, keep_until_end, freed_inside, scratch, events=N
             nbytes = 0 if aliasing else size(tensor)
             reuse = None
             if nbytes and forwarding:
-                reuse = next((b for b in dying if live[b] == nbytes), None)
+                for buffer in dying:  # the first dying input of its size
+                    if live[buffer] == nbytes:
+                        reuse = buffer
+                        break
                 if reuse is not None:
                     dying.remove(reuse)
                     current -= live.pop(reuse)
-                else:
-                    reuse = next((b for b in read if b in forwardable
-                                  and freed_inside.get(b) == nbytes
-                                  and last_held.get(b) == step), None)
+                elif forwardable:
+                    for buffer in read:
+                        if (buffer in forwardable and freed_inside.get(buffer) == nbytes
+                                and last_held.get(buffer) == step):
+                            reuse = buffer
+                            break
                     if reuse is not None:
                         current -= freed_inside.pop(reuse)
             live[tensor] = nbytes
@@ -644,15 +675,59 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     `share`: a `CandidateShare` of the search this plan is a candidate of, whose sizes are
     used and where a partition met again is not simulated again.
 
-    `give_up`: a test of each partition's `PartitionMemory` (its peak in bytes requested)
-    in plan order; the first partition it holds for ends the simulation, which then
-    returns None.  A search rejects a candidate at its first partition over the budget
-    and spends nothing on the partitions after it.
+    `give_up`: a test of each partition's `PartitionMemory` (its peak in bytes requested);
+    the first partition it holds for ends the simulation, which then returns None.  A
+    search rejects a candidate at the first partition found over the budget and spends
+    nothing on the others; with a `share`, partitions are tried from the one that starts
+    with the most resident down, where a step's peak usually is.
     """
     view = plan.view
     size = share.sizes if share is not None else TensorSizes(view, shapes)
     facts = share.facts_for(view, signatures) if share is not None else \
         _ViewFacts(view, size, signatures)
+    memo = share.working_sets if share is not None else None
+    options = dict(workspaces=workspaces or Workspaces(), signatures=signatures,
+                   concurrent_ops=concurrent_ops, early_scratch=early_scratch, facts=facts)
+
+    def working_set(start, events):
+        """The working set of one partition (see `_walk`), recorded in `events`."""
+        index, partition, before, keep_until_end, freed_inside, forwardable, copies = start
+        hopeless = None
+        if give_up is not None:
+            def hopeless(working_set):
+                return give_up(PartitionMemory(index, before, before + working_set + slack,
+                                               0, 0, 0, 0))
+        return _working_set_of(view, partition, size, keep_until_end, freed_inside,
+                               scratch or {}, events, memo, hopeless, forwardable=forwardable,
+                               copy_on_write=copies, **options)
+
+    found = {}
+    try:
+        if give_up is not None and memo is not None:
+            # A candidate over the budget is rejected at the partition that goes over,
+            # most often the one that starts with the most resident: the working sets are
+            # found in that order (each partition's start does not depend on the working
+            # sets before it), and the walk in plan order below takes them from `memo`.
+            starts = []
+            _walk(plan, size, facts, early_frees, scratch, slack, None,
+                  lambda start, log: starts.append(start) or 0, found)
+            for start in sorted(starts, key=lambda start: (-start[2], start[0])):
+                working_set(start, None)
+        return _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set,
+                     found, chunks, regions)
+    except _Hopeless:
+        return None
+
+
+def _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set, found,
+          chunks=False, regions=None):
+    """`simulate`'s walk of the plan's partitions in order, the working set of each from
+    `working_set((index, partition, resident bytes at its start, tensors kept to its end,
+    resident inputs freed inside, those forwardable, copies on write), log)`; the
+    MemoryTrace, or None when `give_up` holds for a partition.  With `regions` None, only
+    the walk: no allocator replay, no trace.  `found`: {partition index: its copies on
+    write and buffer holders}, filled by the first walk of the plan for the next."""
+    view = plan.view
     schedule = Schedule(plan)
     state = facts.state_bytes
     log = AllocationLog()
@@ -677,28 +752,17 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                         if key in live and early_frees}
         # a buffer another kept view holds too is not the reader's alone
         forwardable = frozenset(t for t in freed_inside if t not in shared)
-        copies = _copies_on_write(view, plan, partition, size, facts.variable_updates)
+        if index not in found:
+            found[index] = (_copies_on_write(view, plan, partition, size,
+                                             facts.variable_updates),
+                            _buffer_holders(view, plan, partition, size, facts))
+        copies, holders = found[index]
         for key in schedule.frees[index]:
             if key in live and early_frees:
                 log.rename(key, key[0])
-        hopeless = None
-        if give_up is not None:
-            def hopeless(working_set, index=index, before=before):
-                return give_up(PartitionMemory(index, before, before + working_set + slack,
-                                               0, 0, 0, 0))
-        try:
-            working_set = _working_set_of(view, partition, size, keep_until_end, freed_inside,
-                                          scratch or {}, log,
-                                          share.working_sets if share is not None else None,
-                                          hopeless, forwardable=forwardable,
-                                          workspaces=workspaces or Workspaces(),
-                                          signatures=signatures,
-                                          concurrent_ops=concurrent_ops,
-                                          early_scratch=early_scratch, copy_on_write=copies,
-                                          facts=facts)
-        except _Hopeless:
-            return None
-        peak = before + working_set
+        working_set_bytes = working_set((index, partition, before, keep_until_end, freed_inside,
+                                         forwardable, copies), log)
+        peak = before + working_set_bytes
         for op in copies:  # the variable's new buffer is its state from now on
             log.release((op, "copy on write"))
         for key in schedule.frees[index]:
@@ -710,7 +774,6 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             if uploads_left[tensor] == 0:
                 host.pop(tensor, None)
         to_host = 0
-        holders = _buffer_holders(view, plan, partition, size, facts)
         shared.update(holders)
         for tensor, holder in holders.items():  # one buffer: the log holds it for `holder`
             if tensor != holder:
@@ -739,6 +802,8 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
                                      sum(host.values()), to_host, to_device, kernel))
         if give_up is not None and give_up(trace[-1]):
             return None
+    if regions is None:
+        return None
     replayed, served = replay(log, regions=regions)
     trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack,
                                  device_peak_requested=p.device_peak,
