@@ -201,13 +201,17 @@ class AllocationLog:
     a forwarded or kept tensor hands its buffer on under a new name.
     `state` holds the allocations made before the step (variables, constants);
     `step` the step's, with `("partition", index)` marks where each partition starts.
+    `uploads` are the buffers the prefetch thread allocates (`upload`), logged where
+    their upload starts; `replay` also moves them to where it may end.
     """
 
     def __init__(self):
         self.state = []
         self.step = []
+        self.uploads = set()
         self._buffer = {}
         self._next = 0
+        self._partition = -1
 
     def allocate(self, key, nbytes, into=None):
         """A new buffer of `nbytes` for `key` (nothing for 0 bytes)."""
@@ -216,6 +220,14 @@ class AllocationLog:
         self._next += 1
         self._buffer[key] = self._next
         (self.step if into is None else into).append(("alloc", self._next, nbytes))
+
+    def upload(self, key, nbytes, reader):
+        """A buffer uploaded for partition `reader`, started as the current partition
+        starts: on the prefetch thread while it runs when `reader` comes later (with no
+        prefetch, the reader's own upload, done before its kernels run)."""
+        self.allocate(key, nbytes)
+        if nbytes > 0 and reader > self._partition:
+            self.uploads.add(self._next)
 
     def allocate_state(self, key, nbytes):
         self.allocate(key, nbytes, into=self.state)
@@ -249,6 +261,7 @@ class AllocationLog:
             self._buffer[new_key] = self._buffer.pop(key)
 
     def partition(self, index):
+        self._partition = index
         self.step.append(("partition", index))
 
 
@@ -261,21 +274,66 @@ def replay(log, steps=2, regions=Regions()):
     partition is served when the allocator found every request a chunk within its
     limit; one that was not reads the bytes its regions would need (more than the
     limit).
+
+    The prefetch thread's uploads (`AllocationLog.upload`) start with the partition
+    before their reader and may finish at any point of it, up to its end (the reader
+    waits for them): early, they count in that partition's peak; late, they take the
+    chunks its working set freed, and the reader's buffers take others.  Each peak is
+    the worst over `upload_placements`, in which every partition meets each of the
+    four combinations of early and late for its own uploads and for those made for it.
     """
+    if not log.uploads:
+        return _replay_events(log.state, log.step, steps, regions)
+    peaks, served = {}, {}
+    for late in upload_placements(log.step):
+        placed_peaks, placed_served = _replay_events(
+            log.state, _uploads_placed(log.step, log.uploads, late), steps, regions)
+        for index, peak in placed_peaks.items():
+            peaks[index] = max(peaks.get(index, 0), peak)
+            served[index] = served.get(index, True) and placed_served[index]
+    return peaks, served
+
+
+def upload_placements(events):
+    """Sets of partitions whose uploads land late (at the partition's end): none, all,
+    the even and the odd ones."""
+    indices = [event[1] for event in events if event[0] == "partition"]
+    return (frozenset(), frozenset(indices), frozenset(indices[0::2]),
+            frozenset(indices[1::2]))
+
+
+def _uploads_placed(events, uploads, late):
+    """`events` with the `uploads` allocated in the partitions of `late` moved to the end
+    of their partition."""
+    placed, held, moving = [], [], False
+    for event in events:
+        if event[0] == "partition":
+            placed += held
+            held = []
+            moving = event[1] in late
+        elif moving and event[0] == "alloc" and event[1] in uploads:
+            held.append(event)
+            continue
+        placed.append(event)
+    return placed + held
+
+
+def _replay_events(state, events, steps, regions):
+    """`replay` of one arrangement of the step's `events`."""
     model = BFCModel(regions)
     handles = {}
-    for _, buffer, nbytes in log.state:
+    for _, buffer, nbytes in state:
         handles[buffer] = model.allocate(nbytes)
     peaks, served = {}, {}
     for _ in range(steps - 1):  # the steps before only shape the regions
-        for event in log.step:
+        for event in events:
             kind = event[0]
             if kind == "alloc":
                 handles[event[1]] = model.allocate(event[2])
             elif kind == "free":
                 model.free(handles.pop(event[1], None))
     current = None
-    for event in log.step:
+    for event in events:
         kind = event[0]
         if kind == "partition":
             current = event[1]

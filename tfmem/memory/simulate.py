@@ -742,7 +742,7 @@ def _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set, 
         to_device = 0
         for tensor, reader in schedule.uploads[index]:
             live[(tensor, reader)] = size(tensor)
-            log.allocate((tensor, reader), size(tensor))
+            log.upload((tensor, reader), size(tensor), reader)
             to_device += size(tensor)
         before = state + sum(live.values())
         # in the plan's order: which of two kept views of one buffer it is handed on to
