@@ -96,3 +96,23 @@ def test_a_partitions_peak_is_the_worst_of_its_uploads_early_and_late():
     own.partition(0)
     own.upload("up", MIB, reader=0)
     assert not own.uploads
+
+
+def test_a_replay_asked_to_stop_ends_at_the_first_placement_that_says_so():
+    """Pure: `stop` sees the figures after each placement, rising (the worst so far); the
+    replay ends at the first it holds for, returning nothing, and is unchanged by a
+    `stop` that never holds.  A search rejects a plan on the first placement's figures
+    when they already go over: the others can only raise them."""
+    seen = []
+
+    def stop_after(count):
+        def stop(peaks, served):
+            seen.append(dict(peaks))
+            return len(seen) >= count
+        return stop
+
+    assert replay(_log(None), stop=stop_after(1)) == (None, None)
+    assert len(seen) == 1
+    seen.clear()
+    assert replay(_log(None), stop=stop_after(99)) == replay(_log(None))
+    assert len(seen) == 4 and all(a[i] <= b[i] for a, b in zip(seen, seen[1:]) for i in a)

@@ -265,7 +265,7 @@ class AllocationLog:
         self.step.append(("partition", index))
 
 
-def replay(log, steps=2, regions=Regions()):
+def replay(log, steps=2, regions=Regions(), stop=None):
     """({partition index: peak chunk bytes}, {partition index: served}) in the last of
     `steps` replays of the step after its state, on an allocator that starts with
     `regions` only.
@@ -281,9 +281,14 @@ def replay(log, steps=2, regions=Regions()):
     chunks its working set freed, and the reader's buffers take others.  Each peak is
     the worst over `upload_placements`, in which every partition meets each of the
     four combinations of early and late for its own uploads and for those made for it.
+
+    `stop(peaks, served)`: asked after each placement with the figures so far; when it
+    holds, the replay ends there and returns (None, None) (a search that rejects the
+    plan on those figures needs no other placement: they can only raise its peaks).
     """
     if not log.uploads:
-        return _replay_events(log.state, log.step, steps, regions)
+        peaks, served = _replay_events(log.state, log.step, steps, regions)
+        return (None, None) if stop is not None and stop(peaks, served) else (peaks, served)
     peaks, served = {}, {}
     for late in upload_placements(log.step):
         placed_peaks, placed_served = _replay_events(
@@ -291,6 +296,8 @@ def replay(log, steps=2, regions=Regions()):
         for index, peak in placed_peaks.items():
             peaks[index] = max(peaks.get(index, 0), peak)
             served[index] = served.get(index, True) and placed_served[index]
+        if stop is not None and stop(peaks, served):
+            return None, None
     return peaks, served
 
 

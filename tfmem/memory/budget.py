@@ -448,7 +448,8 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
         transfers, trace = last_predicted.get(size, (None, None))
         if transfers != plan.transfers:
             trace = simulate(plan, shapes, early_frees=False, scratch=scratch, slack=slack,
-                             chunks=True, share=share, give_up=over_budget, **options)
+                             chunks=True, share=share, give_up=over_budget,
+                             reject=lambda trace: not within_budget(trace), **options)
             last_predicted[size] = (plan.transfers, trace)
         return plan, trace
 

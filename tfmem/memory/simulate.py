@@ -652,7 +652,7 @@ def state_bytes(view, size):
 
 def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=False,
              workspaces=None, signatures=None, concurrent_ops=1, regions=Regions(),
-             share=None, early_scratch=None, give_up=None):
+             share=None, early_scratch=None, give_up=None, reject=None):
     """The MemoryTrace of one step of `plan`; `shapes` from `shapes.resolve_shapes`,
     `scratch` ({op name: bytes}) from `scratch.calibrate`; `slack` bytes are added to
     every partition's peak (budget mode's allowance for the allocator's chunks).
@@ -679,7 +679,10 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
     the first partition it holds for ends the simulation, which then returns None.  A
     search rejects a candidate at the first partition found over the budget and spends
     nothing on the others; with a `share`, partitions are tried from the one that starts
-    with the most resident down, where a step's peak usually is.
+    with the most resident down, where a step's peak usually is.  `reject`: a test of a
+    MemoryTrace that more of the allocator replay could only make fail again (its peaks
+    only rise, its partitions only lose being served); a trace it holds for as soon as
+    part of the replay is done ends the simulation, which returns None.
     """
     view = plan.view
     size = share.sizes if share is not None else TensorSizes(view, shapes)
@@ -714,13 +717,13 @@ def simulate(plan, shapes=None, early_frees=True, scratch=None, slack=0, chunks=
             for start in sorted(starts, key=lambda start: (-start[2], start[0])):
                 working_set(start, None)
         return _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set,
-                     found, chunks, regions)
+                     found, chunks, regions, reject)
     except _Hopeless:
         return None
 
 
 def _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set, found,
-          chunks=False, regions=None):
+          chunks=False, regions=None, reject=None):
     """`simulate`'s walk of the plan's partitions in order, the working set of each from
     `working_set((index, partition, resident bytes at its start, tensors kept to its end,
     resident inputs freed inside, those forwardable, copies on write), log)`; the
@@ -804,12 +807,18 @@ def _walk(plan, size, facts, early_frees, scratch, slack, give_up, working_set, 
             return None
     if regions is None:
         return None
-    replayed, served = replay(log, regions=regions)
-    trace = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack,
-                                 device_peak_requested=p.device_peak,
-                                 served=served.get(p.index, True))
-             for p in trace]
-    if chunks:
-        trace = [dataclasses.replace(p, device_peak=max(p.device_peak, p.device_peak_chunks))
-                 for p in trace]
-    return MemoryTrace(tuple(trace), state, len(size.unknown), regions)
+
+    def traced(replayed, served):
+        chunked = [dataclasses.replace(p, device_peak_chunks=replayed.get(p.index, 0) + slack,
+                                       device_peak_requested=p.device_peak,
+                                       served=served.get(p.index, True))
+                   for p in trace]
+        if chunks:
+            chunked = [dataclasses.replace(p, device_peak=max(p.device_peak,
+                                                              p.device_peak_chunks))
+                       for p in chunked]
+        return MemoryTrace(tuple(chunked), state, len(size.unknown), regions)
+
+    stop = None if reject is None else lambda replayed, served: reject(traced(replayed, served))
+    replayed, served = replay(log, regions=regions, stop=stop)
+    return None if replayed is None else traced(replayed, served)
