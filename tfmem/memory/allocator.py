@@ -328,30 +328,37 @@ def _uploads_placed(events, uploads, late):
 def _replay_events(state, events, steps, regions):
     """`replay` of one arrangement of the step's `events`."""
     model = BFCModel(regions)
+    allocate, free = model.allocate, model.free  # bound once: called per event
     handles = {}
     for _, buffer, nbytes in state:
-        handles[buffer] = model.allocate(nbytes)
-    peaks, served = {}, {}
+        handles[buffer] = allocate(nbytes)
+    release = handles.pop
     for _ in range(steps - 1):  # the steps before only shape the regions
         for event in events:
             kind = event[0]
             if kind == "alloc":
-                handles[event[1]] = model.allocate(event[2])
+                handles[event[1]] = allocate(event[2])
             elif kind == "free":
-                model.free(handles.pop(event[1], None))
-    current = None
+                free(release(event[1], None))
+    peaks, served = {}, {}
+    current, peak, ok = None, 0, True  # the partition replayed, its peak so far, served
     for event in events:
         kind = event[0]
         if kind == "partition":
+            if current is not None:
+                peaks[current], served[current] = peak, ok
             current = event[1]
-            peaks[current] = model.needed
-            served[current] = not model.beyond_limit
+            peak, ok = model.needed, not model.beyond_limit
             continue
         if kind == "alloc":
-            handles[event[1]] = model.allocate(event[2])
+            handles[event[1]] = allocate(event[2])
         else:
-            model.free(handles.pop(event[1], None))
+            free(release(event[1], None))
         if current is not None:
-            peaks[current] = max(peaks[current], model.needed)
-            served[current] = served[current] and not model.beyond_limit
+            if model.beyond_limit:
+                peak, ok = max(peak, model.needed), False
+            elif model.in_use > peak:
+                peak = model.in_use
+    if current is not None:
+        peaks[current], served[current] = peak, ok
     return peaks, served
