@@ -24,10 +24,12 @@ VGG = {"vgg": ("vgg", {}, 24)}
 SIZES = (200, 50, 20, 7, 3)
 # Above the band: the median step by at most MEDIAN_ABOVE, the worst by WORST_ABOVE (the
 # layouts earlier steps' uploads left, which one replay of a steady step cannot know:
-# the Eigen net at 20 reads 44.8 to 53.1 MiB from step to step against 51.6 in chunks).
-# Below it, by at most BELOW (the oneDNN net at 7 reads 18.5 to 23.6 MiB from step to
-# step against 21.2 requested).
-MEDIAN_ABOVE, WORST_ABOVE, BELOW = 0.035, 0.04, 0.20
+# the Eigen net at 20 reads 44.8 to 53.1 MiB from step to step against 51.6 in chunks,
+# up to 2.9 % above; where uploads land depends on the machine's load, so the bound
+# leaves room).  With every upload at its partition's start, the oneDNN net at 20 reads
+# 10 to 13 % above.  Below it, by at most BELOW (the oneDNN net at 7 reads 18.5 to 23.6
+# MiB from step to step against 21.2 requested).
+MEDIAN_ABOVE, WORST_ABOVE, BELOW = 0.035, 0.06, 0.20
 
 
 @pytest.fixture(scope="module")
