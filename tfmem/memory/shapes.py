@@ -83,18 +83,16 @@ def resolve_shapes(graph, view, feed_shapes, scratch=None):
     `import_request(graph, view, feed_shapes)`, when the caller has made it (a copy of
     a 100k-op request takes seconds).
     """
-    static = {f"{name}:{i}": info.shape
-              for nodes in (view.nodes, view.sources) for name, node in nodes.items()
-              for i, info in enumerate(node.outputs)}
     if not feed_shapes:
-        return static
+        return {f"{name}:{i}": info.shape
+                for nodes in (view.nodes, view.sources) for name, node in nodes.items()
+                for i, info in enumerate(node.outputs)}
     if scratch is None:
         scratch = import_request(graph, view, feed_shapes)
-    resolved, ops = {}, tf_private.ops_by_name(scratch)
+    resolved, ops, static_shape = {}, tf_private.ops_by_name(scratch), tf_private.static_shape
     for nodes in (view.nodes, view.sources):
         for name, node in nodes.items():
-            outputs = ops["s/" + name].outputs
-            for i in range(len(node.outputs)):
-                dims, unknown_rank = tf_private.static_shape(outputs[i])
-                resolved[f"{name}:{i}"] = None if unknown_rank else tuple(dims)
+            for tensor, output in zip(ops["s/" + name].outputs, node.output_names):
+                dims, unknown_rank = static_shape(tensor)
+                resolved[output] = None if unknown_rank else tuple(dims)
     return resolved
