@@ -23,6 +23,7 @@ Constants count as equal by value (Grappler merges equal Const nodes first, and
 their readers become equal through them).
 """
 
+from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
 from tfmem import tf_private
@@ -60,7 +61,7 @@ def signatures(graph, view, session=None):
     constants (by value).  Empty when the session turns the merge off."""
     if not merges_equal_ops(session):
         return {}
-    found, ops = {}, tf_private.ops_by_name(graph)
+    found, ops, memo = {}, tf_private.ops_by_name(graph), {}
     for name, node in list(view.nodes.items()) + list(view.sources.items()):
         if node.type != "Const" and (name in view.sources or node.stateful
                                      or node.side_effects or node.type in _NEVER
@@ -68,11 +69,27 @@ def signatures(graph, view, session=None):
             continue
         if name not in ops:
             continue
-        op = ops[name]
-        attrs = tuple(sorted((key, value.SerializeToString(deterministic=True))
-                             for key, value in op.node_def.attr.items() if key != "_class"))
-        found[name] = (node.type, node.device, attrs)
+        attrs = node_attrs(tf_private.serialized_node_def(ops[name]), memo)
+        found[name] = (node.type, node.device, tuple(a for a in attrs if a[0] != "_class"))
     return found
+
+
+def node_attrs(serialized, memo):
+    """((name, value serialized deterministically), ...) of the attributes of the NodeDef
+    `serialized`, sorted by name.  `memo` ({}: one per request) holds them per distinct
+    NodeDef left without its name and inputs: the ops of a deep model repeat a few
+    attribute sets, and serialising each op's attributes again costs more than the
+    lookup."""
+    node = NodeDef.FromString(serialized)
+    node.ClearField("name")
+    node.ClearField("input")
+    rest = node.SerializeToString()
+    attrs = memo.get(rest)
+    if attrs is None:
+        attrs = memo[rest] = tuple(sorted(
+            (key, value.SerializeToString(deterministic=True))
+            for key, value in node.attr.items()))
+    return attrs
 
 
 class EqualityFacts:
