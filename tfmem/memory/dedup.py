@@ -27,6 +27,7 @@ from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
 from tfmem import tf_private
+from tfmem.memory import shapes
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan import optypes
 
@@ -56,20 +57,23 @@ def merges_equal_ops(session):
         rewrite.common_subgraph_elimination == off and rewrite.arithmetic_optimization == off))
 
 
-def signatures(graph, view, session=None):
+def signatures(graph, view, session=None, node_defs=None):
     """{op name: hashable signature} of the request's ops Grappler may merge, and of its
-    constants (by value).  Empty when the session turns the merge off."""
+    constants (by value).  Empty when the session turns the merge off.  `node_defs`:
+    `shapes.node_defs(graph, view)`, when the caller has them."""
     if not merges_equal_ops(session):
         return {}
-    found, ops, memo = {}, tf_private.ops_by_name(graph), {}
+    if node_defs is None:
+        node_defs = shapes.node_defs(graph, view)
+    found, memo = {}, {}
     for name, node in list(view.nodes.items()) + list(view.sources.items()):
         if node.type != "Const" and (name in view.sources or node.stateful
                                      or node.side_effects or node.type in _NEVER
                                      or name in view.originals):
             continue
-        if name not in ops:
+        if name not in node_defs:
             continue
-        attrs = node_attrs(tf_private.serialized_node_def(ops[name]), memo)
+        attrs = node_attrs(node_defs[name], memo)
         found[name] = (node.type, node.device, tuple(a for a in attrs if a[0] != "_class"))
     return found
 

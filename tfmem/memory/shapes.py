@@ -13,9 +13,18 @@ from tensorflow.python.ops import handle_data_util
 from tfmem import tf_private
 
 
-def import_request(graph, view, feed_shapes):
+def node_defs(graph, view):
+    """{op name: its NodeDef serialized} of the request's nodes and sources, in view order
+    (the copy and the dedup signatures read them; serialising one costs microseconds)."""
+    ops, serialized = tf_private.ops_by_name(graph), tf_private.serialized_node_def
+    return {name: serialized(ops[name])
+            for names in (view.nodes, view.sources) for name in names if name in ops}
+
+
+def import_request(graph, view, feed_shapes, serialized=None):
     """A scratch graph holding a copy of the request's ops under the prefix "s/", each fed
-    tensor replaced by a placeholder of its shape in `feed_shapes` (when given).
+    tensor replaced by a placeholder of its shape in `feed_shapes` (when given);
+    `serialized`: `node_defs(graph, view)`, when the caller has them.
 
     Shape inference runs as the copies are imported; nothing runs, and the user's
     graph is not touched.  `scratch.calibrate` reads concrete input shapes and
@@ -23,16 +32,15 @@ def import_request(graph, view, feed_shapes):
     colocations: the scratch graph never runs (calibration copies the kernels it
     measures into graphs of their own, devices cleared).
     """
-    members = set(view.nodes) | set(view.sources)
+    serialized = node_defs(graph, view) if serialized is None else serialized
+    members = serialized.keys()
     header = tf.compat.v1.GraphDef()
     header.versions.CopyFrom(graph.graph_def_versions)
     library = None
     if tf_private.has_functions(graph):  # else serialising the graph finds no library
         library = graph.as_graph_def().library
         header.library.CopyFrom(library)
-    ops = tf_private.ops_by_name(graph)
-    nodes = [_node_entry(tf_private.serialized_node_def(ops[name]), members)
-             for name in members]
+    nodes = [_node_entry(node_def, members) for node_def in serialized.values()]
     scratch = tf.Graph()
     with scratch.as_default():
         input_map = {}
