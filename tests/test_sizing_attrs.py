@@ -31,6 +31,9 @@ def _graph():
         axes = [tf.constant([1, 2], name="axes_a"), tf.constant([1, 2], name="axes_b"),
                 tf.constant([0, 3], name="axes_c")]
         sums = [tf.reduce_sum(c, axes[i % 3], name=f"sum{i}") for i, c in enumerate(convs)]
+        # inputs whose values shape inference knows at the fed shape (x's), and does not
+        sums.append(tf.broadcast_to(tf.constant(1.0), tf.shape(x), name="broadcast"))
+        sums.append(tf.raw_ops.BroadcastGradientArgs(s0=tf.shape(x), s1=[3], name="args")[0])
     return graph, x, sums
 
 
@@ -58,7 +61,9 @@ def test_kernel_attributes_and_constant_inputs_are_each_ops_own():
     view = analyse(sums, [], [x])
     copy = import_request(graph, view, {x.name: (2, 8, 8, 3)})
     memo, constants = {}, {}
-    for name in ["a", "b", "strided", "placed", "sum0", "sum1", "sum2", "sum3"]:
+    known = []
+    for name in ["a", "b", "strided", "placed", "sum0", "sum1", "sum2", "sum3", "broadcast",
+                 "args"]:
         op = copy.get_operation_by_name("s/" + name)
         attrs = dedup.node_attrs(tf_private.serialized_node_def(op), memo)
         assert scratch.kernel_attrs(attrs) == tuple(
@@ -67,4 +72,6 @@ def test_kernel_attributes_and_constant_inputs_are_each_ops_own():
             spec = scratch.input_spec(tensor, constants)
             value = tf.get_static_value(tensor) if tensor.dtype.is_integer else None
             assert spec[2] == (None if value is None else value.tolist())
-    assert len(memo) < 8 and len(constants) == 2  # shared where equal, apart where not
+            known.append(spec[2])
+    assert len(memo) < 10 and len(constants) == 3  # shared where equal, apart where not
+    assert [2, 8, 8, 3] in known  # the fed shape, read off the copy's Shape

@@ -201,6 +201,14 @@ def import_for_shapes(graph, serialized, prefix, tensors, library=None):
             defined.add_to_graph(graph)  # the Python side of the functions it imported
 
 
+# The op types whose outputs `tf.get_static_value` evaluates (tensor_util._ConstantValue);
+# for any other op it returns None.
+STATIC_VALUE_TYPES = frozenset({
+    "Const", "Shape", "Size", "Rank", "Range", "Cast", "Concat", "ConcatV2", "Pack", "Unpack",
+    "Split", "Fill", "Equal", "NotEqual", "StopGradient", "CheckNumericsV2",
+    "DebugIdentityV2", "Identity"})
+
+
 def serialized_node_def(op):
     """`op.node_def` serialized, without parsing it into a NodeDef."""
     return op._node_def  # pylint: disable=protected-access

@@ -187,6 +187,8 @@ def _static_value(tensor, constants):
         if key not in constants:
             constants[key] = tensor_util.MakeNdarray(proto).tolist()
         return constants[key]
+    if kind not in tf_private.STATIC_VALUE_TYPES:
+        return None
     value = tf.get_static_value(tensor)
     return None if value is None else value.tolist()
 

@@ -17,8 +17,7 @@ def node_defs(graph, view):
     """{op name: its NodeDef serialized} of the request's nodes and sources, in view order
     (the copy and the dedup signatures read them; serialising one costs microseconds)."""
     ops, serialized = tf_private.ops_by_name(graph), tf_private.serialized_node_def
-    return {name: serialized(ops[name])
-            for names in (view.nodes, view.sources) for name in names if name in ops}
+    return {name: serialized(ops[name]) for names in (view.nodes, view.sources) for name in names}
 
 
 def import_request(graph, view, feed_shapes, serialized=None):
@@ -75,6 +74,8 @@ def _node_entry(serialized, members):
 
 def _varint(value):
     """`value` (>= 0) as a protocol buffer varint: 7 bits a byte, low bits first."""
+    if value < 0x80:
+        return bytes((value,))
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
