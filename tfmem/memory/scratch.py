@@ -29,6 +29,7 @@ names one, so the next process plans without measuring again.  Figures
 replace stale ones there (`ScratchCache.correct`).
 """
 
+import functools
 import json
 import logging
 import math
@@ -199,8 +200,13 @@ def _input_bytes(specs):
         count = 1
         for dim in shape:
             count *= dim
-        total += count * tf.as_dtype(dtype).size
+        total += count * _dtype_size(dtype)
     return total
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_size(name):
+    return tf.as_dtype(name).size
 
 
 def _input_limit():
