@@ -391,6 +391,9 @@ def write_stale_cache(path, graph, view, feed_shapes, session=None):
         json.dump(stale, file)
 
 
+_UNSEEN = object()
+
+
 def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None, scratch_graph=None):
     """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
     the scratch graph, {op name: scratch bytes allocated before its outputs}) of the
@@ -408,9 +411,15 @@ def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None, scratc
     keys, missing = {}, {}
     limit = _input_limit()
     ops, node_attrs, configured, constants = tf_private.ops_by_name(scratch_graph), {}, {}, {}
+    specs_of = {}  # the user's tensor name -> input_spec of its copy (read by several kernels)
     for name in candidates:
         op = ops["s/" + name]
-        specs = [input_spec(t, constants) for t in op.inputs]
+        tensors = view.nodes[name].inputs  # the copy's inputs, in order
+        specs = [specs_of.get(t, _UNSEEN) for t in tensors]
+        if any(s is _UNSEEN for s in specs):
+            for i, (tensor, copied) in enumerate(zip(tensors, op.inputs)):
+                if specs[i] is _UNSEEN:
+                    specs[i] = specs_of[tensor] = input_spec(copied, constants)
         if any(s is None for s in specs) or _input_bytes(specs) > limit:
             continue
         attrs = dedup.node_attrs(tf_private.serialized_node_def(op), node_attrs)
