@@ -182,7 +182,7 @@ def _static_value(tensor, constants):
     if kind == "ShapeN":
         source = op.inputs[tensor.value_index].shape
         return source.as_list() if source.is_fully_defined() else None
-    if kind == "Const":  # tf.get_static_value's, read once per distinct value
+    if kind == "Const":  # what tf.get_static_value reads, once per distinct value
         proto = NodeDef.FromString(tf_private.serialized_node_def(op)).attr["value"].tensor
         key = proto.SerializeToString()
         if key not in constants:
@@ -219,8 +219,8 @@ def _input_limit():
 
 
 def kernel_attrs(attrs):
-    """The attributes that configure a kernel, of `dedup.node_attrs`'s: private ones
-    ("_class", "_output_shapes", ...) left out, values in hexadecimal."""
+    """What configures a kernel of the attributes `attrs` (`dedup.node_attrs`): all but
+    the private ones ("_class", "_output_shapes", ...), values in hexadecimal."""
     return tuple((k, v.hex()) for k, v in attrs if not k.startswith("_"))
 
 
