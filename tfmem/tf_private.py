@@ -164,13 +164,14 @@ def import_for_shapes(graph, serialized, prefix, tensors, library=None):
 
     What `import_graph_def` does for a graph that only answers questions (shapes,
     constant values) and never runs: TensorFlow infers every shape as it imports, and
-    the Python ops are made as they are, without import_graph_def's post-processing
-    (devices derived again through device functions, colocations propagated, control
-    flow contexts checked), which costs three times the import itself.  Colocation
+    the Python ops are made bare, without import_graph_def's post-processing (devices
+    derived again through device functions, colocations propagated, control flow
+    contexts checked), which costs three times the import itself; their names are not
+    reserved, so `graph` takes no more ops afterwards.  Colocation
     constraints are not checked: a copy of part of a graph may name ops left out.
     Raises ValueError for a GraphDef that does not import (a shape that does not fit)."""
     from tensorflow.python.client import pywrap_tf_session as c_api  # pylint: disable=import-outside-toplevel
-    from tensorflow.python.framework import c_api_util, errors, function  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.framework import c_api_util, errors, function, ops  # pylint: disable=import-outside-toplevel
     scoped = c_api_util.ScopedTFImportGraphDefOptions()
     options = scoped.options
     c_api.TF_ImportGraphDefOptionsSetPrefix(options, prefix)
@@ -190,11 +191,22 @@ def import_for_shapes(graph, serialized, prefix, tensors, library=None):
             raise ValueError(str(exc)) from None
         finally:
             c_api.TF_DeleteBuffer(buffer)
+        # Bare Python ops: registered in the graph with their outputs, none of the
+        # bookkeeping of ops made to run (attribute scopes, gradient overrides,
+        # colocation stacks, names reserved for new ops), which costs as much again.
         for c_op in graph.new_operations():
-            graph._create_op_from_tf_operation(c_op, compute_device=False)  # pylint: disable=protected-access
+            ops.Operation._from_c_op(c_op, graph)  # pylint: disable=protected-access
     with graph.as_default():  # (outside a graph, add_to_graph adds to the eager context)
         for defined in function.from_library(library) if library is not None else ():
             defined.add_to_graph(graph)  # the Python side of the functions it imported
+
+
+# The op types whose outputs `tf.get_static_value` evaluates (tensor_util._ConstantValue);
+# for any other op it returns None.
+STATIC_VALUE_TYPES = frozenset({
+    "Const", "Shape", "Size", "Rank", "Range", "Cast", "Concat", "ConcatV2", "Pack", "Unpack",
+    "Split", "Fill", "Equal", "NotEqual", "StopGradient", "CheckNumericsV2",
+    "DebugIdentityV2", "Identity"})
 
 
 def serialized_node_def(op):

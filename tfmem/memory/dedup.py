@@ -23,9 +23,11 @@ Constants count as equal by value (Grappler merges equal Const nodes first, and
 their readers become equal through them).
 """
 
+from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
 from tfmem import tf_private
+from tfmem.memory import shapes
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan import optypes
 
@@ -55,24 +57,43 @@ def merges_equal_ops(session):
         rewrite.common_subgraph_elimination == off and rewrite.arithmetic_optimization == off))
 
 
-def signatures(graph, view, session=None):
+def signatures(graph, view, session=None, node_defs=None):
     """{op name: hashable signature} of the request's ops Grappler may merge, and of its
-    constants (by value).  Empty when the session turns the merge off."""
+    constants (by value).  Empty when the session turns the merge off.  `node_defs`:
+    `shapes.node_defs(graph, view)`, when the caller has them."""
     if not merges_equal_ops(session):
         return {}
-    found, ops = {}, tf_private.ops_by_name(graph)
+    if node_defs is None:
+        node_defs = shapes.node_defs(graph, view)
+    found, memo = {}, {}
     for name, node in list(view.nodes.items()) + list(view.sources.items()):
         if node.type != "Const" and (name in view.sources or node.stateful
                                      or node.side_effects or node.type in _NEVER
                                      or name in view.originals):
             continue
-        if name not in ops:
+        if name not in node_defs:
             continue
-        op = ops[name]
-        attrs = tuple(sorted((key, value.SerializeToString(deterministic=True))
-                             for key, value in op.node_def.attr.items() if key != "_class"))
-        found[name] = (node.type, node.device, attrs)
+        attrs = node_attrs(node_defs[name], memo)
+        found[name] = (node.type, node.device, tuple(a for a in attrs if a[0] != "_class"))
     return found
+
+
+def node_attrs(serialized, memo):
+    """((name, value serialized deterministically), ...) of the attributes of the NodeDef
+    `serialized`, sorted by name.  `memo` ({}: one per request) holds them per distinct
+    NodeDef left without its name and inputs: the ops of a deep model repeat a few
+    attribute sets, and serialising each op's attributes again costs more than the
+    lookup."""
+    node = NodeDef.FromString(serialized)
+    node.ClearField("name")
+    node.ClearField("input")
+    rest = node.SerializeToString()
+    attrs = memo.get(rest)
+    if attrs is None:
+        attrs = memo[rest] = tuple(sorted(
+            (key, value.SerializeToString(deterministic=True))
+            for key, value in node.attr.items()))
+    return attrs
 
 
 class EqualityFacts:

@@ -29,6 +29,7 @@ names one, so the next process plans without measuring again.  Figures
 replace stale ones there (`ScratchCache.correct`).
 """
 
+import functools
 import json
 import logging
 import math
@@ -37,10 +38,12 @@ import threading
 
 import psutil
 import tensorflow as tf
+from tensorflow.core.framework.node_def_pb2 import NodeDef
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.framework import tensor_util
 
 from tfmem.plan import optypes
-from tfmem.memory import kernel_runner
+from tfmem.memory import dedup, kernel_runner
 from tfmem.memory.emulated import emulated_memory_mib
 from tfmem.memory.shapes import import_request
 from tfmem import tf_private
@@ -154,26 +157,39 @@ def _calibratable(node):
                    for o in node.outputs)
 
 
-def input_spec(tensor):
-    """(dtype, shape, value or None) of a scratch-graph tensor, or None if its shape is open."""
+def input_spec(tensor, constants=None):
+    """(dtype, shape, value or None) of a scratch-graph tensor, or None if its shape is open.
+    `constants`: {}, to share the values of equal constants between calls."""
     dims, unknown_rank = tf_private.static_shape(tensor)  # without making a TensorShape
     if unknown_rank or None in dims:
         return None
     dtype = tensor.dtype
-    if dtype in (tf.string, tf.variant, tf.resource) or tf_private.is_ref_dtype(dtype):
+    if dtype in _OPAQUE or tf_private.is_ref_dtype(dtype):
         return None
     value = None
     if dtype.is_integer and math.prod(dims) <= _VALUE_LIMIT:
-        value = _static_value(tensor)
+        value = _static_value(tensor, {} if constants is None else constants)
     return dtype.name, tuple(dims), value
 
 
-def _static_value(tensor):
+_OPAQUE = frozenset({tf.string, tf.variant, tf.resource})
+
+
+def _static_value(tensor, constants):
     """A small integer tensor's value where shape inference knows it (shapes of inputs)."""
     op = tensor.op
-    if op.type == "ShapeN":
+    kind = op.type
+    if kind == "ShapeN":
         source = op.inputs[tensor.value_index].shape
         return source.as_list() if source.is_fully_defined() else None
+    if kind == "Const":  # what tf.get_static_value reads, once per distinct value
+        proto = NodeDef.FromString(tf_private.serialized_node_def(op)).attr["value"].tensor
+        key = proto.SerializeToString()
+        if key not in constants:
+            constants[key] = tensor_util.MakeNdarray(proto).tolist()
+        return constants[key]
+    if kind not in tf_private.STATIC_VALUE_TYPES:
+        return None
     value = tf.get_static_value(tensor)
     return None if value is None else value.tolist()
 
@@ -184,8 +200,13 @@ def _input_bytes(specs):
         count = 1
         for dim in shape:
             count *= dim
-        total += count * tf.as_dtype(dtype).size
+        total += count * _dtype_size(dtype)
     return total
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_size(name):
+    return tf.as_dtype(name).size
 
 
 def _input_limit():
@@ -197,14 +218,16 @@ def _input_limit():
     return min(limit, (cap << 20) // 4) if cap is not None else limit
 
 
-def _attrs(node_def):
-    return tuple(sorted((k, v.SerializeToString(deterministic=True).hex())
-                        for k, v in node_def.attr.items() if not k.startswith("_")))
+def kernel_attrs(attrs):
+    """What configures a kernel of the attributes `attrs` (`dedup.node_attrs`): all but
+    the private ones ("_class", "_output_shapes", ...), values in hexadecimal."""
+    return tuple((k, v.hex()) for k, v in attrs if not k.startswith("_"))
 
 
-def kernel_key(op_type, node_def, specs, threads):
-    """One string naming a kernel configuration in this environment."""
-    return json.dumps([environment(), threads, op_type, _attrs(node_def), specs])
+def kernel_key(op_type, attrs, specs, threads):
+    """One string naming a kernel configuration in this environment (`attrs`:
+    `kernel_attrs`)."""
+    return json.dumps([environment(), threads, op_type, attrs, specs])
 
 
 def session_config(threads):
@@ -368,6 +391,9 @@ def write_stale_cache(path, graph, view, feed_shapes, session=None):
         json.dump(stale, file)
 
 
+_UNSEEN = object()
+
+
 def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None, scratch_graph=None):
     """({op name: scratch bytes}, {op name: extra output bytes}, {op name: kernel key},
     the scratch graph, {op name: scratch bytes allocated before its outputs}) of the
@@ -384,12 +410,22 @@ def calibrate_kernels(graph, view, feed_shapes, session=None, cache=None, scratc
         scratch_graph = import_request(graph, view, feed_shapes)
     keys, missing = {}, {}
     limit = _input_limit()
+    ops, node_attrs, configured, constants = tf_private.ops_by_name(scratch_graph), {}, {}, {}
+    specs_of = {}  # the user's tensor name -> input_spec of its copy (read by several kernels)
     for name in candidates:
-        op = scratch_graph.get_operation_by_name("s/" + name)
-        specs = [input_spec(t) for t in op.inputs]
+        op = ops["s/" + name]
+        tensors = view.nodes[name].inputs  # the copy's inputs, in order
+        specs = [specs_of.get(t, _UNSEEN) for t in tensors]
+        if any(s is _UNSEEN for s in specs):
+            for i, (tensor, copied) in enumerate(zip(tensors, op.inputs)):
+                if specs[i] is _UNSEEN:
+                    specs[i] = specs_of[tensor] = input_spec(copied, constants)
         if any(s is None for s in specs) or _input_bytes(specs) > limit:
             continue
-        key = kernel_key(op.type, op.node_def, specs, threads)
+        attrs = dedup.node_attrs(tf_private.serialized_node_def(op), node_attrs)
+        if attrs not in configured:
+            configured[attrs] = kernel_attrs(attrs)
+        key = kernel_key(op.type, configured[attrs], specs, threads)
         keys[name] = key
         if key not in missing and any(cache.get(prefix + key) is None
                                       for prefix in ("", OUTPUTS, EARLY)):

@@ -13,9 +13,17 @@ from tensorflow.python.ops import handle_data_util
 from tfmem import tf_private
 
 
-def import_request(graph, view, feed_shapes):
+def node_defs(graph, view):
+    """{op name: its NodeDef serialized} of the request's nodes and sources, in view order
+    (the copy and the dedup signatures read them; serialising one costs microseconds)."""
+    ops, serialized = tf_private.ops_by_name(graph), tf_private.serialized_node_def
+    return {name: serialized(ops[name]) for names in (view.nodes, view.sources) for name in names}
+
+
+def import_request(graph, view, feed_shapes, serialized=None):
     """A scratch graph holding a copy of the request's ops under the prefix "s/", each fed
-    tensor replaced by a placeholder of its shape in `feed_shapes` (when given).
+    tensor replaced by a placeholder of its shape in `feed_shapes` (when given);
+    `serialized`: `node_defs(graph, view)`, when the caller has them.
 
     Shape inference runs as the copies are imported; nothing runs, and the user's
     graph is not touched.  `scratch.calibrate` reads concrete input shapes and
@@ -23,16 +31,15 @@ def import_request(graph, view, feed_shapes):
     colocations: the scratch graph never runs (calibration copies the kernels it
     measures into graphs of their own, devices cleared).
     """
-    members = set(view.nodes) | set(view.sources)
+    serialized = node_defs(graph, view) if serialized is None else serialized
+    members = serialized.keys()
     header = tf.compat.v1.GraphDef()
     header.versions.CopyFrom(graph.graph_def_versions)
     library = None
     if tf_private.has_functions(graph):  # else serialising the graph finds no library
         library = graph.as_graph_def().library
         header.library.CopyFrom(library)
-    ops = tf_private.ops_by_name(graph)
-    nodes = [_node_entry(tf_private.serialized_node_def(ops[name]), members)
-             for name in members]
+    nodes = [_node_entry(node_def, members) for node_def in serialized.values()]
     scratch = tf.Graph()
     with scratch.as_default():
         input_map = {}
@@ -67,6 +74,8 @@ def _node_entry(serialized, members):
 
 def _varint(value):
     """`value` (>= 0) as a protocol buffer varint: 7 bits a byte, low bits first."""
+    if value < 0x80:
+        return bytes((value,))
     out = bytearray()
     while value > 0x7F:
         out.append(value & 0x7F | 0x80)
@@ -83,18 +92,16 @@ def resolve_shapes(graph, view, feed_shapes, scratch=None):
     `import_request(graph, view, feed_shapes)`, when the caller has made it (a copy of
     a 100k-op request takes seconds).
     """
-    static = {f"{name}:{i}": info.shape
-              for nodes in (view.nodes, view.sources) for name, node in nodes.items()
-              for i, info in enumerate(node.outputs)}
     if not feed_shapes:
-        return static
+        return {f"{name}:{i}": info.shape
+                for nodes in (view.nodes, view.sources) for name, node in nodes.items()
+                for i, info in enumerate(node.outputs)}
     if scratch is None:
         scratch = import_request(graph, view, feed_shapes)
-    resolved, ops = {}, tf_private.ops_by_name(scratch)
+    resolved, ops, static_shape = {}, tf_private.ops_by_name(scratch), tf_private.static_shape
     for nodes in (view.nodes, view.sources):
         for name, node in nodes.items():
-            outputs = ops["s/" + name].outputs
-            for i in range(len(node.outputs)):
-                dims, unknown_rank = tf_private.static_shape(outputs[i])
-                resolved[f"{name}:{i}"] = None if unknown_rank else tuple(dims)
+            for tensor, output in zip(ops["s/" + name].outputs, node.output_names):
+                dims, unknown_rank = static_shape(tensor)
+                resolved[output] = None if unknown_rank else tuple(dims)
     return resolved

@@ -22,7 +22,7 @@ import dataclasses
 
 from tfmem.memory import dedup, emulated, workspace
 from tfmem.memory.allocator import Regions
-from tfmem.memory.shapes import import_request, resolve_shapes
+from tfmem.memory.shapes import import_request, node_defs, resolve_shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +42,14 @@ class Sizing:
         """The sizing of the request `view` of `graph` at `feed_shapes` ({fed tensor name:
         shape}); kernel scratch measured under `session`'s threads (see scratch);
         `concurrent_ops`: how many kernels the device may run at once."""
-        # Both read shapes inferred at the fed shapes from one copy of the request.
-        copy = import_request(graph, view, feed_shapes) if feed_shapes else None
+        # Both read shapes inferred at the fed shapes from one copy of the request, and the
+        # copy and the signatures read each op's NodeDef serialized once.
+        serialized = node_defs(graph, view)
+        copy = import_request(graph, view, feed_shapes, serialized) if feed_shapes else None
         scratch, workspaces, early = workspace.measure(graph, view, feed_shapes, session,
                                                        scratch_graph=copy)
         return cls(resolve_shapes(graph, view, feed_shapes, copy), scratch, workspaces,
-                   dedup.signatures(graph, view, session), concurrent_ops,
+                   dedup.signatures(graph, view, session, serialized), concurrent_ops,
                    emulated.allocator_regions(), early)
 
     def simulate_options(self):
