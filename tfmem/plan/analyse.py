@@ -194,7 +194,11 @@ class GraphView:
         readers = {}
         for name, node in self.nodes.items():
             for tensor in node.inputs:
-                readers.setdefault(tensor, []).append(name)
+                names = readers.get(tensor)
+                if names is None:
+                    readers[tensor] = [name]
+                else:
+                    names.append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
 
     @_cached_property
