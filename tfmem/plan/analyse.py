@@ -58,7 +58,9 @@ for the user's op too, which then skips its draw exactly as in plain
 TensorFlow.
 """
 
+import collections
 import dataclasses
+import itertools
 import types
 
 import tensorflow as tf
@@ -140,7 +142,7 @@ class OpNode:
     @_cached_property
     def input_ops(self):
         """The op that produces each data input, in input order."""
-        return tuple(t.rpartition(":")[0] for t in self.inputs)
+        return tuple([t.rpartition(":")[0] for t in self.inputs])
 
     @_cached_property
     def input_indices(self):
@@ -192,8 +194,19 @@ class GraphView:
         readers = {}
         for name, node in self.nodes.items():
             for tensor in node.inputs:
-                readers.setdefault(tensor, []).append(name)
+                names = readers.get(tensor)
+                if names is None:
+                    readers[tensor] = [name]
+                else:
+                    names.append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
+
+    @_cached_property
+    def control_flow(self):
+        """{node: its type} of the v1 control-flow nodes (`optypes.CONTROL_FLOW`), which
+        grouping and ordering treat apart; empty for most requests."""
+        flow = optypes.CONTROL_FLOW
+        return {name: node.type for name, node in self.nodes.items() if node.type in flow}
 
     @_cached_property
     def computed_reads(self):
@@ -220,10 +233,10 @@ class GraphView:
         data, controls = {}, {}
         feeds, sources = self.feeds, self.sources
         for name, node in self.nodes.items():
-            pairs = tuple((t, op) for t, op in zip(node.inputs, node.input_ops)
-                          if t in feeds or op in sources)
+            pairs = [(t, op) for t, op in zip(node.inputs, node.input_ops)
+                     if t in feeds or op in sources]
             if pairs:
-                data[name] = pairs
+                data[name] = tuple(pairs)
             if name in self.originals:
                 fed = tuple((src + ":0", src) for src in node.control_inputs
                             if src + ":0" in self.feeds)
@@ -359,12 +372,11 @@ def _unfed_placeholder_error(op):
 
 def _drop_unobservable(nodes, keep):
     """Remove stateless ops only control edges need; pass their inputs on as control edges."""
-    data_readers = dict.fromkeys(nodes, 0)
+    # how many nodes read each op's outputs (counted in C: every data edge of the request)
+    data_readers = collections.Counter(itertools.chain.from_iterable(
+        node.input_ops for node in nodes.values()))
     control_readers = {}  # op -> the nodes with a control edge from it, for ops that have any
     for name, node in nodes.items():
-        for producer in node.input_ops:
-            if producer in data_readers:
-                data_readers[producer] += 1
         for src in node.control_inputs:
             if src in nodes:
                 control_readers.setdefault(src, set()).add(name)
@@ -385,7 +397,7 @@ def _drop_unobservable(nodes, keep):
                        for p in node.input_ops)
 
     removed = set()
-    pending = [name for name, readers in data_readers.items() if not readers and removable(name)]
+    pending = [name for name in nodes if not data_readers[name] and removable(name)]
     while pending:
         name = pending.pop()
         if name in removed or not removable(name):
@@ -412,14 +424,27 @@ def _drop_unobservable(nodes, keep):
     for name, node in nodes.items():
         if name in removed:
             continue
-        if not node.control_inputs and name not in control:
-            kept[name] = node
-            continue
-        edges = control_of(name)
-        edges = tuple(c for c in edges if c in nodes) if edges else ()
+        edges = control.get(name)
+        if edges is None:  # control inputs not edited (analyse lists each once)
+            edges = node.control_inputs
+            if not edges:
+                kept[name] = node
+                continue
+        edges = tuple([c for c in edges if c in nodes])
         kept[name] = node if edges == node.control_inputs else \
-            dataclasses.replace(node, control_inputs=edges)
+            _with_control_inputs(node, edges)
     return kept
+
+
+def _with_control_inputs(node, edges):
+    """`dataclasses.replace(node, control_inputs=edges)` without the frozen dataclass's
+    __init__, keeping the derived data edges found already (`producers` is found again):
+    dropping ops edits the control inputs of a sixth of a training step's ops."""
+    copy = object.__new__(OpNode)
+    copy.__dict__.update(node.__dict__)
+    copy.__dict__["control_inputs"] = edges
+    copy.__dict__.pop("producers", None)
+    return copy
 
 
 def _run_together(nodes, sources, fed, frames, draw):

@@ -13,6 +13,7 @@ checks the invariants every plan must hold, whoever built it.
 
 import dataclasses
 import functools
+import itertools
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import InvalidPlanError
@@ -136,7 +137,7 @@ class Slicing:
     @classmethod
     def of(cls, view, partitioned_units):
         """The slicing of `view` into `partitioned_units` (tuples of units of op names)."""
-        partitions = [tuple(op for unit in units for op in unit) for units in partitioned_units]
+        partitions = [tuple(itertools.chain.from_iterable(units)) for units in partitioned_units]
         partition_of = {op: i for i, ops in enumerate(partitions) for op in ops}
         crossings = []
         for tensor, op_name, readers, reads_state in view.computed_reads:
@@ -163,8 +164,9 @@ class Slicing:
         feeds, sources = [], []
         data_reads, control_reads = view.outside_reads
         for i, ops in enumerate(partitions):
-            used = [pair for name in ops for pair in data_reads.get(name, ())]
-            used += [pair for name in ops for pair in control_reads.get(name, ())]  # runs it: feed it
+            used = [pair for name in ops if name in data_reads for pair in data_reads[name]]
+            if control_reads:  # an original waiting for a fed placeholder runs it: feed it
+                used += [pair for name in ops for pair in control_reads.get(name, ())]
             fetched_sources = [split_tensor_name(t)[0] for t in fetches[i]
                                if split_tensor_name(t)[0] in view.sources]
             feeds.append(tuple(dict.fromkeys(t for t, _ in used if t in view.feeds)))

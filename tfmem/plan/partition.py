@@ -30,23 +30,7 @@ import numbers
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.plan.optypes import SHAPE_ONLY
-
-
-def _unit_inputs(view, unit_of, unit):
-    """Units this unit consumes, in the order its ops name them, without repeats."""
-    if len(unit) == 1:  # most units: one op, whose producers are already without repeats
-        own = unit_of[unit[0]]
-        return list(dict.fromkeys(
-            src_unit for src_unit in map(unit_of.get, view.nodes[unit[0]].producers)
-            if src_unit is not None and src_unit != own))
-    seen, ordered = {unit_of[unit[0]]}, []
-    for name in unit:
-        for src in view.nodes[name].producers:
-            src_unit = unit_of.get(src)
-            if src_unit is not None and src_unit not in seen:
-                seen.add(src_unit)
-                ordered.append(src_unit)
-    return ordered
+from tfmem.plan.units import unit_graph
 
 
 def _depths(inputs):
@@ -78,8 +62,7 @@ def _depths(inputs):
 
 def depth_first_order(view, groups):
     """Indices of `groups` (the units) in post-order from the request's fetches and targets."""
-    unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
-    inputs = [_unit_inputs(view, unit_of, unit) for unit in groups]
+    unit_of, inputs = unit_graph(view, groups)
     depth = _depths(inputs)
     by_depth = depth.__getitem__
     inputs = [sorted(srcs, key=by_depth) if len(srcs) > 1 else srcs for srcs in inputs]  # stable

@@ -106,19 +106,18 @@ def _topological_order(view):
 
 def _ordered(view):
     """(`_topological_order(view)`, {op: the ops that wait for it, by data or control,
-    repeats kept, v1 loop back edges left out})."""
+    each once, v1 loop back edges left out})."""
     nodes = view.nodes
-    back = {name for name, node in nodes.items() if node.type in optypes.NEXT_ITERATION}
+    back = {name for name, kind in view.control_flow.items() if kind in optypes.NEXT_ITERATION}
     indegree = dict.fromkeys(nodes, 0)
     consumers = {name: [] for name in nodes}
     for name, node in nodes.items():
         count = 0
-        for edges in (node.input_ops, node.control_inputs):
-            for src in edges:
-                waits = consumers.get(src)
-                if waits is not None and (not back or src not in back):
-                    count += 1
-                    waits.append(name)
+        for src in node.producers:  # each once: a repeated edge would only be counted twice
+            waits = consumers.get(src)
+            if waits is not None and (not back or src not in back):
+                count += 1
+                waits.append(name)
         indegree[name] = count
     ready = [name for name, d in indegree.items() if d == 0]
     order = []
@@ -210,7 +209,9 @@ def _join_regrouped_arithmetic(view, uf):
     controlled = {c for node in view.nodes.values() for c in node.control_inputs
                   if c in view.nodes}
     paths = None  # (successors, position), made for the first tree that needs them
-    trees = _UnionFind([name for name, node in view.nodes.items() if _family(node)])
+    arithmetic = optypes.SUMS | optypes.PRODUCTS  # the families of `_family`
+    trees = _UnionFind([name for name, node in view.nodes.items()
+                        if (node.arithmetic_type or node.type) in arithmetic])
     forwards, inner_reads = {}, set()  # member -> forwards to its consumer; (op, tensor)
     for name in trees.parent:
         node = view.nodes[name]
@@ -257,7 +258,7 @@ def _paths(view):
     topological order}): what `_on_one_path` walks.  Without v1 loops the order's own
     edges serve (repeated edges change no answer of a reachability walk)."""
     order, consumers = _ordered(view)
-    if any(node.type in optypes.NEXT_ITERATION for node in view.nodes.values()):
+    if any(kind in optypes.NEXT_ITERATION for kind in view.control_flow.values()):
         consumers = {name: [] for name in view.nodes}
         for node in view.nodes.values():
             for producer in node.producers:
@@ -333,64 +334,97 @@ def _join_merged_kernels(view, uf):
             uf.union(first, other)
 
 
-def _merge_cycles(view, uf):
-    """Rule 6: units on a cycle of the unit graph become one unit."""
-    parent, find = uf.parent, uf.find
-    # (most ops are units of their own: their own parents)
-    unit_of = {name: name if parent[name] == name else find(name) for name in view.nodes}
-    successors = {}  # unit -> the units that wait for one of its ops (repeats allowed)
-    for name, node in view.nodes.items():
-        dst = unit_of[name]
-        for src in node.producers:
-            src = unit_of.get(src)
-            if src is not None and src != dst:
-                if src in successors:
-                    successors[src].append(dst)
-                else:
-                    successors[src] = [dst]
-    if _acyclic(set(unit_of.values()), successors):
-        return  # the usual case, told in linear time
+def _cyclic_units(groups, inputs):
+    """Rule 6: the units on a cycle of the unit graph (`inputs`, see `unit_graph`), as
+    components of two or more unit indices; none in the usual case, told in linear time."""
+    if _acyclic(inputs):
+        return []
     graph = nx.DiGraph()
-    graph.add_nodes_from(set(unit_of.values()))
-    graph.add_edges_from((src, dst) for src, dsts in successors.items() for dst in dsts)
-    for component in nx.strongly_connected_components(graph):
-        first, *rest = component
-        for other in rest:
-            uf.union(first, other)
+    graph.add_nodes_from(range(len(groups)))
+    graph.add_edges_from((src, unit) for unit, srcs in enumerate(inputs) for src in srcs)
+    return [component for component in nx.strongly_connected_components(graph)
+            if len(component) > 1]
 
 
-def _acyclic(vertices, successors):
-    """Whether the directed graph of `vertices` and `successors` ({vertex: the vertices
-    its edges lead to}, repeats allowed) has no cycle: Kahn's walk takes every vertex."""
-    indegree = dict.fromkeys(vertices, 0)
-    for dsts in successors.values():
-        for dst in dsts:
-            indegree[dst] += 1
-    ready = [v for v, count in indegree.items() if count == 0]
+def _acyclic(inputs):
+    """Whether the graph of units whose edges lead from each unit to its `inputs` has no
+    cycle: Kahn's walk takes every unit."""
+    readers = [0] * len(inputs)  # per unit, how many units read it
+    for srcs in inputs:
+        for src in srcs:
+            readers[src] += 1
+    ready = [unit for unit, count in enumerate(readers) if count == 0]
     taken = 0
     while ready:
-        vertex = ready.pop()
         taken += 1
-        for dst in successors.get(vertex, ()):
-            indegree[dst] -= 1
-            if indegree[dst] == 0:
-                ready.append(dst)
-    return taken == len(indegree)
+        for src in inputs[ready.pop()]:
+            readers[src] -= 1
+            if readers[src] == 0:
+                ready.append(src)
+    return taken == len(inputs)
+
+
+class Units(tuple):
+    """What `units` returns: the units, each a tuple of op names in view order, and, when
+    grouping found it, their unit graph (`unit_graph`), which the partitioner walks next."""
+
+    def __new__(cls, groups, graph=None):
+        made = super().__new__(cls, groups)
+        made.graph = graph
+        return made
+
+
+def unit_graph(view, groups):
+    """({op: the index of its unit in `groups`}, per unit the indices of the units it
+    reads, by data or control, in the order its ops name them, each once)."""
+    if isinstance(groups, Units) and groups.graph is not None:
+        return groups.graph
+    unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
+    nodes, inputs = view.nodes, []
+    for own, unit in enumerate(groups):
+        if len(unit) == 1:  # most units: one op, whose producers come each once
+            srcs = [src for src in map(unit_of.get, nodes[unit[0]].producers)
+                    if src is not None and src != own]
+            inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
+            continue
+        seen, srcs = {own}, []
+        for name in unit:
+            for src in map(unit_of.get, nodes[name].producers):
+                if src is not None and src not in seen:
+                    seen.add(src)
+                    srcs.append(src)
+        inputs.append(srcs)
+    return unit_of, inputs
+
+
+def _grouped(view, uf):
+    """The units of `uf`'s joins: each a tuple of op names in view order, ordered by
+    their first op."""
+    groups, parent = {}, uf.parent
+    for name in view.nodes:
+        groups.setdefault(name if parent[name] == name else uf.find(name), []).append(name)
+    return tuple(tuple(group) for group in groups.values())
 
 
 def units(view):
-    """The view's ops grouped into units; each unit lists its ops in view order."""
+    """The view's ops grouped into units (`Units`); each unit lists its ops in view order."""
     uf = _UnionFind(view.nodes)
     _join_run_bound_edges(view, uf)
     _join_originals(view, uf)
     _join_merged_kernels(view, uf)
     if view.regrouped_arithmetic:
         _join_regrouped_arithmetic(view, uf)
-    if any(node.type in optypes.CONTROL_FLOW for node in view.nodes.values()):
+    if view.control_flow:
         _join_frames_and_conds(view, uf)
-    if uf.unions:  # single-op units of a DAG form no cycle
-        _merge_cycles(view, uf)
-    groups, parent = {}, uf.parent
-    for name in view.nodes:
-        groups.setdefault(name if parent[name] == name else uf.find(name), []).append(name)
-    return tuple(tuple(group) for group in groups.values())
+    groups = _grouped(view, uf)
+    if not uf.unions:  # single-op units of a DAG form no cycle
+        return Units(groups)
+    graph = unit_graph(view, groups)
+    cycles = _cyclic_units(groups, graph[1])
+    if not cycles:
+        return Units(groups, graph)
+    for first, *rest in cycles:
+        for other in rest:
+            uf.union(groups[first][0], groups[other][0])
+    groups = _grouped(view, uf)
+    return Units(groups, unit_graph(view, groups))
