@@ -286,13 +286,10 @@ def replay(log, steps=2, regions=Regions(), stop=None):
     holds, the replay ends there and returns (None, None) (a search that rejects the
     plan on those figures needs no other placement: they can only raise its peaks).
     """
-    if not log.uploads:
-        peaks, served = _replay_events(log.state, log.step, steps, regions)
-        return (None, None) if stop is not None and stop(peaks, served) else (peaks, served)
     peaks, served = {}, {}
-    for late in upload_placements(log.step):
-        placed_peaks, placed_served = _replay_events(
-            log.state, _uploads_placed(log.step, log.uploads, late), steps, regions)
+    for late in upload_placements(log.step) if log.uploads else (frozenset(),):
+        events = _uploads_placed(log.step, log.uploads, late) if late else log.step
+        placed_peaks, placed_served = _replay_events(log.state, events, steps, regions)
         for index, peak in placed_peaks.items():
             peaks[index] = max(peaks.get(index, 0), peak)
             served[index] = served.get(index, True) and placed_served[index]
@@ -303,10 +300,10 @@ def replay(log, steps=2, regions=Regions(), stop=None):
 
 def upload_placements(events):
     """Sets of partitions whose uploads land late (at the partition's end): none, all,
-    the even and the odd ones."""
+    the even and the odd ones, each once (a one-partition step has two)."""
     indices = [event[1] for event in events if event[0] == "partition"]
-    return (frozenset(), frozenset(indices), frozenset(indices[0::2]),
-            frozenset(indices[1::2]))
+    return tuple(dict.fromkeys((frozenset(), frozenset(indices), frozenset(indices[0::2]),
+                                frozenset(indices[1::2]))))
 
 
 def _uploads_placed(events, uploads, late):
