@@ -1,0 +1,149 @@
+"""Re-plans that reuse: a new plan of a request compiles only the partitions that changed.
+
+Budget mode plans a request again for each new fed shape (and when it learns).
+The compiled plan's partitions that still fit are kept and only those over the
+budget split (memory/refine.py); the compiler then takes the copies and
+callables of every partition equal to one compiled already
+(run/compiling/reuse.py), and `tfmem.function` its partition functions.
+
+The model: an MLP whose first layer reads 4096 features and whose others are
+256 wide, so that a larger batch puts the partitions around the first layer
+over the budget and leaves the rest alone.  A budget below the CPU's memory is
+a ceiling on the prediction: no capped process is needed.  Every step must
+train exactly as plain TensorFlow does (no step runs twice, none is left out).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfmem
+from tfmem.cli import models
+from tfmem.run.compiling import reuse
+from tfmem.plan.build import make_plan
+
+tf1 = tf.compat.v1
+PINNED = tf1.ConfigProto(intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)
+BUDGET = "40MiB"
+FUNCTION_BUDGET = "20MiB"  # its step holds no optimizer slots
+# the first shape's plan; one a new search plans (its refinement would split most
+# partitions); one whose refinement of the plan before keeps most of them
+BATCHES = (512, 640, 768)
+
+
+def _model():
+    return models.mlp(layers=24, width=256, features=4096)
+
+
+def _weights(sess, graph):
+    return sess.run(graph.get_collection("trainable_variables"))
+
+
+@pytest.fixture(scope="module")
+def session_runs():
+    """(plain losses and weights, tfmem's, and each step's CompileStats or None)."""
+    plain_model, tfmem_model = _model(), _model()
+    with tf1.Session(graph=plain_model.graph, config=PINNED) as plain:
+        plain.run(plain_model.init)
+        plain_losses = [plain.run([plain_model.train, plain_model.loss],
+                                  plain_model.feed(b))[1] for b in BATCHES]
+        plain_weights = _weights(plain, plain_model.graph)
+    sess = tf1.Session(graph=tfmem_model.graph, config=PINNED)
+    tfs = tfmem.TFMemSession(sess, device_memory_budget=BUDGET)
+    tfs.run(tfmem_model.init)
+    losses, compiles, partitions = [], [], []
+    for batch in BATCHES:
+        before = tfs.last_compile
+        losses.append(tfs.run([tfmem_model.train, tfmem_model.loss],
+                              tfmem_model.feed(batch))[1])
+        compiles.append(tfs.last_compile if tfs.last_compile is not before else None)
+        partitions.append(tfs.last_step.partitions)
+    weights = _weights(sess, tfmem_model.graph)
+    tfs.close()
+    return dict(plain_losses=plain_losses, plain_weights=plain_weights, losses=losses,
+                weights=weights, compiles=compiles, partitions=partitions)
+
+
+def test_a_replan_of_a_session_compiles_only_the_partitions_that_changed(session_runs):
+    first, _, refined = session_runs["compiles"]
+    assert first.reused_calls == 0 and first.made_callables == first.callables
+    assert session_runs["partitions"][2] > session_runs["partitions"][1] > 1
+    assert refined is not None and not refined.reused, session_runs["compiles"]
+    assert refined.reused_calls > 0, refined
+    assert refined.made_callables == refined.callables - refined.reused_calls \
+        - refined.run_by_name
+    assert refined.made_callables < refined.callables - refined.run_by_name
+
+
+def test_steps_of_reused_partitions_train_like_plain(session_runs):
+    assert np.array_equal(session_runs["losses"], session_runs["plain_losses"])
+    for ours, plain in zip(session_runs["weights"], session_runs["plain_weights"]):
+        assert np.array_equal(ours, plain)
+
+
+def _step(weights):
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for w in weights:
+                h = tf.nn.relu(h @ w)
+            loss = tf.reduce_mean(h * h)
+        for w, g in zip(weights, tape.gradient(loss, weights)):
+            w.assign_sub(0.01 * g)
+        return loss
+    return step
+
+
+def _variables():
+    rng = np.random.default_rng(0)
+    shapes = [(4096, 256)] + [(256, 256)] * 23
+    return [tf.Variable(rng.standard_normal(s).astype(np.float32) * 0.05) for s in shapes]
+
+
+def test_a_replan_of_a_function_compiles_only_the_partitions_that_changed(caplog):
+    signature = [tf.TensorSpec([None, 4096], tf.float32)]
+    plain_vars, our_vars = _variables(), _variables()
+    plain = tf.function(_step(plain_vars), input_signature=signature)
+    ours = tfmem.function(_step(our_vars), input_signature=signature,
+                          device_memory_budget=FUNCTION_BUDGET)
+    made = []
+    for batch in BATCHES:
+        x = tf.constant(np.random.default_rng(batch).standard_normal(
+            (batch, 4096)).astype(np.float32))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="tfmem"):
+            loss = ours(x)
+        assert np.array_equal(loss.numpy(), plain(x).numpy()), batch
+        made.append([(r.args[-2], r.args[-1]) for r in caplog.records
+                     if "partition functions made" in r.getMessage()])
+    for a, b in zip(our_vars, plain_vars):
+        assert np.array_equal(a.numpy(), b.numpy())
+    (first_made, first_taken), = made[0]
+    assert first_made > 1 and first_taken == 0
+    later = [compiled for step in made[1:] for compiled in step]
+    assert any(taken > 0 for _, taken in later), made
+
+
+def test_interchangeable_partitions_agree_on_every_crossing():
+    """Two plans' partitions share a key only where they do the same; a kept output
+    swapped in another plan, or an input deleted in one and not the other, differ."""
+    model = _model()
+    from tfmem.plan.analyse import analyse
+    from tfmem.plan.swap import SwapPolicy
+    view = analyse([model.loss], [model.train], list(model.feed(8)))
+    kept = make_plan(view, 40, SwapPolicy("none"))
+    swapped = make_plan(view, 40, SwapPolicy("all"))
+    again = make_plan(view, 40, SwapPolicy("none"))
+    keys = [reuse.partition_key(kept, p) for p in kept.partitions]
+    assert keys == [reuse.partition_key(again, p) for p in again.partitions]
+    assert reuse.reusable(again, [_Compiled(kept)]) == dict(enumerate(range(len(keys))))
+    crossing = [p.index for p in kept.partitions if p.outputs]
+    found = reuse.reusable(swapped, [_Compiled(kept)])
+    assert crossing and not set(crossing) & set(found)
+
+
+class _Compiled(reuse.Compiled):
+    """A plan's keys, with each partition's index standing for its program."""
+
+    def __init__(self, plan):
+        super().__init__(plan, tuple(range(len(plan.partitions))))
