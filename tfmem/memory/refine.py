@@ -55,7 +55,10 @@ def split_over_budget(plan, predict, fits, over):
         heavy = _over(trace, over)
         split.update(origin[i] for i in heavy)
         if any(len(sliced[i]) < 2 for i in heavy) or len(split) > MOST_SPLIT * len(plan.partitions):
-            return None  # one unit over the budget, or most partitions: search anew
+            log.info("no refinement of a plan of %d partitions: %d of them over the budget%s; "
+                     "searched anew", len(plan.partitions), len(split),
+                     " (one unit alone)" if any(len(sliced[i]) < 2 for i in heavy) else "")
+            return None
         origin = [o for i, o in enumerate(origin) for _ in (range(2) if i in heavy else (0,))]
         sliced = [half for i, part in enumerate(sliced)
                   for half in (_halves(part) if i in heavy else (part,))]
