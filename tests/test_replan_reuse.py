@@ -73,6 +73,7 @@ def session_runs():
                 weights=weights, compiles=compiles, partitions=partitions)
 
 
+@pytest.mark.slow
 def test_a_replan_of_a_session_compiles_only_the_partitions_that_changed(session_runs):
     first, _, refined = session_runs["compiles"]
     assert first.reused_calls == 0 and first.made_callables == first.callables
@@ -84,6 +85,7 @@ def test_a_replan_of_a_session_compiles_only_the_partitions_that_changed(session
     assert refined.made_callables < refined.callables - refined.run_by_name
 
 
+@pytest.mark.slow
 def test_steps_of_reused_partitions_train_like_plain(session_runs):
     assert np.array_equal(session_runs["losses"], session_runs["plain_losses"])
     for ours, plain in zip(session_runs["weights"], session_runs["plain_weights"]):
@@ -109,6 +111,7 @@ def _variables():
     return [tf.Variable(rng.standard_normal(s).astype(np.float32) * 0.05) for s in shapes]
 
 
+@pytest.mark.slow
 def test_a_replan_of_a_function_compiles_only_the_partitions_that_changed(caplog):
     signature = [tf.TensorSpec([None, 4096], tf.float32)]
     plain_vars = _variables()
