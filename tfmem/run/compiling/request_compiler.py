@@ -105,7 +105,8 @@ class RequestCompiler:
     def _executor_for(self, entry, simulate_time, copy_time, donors=()):
         """The executor of the entry's plan: shared with an entry of the same plan, or new,
         taking the partitions the `donors` (executors of the request's other plans)
-        compiled already (an initializing request's are its own: see compile)."""
+        compiled already; a request that sets variables from constants takes none, since
+        its executor is released after its first step (request_planner.note_buffers)."""
         shared = self._plans.executor_of(entry.plan)
         if shared is not None:
             self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True,
