@@ -81,8 +81,8 @@ def test_calibration_agrees_with_the_steps_own_statistics():
         sess.run([model.train, model.loss], model.feed(48),
                  options=tf1.RunOptions(trace_level=tf1.RunOptions.SOFTWARE_TRACE),
                  run_metadata=metadata)
-    # The plain step's node names are the ops' own: index -1 matches "<name>" directly.
-    in_step = measured_scratch(metadata, frozenset(view.nodes), -1)
+    # The plain step's node names are the ops' own: no copy scope prefixes them.
+    in_step = measured_scratch(metadata, frozenset(view.nodes), "tfmem/none")
     assert in_step
     for name in [n for n in view.nodes if view.nodes[n].type.startswith("Conv2D")]:
         ours, real = found.get(name, 0), in_step.get(name, 0)

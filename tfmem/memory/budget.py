@@ -319,14 +319,20 @@ def _fits(trace, budget_bytes, limit, others, margin):
     return trace.peak_device <= limit
 
 
+# What the device holds beyond a request's state after its steps that is the request's own:
+# its callables' constants and every buffer in a chunk of 256 bytes (a 12-layer MLP's
+# steps left 255 KiB).  `still_fits` does not read it as another's.
+OWN_LEFTOVERS = MIB
+
+
 def still_fits(trace, budget_bytes, resident_bytes, margin=DEFAULT_MARGIN, correction=None):
     """Whether a plan fitted earlier, predicted `trace`, still fits now that the device holds
     `resident_bytes`.  What it holds beyond the request's state can grow after planning:
     a variable that shares its buffer with another tensor (its initializer's value, which
     the initializing run's executor keeps) is copied by its first update, so a training
     step's first update leaves up to a copy of the updated variables behind; other
-    requests and sessions allocate too."""
-    others = max(resident_bytes - trace.state_bytes, 0)
+    requests and sessions allocate too (beyond OWN_LEFTOVERS)."""
+    others = max(resident_bytes - trace.state_bytes - OWN_LEFTOVERS, 0)
     factor = learned_factor(correction)
     margin = learned_margin(margin, correction, budget_bytes, trace.regions)
     return _fits(scaled(trace, factor), budget_bytes,
@@ -344,7 +350,8 @@ def fits_by_measurement(step_bytes, budget_bytes, resident_bytes, regions,
 
 
 def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
-        margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=(), coarsen=True):
+        margin=DEFAULT_MARGIN, resident_bytes=0, correction=None, prefer=(), coarsen=True,
+        refine=None):
     """(plan, trace) of the fewest partitions (to within 1/SIZE_PRECISION of the largest
     size) whose predicted peak fits the budget.
 
@@ -362,6 +369,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     serve them and the session graph does not grow.
     `coarsen`: False for a plan whose partitions all have the size found (step 3 of
     the search left out), as a `partition_size` the user may set would make.
+    `refine(plan, predict, fits, over)`: where no plan of `prefer` fits, (plan, trace)
+    made from one of them in this search's terms, or None (see memory/refine.py).
 
     Candidates slice the depth-first order with what changes state moved last, a
     partition starting there where the step has more than one (`updates.updates_last`):
@@ -374,7 +383,8 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
     depth_first = depth_first_order(view, groups)
     order, cut = updates_last(view, groups, depth_first)
     search = functools.partial(_search, view, sizing, budget_bytes, policy, accelerator,
-                               margin, resident_bytes, correction, prefer, coarsen, groups)
+                               margin, resident_bytes, correction, prefer, coarsen, groups,
+                               refine)
     if cut is None:
         return search(order, None)
     try:
@@ -388,7 +398,7 @@ def fit(view, sizing, budget_bytes, policy=SwapPolicy(), accelerator=None,
 
 
 def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_bytes,
-            correction, prefer, coarsen, groups, order, cut):
+            correction, prefer, coarsen, groups, refine, order, cut):
     """`fit`'s search over slicings of `order` (unit indices), a partition starting at
     position `cut` (None: anywhere) in every plan of more than one partition."""
     whole = max(len(view.nodes), 1)
@@ -428,6 +438,12 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
                              chunks=True, share=share, **options)
             if within_budget(trace):
                 return plan, trace
+    for plan in sorted(prefer, key=lambda p: len(p.partitions)) if refine else ():
+        refined = plan.view == view and refine(plan, lambda p: simulate(
+            p, shapes, early_frees=False, scratch=scratch, slack=slack, chunks=True,
+            share=share, **options), within_budget, over_budget)
+        if refined:
+            return refined
     distances = range(policy.swap_distance, -1, -1) if policy.mode == "auto" else [None]
     tried = {}
 

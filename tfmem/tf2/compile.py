@@ -47,6 +47,15 @@ class PartitionFunction:
     concrete: object  # the ConcreteFunction, kept alive while `call` is used
 
 
+def function_key(partition, cut):
+    """What a partition's function computes (`compile_partition`, `compile_with_streams`):
+    its ops, the transfers and fed tensors it takes, what it returns, and `cut` (whether
+    its plan has more than one partition, which decides dedup's reads).  Plans of one trace
+    share a function where their partitions' keys agree, whatever their index."""
+    return (tuple(partition.ops), tuple(partition.inputs), tuple(partition.feeds),
+            tuple(partition.outputs), tuple(partition.fetches), tuple(partition.sources), cut)
+
+
 def partition_graph_def(graph, view, partition, library, seen, read=lambda tensor: tensor,
                         constant=((), ())):
     """A GraphDef of the partition's ops and the constants (state sources) they read,

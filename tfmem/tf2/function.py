@@ -34,7 +34,7 @@ import tensorflow as tf
 from tensorflow.python.eager import record
 
 from tfmem.run.placement import accelerator
-from tfmem.memory import budget, kernel_runner
+from tfmem.memory import budget, kernel_runner, refine
 from tfmem.run.front_end import options as run_options
 from tfmem.run.front_end.budget_learning import BudgetLearning
 from tfmem.run.executing.buffers import HostBufferPool
@@ -48,7 +48,7 @@ from tfmem.memory.resident import ResidentCheck
 from tfmem.memory.scratch import ScratchCache, calibrate, default_cache
 from tfmem.plan.swap import SwapPolicy
 from tfmem import tf_private
-from tfmem.tf2.compile import compile_partition, seen_names
+from tfmem.tf2.compile import compile_partition, function_key, seen_names
 from tfmem.tf2 import prediction
 from tfmem.tf2.dedup import kept_copies
 from tfmem.tf2.execute import EagerExecutor, GraphDevices
@@ -104,6 +104,8 @@ class _Traced:
         self.correction = None
         self.replan = False
         self.resident = ResidentCheck()
+        self.functions = {}  # function_key -> PartitionFunction of its executor's partitions
+        self.functions_made = 0  # of them, compiled for this plan (the rest were shared)
 
 
 def _refuse_jit(jit_compile):
@@ -326,7 +328,7 @@ class PartitionedFunction:
         resident = self._learning.device_in_use_for_planning(view, sizing) or 0
         return budget.fit(view, sizing, runtime.budget_bytes, runtime.policy,
                           resident_bytes=resident, correction=correction,
-                          prefer=[t.plan for t in earlier])
+                          prefer=[t.plan for t in earlier], refine=refine.split_over_budget)
 
     def _replanned(self, key, traced):
         """Budget mode, after a step that measured over its prediction (see BudgetLearning): the
@@ -343,6 +345,7 @@ class PartitionedFunction:
                  plan.partition_size, len(traced.plan.partitions))
         fresh = self._traced[key] = _Traced(traced.concrete, plan, trace)
         fresh.sizing, fresh.feed_shapes = traced.sizing, traced.feed_shapes
+        fresh.functions = traced.functions  # until compiled: partitions the plans share
         fresh.correction = traced.correction
         return fresh
 
@@ -372,18 +375,40 @@ class PartitionedFunction:
             kept = self._kept_copies(traced) if len(plan.partitions) > 1 else {}
             functions = [compile_partition(traced.graph, plan, p, library, seen, kept)
                          for p in plan.partitions]
+            traced.functions_made = len(functions)
         else:  # plans per shape and re-plans: stream ops run in functions shared by all
             streams = self._streams.setdefault(id(traced.concrete), TraceStreams(traced.graph))
             cut = len(plan.partitions) > 1 or any(  # stream ops cut a partition too
                 streams.draws(name) for p in plan.partitions for name in p.ops)
             kept = self._kept_copies(traced) if cut else {}
-            functions = [compile_with_streams(traced.graph, plan, p, library, seen, streams, kept)
-                         for p in plan.partitions]
+            functions = self._shared_functions(traced, lambda p: compile_with_streams(
+                traced.graph, plan, p, library, seen, streams, kept), cut)
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("%s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
-                 "(%.1f MiB)", self.__name__, plan.num_ops, len(plan.partitions),
-                 plan.partition_size, len(swapped), traced.trace.bytes_to_host / (1 << 20))
+                 "(%.1f MiB); %d partition functions made, %d taken from earlier plans",
+                 self.__name__, plan.num_ops, len(plan.partitions), plan.partition_size,
+                 len(swapped), traced.trace.bytes_to_host / (1 << 20),
+                 traced.functions_made, len(plan.partitions) - traced.functions_made)
         traced.executor = EagerExecutor(traced.graph, plan, functions, runtime)
+
+    def _shared_functions(self, traced, make, cut):
+        """The functions of the traced plan's partitions: one an earlier plan of the trace
+        compiled for an equal partition (`function_key`), else `make(partition)`.  Budget
+        mode's plans of one trace (re-plans, other shapes) change a few partitions."""
+        earlier = dict(traced.functions)
+        for other in self._traced.values():
+            if other.concrete is traced.concrete and other.executor is not None:
+                earlier.update(other.functions)
+        functions, traced.functions, traced.functions_made = [], {}, 0
+        for p in traced.plan.partitions:
+            key = function_key(p, cut)
+            function = earlier.get(key)
+            if function is None:
+                function = make(p)
+                traced.functions_made += 1
+            traced.functions[key] = function
+            functions.append(dataclasses.replace(function, index=p.index))
+        return functions
 
     def _kept_copies(self, traced):
         """The copy of each equal computation Grappler keeps in the whole traced function,

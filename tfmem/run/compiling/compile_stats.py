@@ -23,6 +23,9 @@ class CompileStats:
     # rest are session callables: TensorFlow builds a call's executors on its first run,
     # inside the first step (StepStats.executors_built, build_time), not in callables_time
     run_by_name: int = 0
+    # of those, the calls whose copies (and callables) an earlier plan of the request made:
+    # a re-plan imports and makes callable only the partitions that changed (see reuse)
+    reused_calls: int = 0
     graph_ops_before: int = 0
     graph_ops_after: int = 0
     reused: bool = False  # True: the copies and callables of an earlier plan serve this one
@@ -30,6 +33,11 @@ class CompileStats:
     # tfmem.Session: copying the ops the request reached first into its session graph
     # (run/compiling/graph_copy.py); 0 for a wrapped session
     copy_time: float = 0.0
+
+    @property
+    def made_callables(self):
+        """Session callables made for this plan (neither reused nor run by name)."""
+        return self.callables - self.run_by_name - self.reused_calls
 
     def __str__(self):
         copied = f"copying into the session graph {self.copy_time:.2f} s, " \
@@ -41,7 +49,8 @@ class CompileStats:
                 f"rewrite {self.rewrite_time:.2f} s, session extend {self.extend_time:.2f} s, "
                 + ("partial runs (callables when needed), upload callables "
                    if self.partial_run else
-                   f"{self.callables} calls ({self.run_by_name} by name, built on their "
-                   f"first run; {self.callables - self.run_by_name} callables) ")
+                   f"{self.callables} calls ({self.reused_calls} reused from an earlier "
+                   f"plan, {self.run_by_name} by name, built on their first run; "
+                   f"{self.made_callables} callables made) ")
                 + f"{self.callables_time:.2f} s; session graph {self.graph_ops_before} -> "
                 f"{self.graph_ops_after} ops")

@@ -187,26 +187,33 @@ def imports_whole_plans(residence, one_import=True):
     return one_import and supports(residence)
 
 
-def rewrite_plan(graph, plan, scope, residence, one_import=True):
-    """The plan's Programs: one import where the residence allows it, else per partition."""
+def rewrite_plan(graph, plan, scope, residence, one_import=True, reused=None):
+    """The plan's Programs: one import where the residence allows it, else per partition.
+    `reused`: {partition index: Program} compiled for an earlier plan (see reuse), taken
+    as they are where the plan is imported whole."""
     if imports_whole_plans(residence, one_import):
-        return rewrite(graph, plan, scope, residence)
+        return rewrite(graph, plan, scope, residence, reused)
     return partition_rewrite.rewrite(graph, plan, scope, residence)
 
 
-def rewrite(graph, plan, scope, residence):
-    """Programs for every partition of the plan, copied under `scope`/p<index> in one import.
+def rewrite(graph, plan, scope, residence, reused=None):
+    """Programs for every partition of the plan, copied under `scope`/p<index> in one
+    import, but for the partitions `reused` gives a Program of ({index: Program}).
 
     `residence` must be a session-handle residence (see `supports`).
     """
     if not supports(residence):
         raise TypeError(f"plan_import writes session-handle ops only, not "
                         f"{type(residence).__name__}; use rewrite.rewrite")
+    reused = reused or {}
+    written = [p for p in plan.partitions if p.index not in reused]
+    if not written:
+        return tuple(reused[p.index] for p in plan.partitions)
     host_copies = partition_rewrite._host_copies(graph, plan, scope)  # pylint: disable=protected-access
     graph_def = tf.compat.v1.GraphDef()
     graph_def.versions.CopyFrom(graph.graph_def_versions)
     names, external = _Names(), _External(host_copies)
-    parts = [_PartitionDef(plan, p) for p in plan.partitions]
+    parts = [_PartitionDef(plan, p) for p in written]
     with clean_context(graph):
         for part in parts:
             part.write_transfers(graph_def, plan, names)
@@ -219,7 +226,9 @@ def rewrite(graph, plan, scope, residence):
                         graph, graph.get_operation_by_name(src))
         tf.graph_util.import_graph_def(graph_def, input_map=external.input_map,
                                        name=scope + "/")
-        return tuple(_program(graph, plan, part, scope, external, residence) for part in parts)
+        programs = {part.partition.index: _program(graph, plan, part, scope, external, residence)
+                    for part in parts}
+    return tuple(reused.get(p.index) or programs[p.index] for p in plan.partitions)
 
 
 def _program(graph, plan, part, scope, external, residence):
@@ -270,4 +279,4 @@ def _program(graph, plan, part, scope, external, residence):
         fetches.append(tensor_name(name))
         sinks.append((RESULT, name))
     return Program(p.index, tuple(feeds), tuple(feed_sources), tuple(fetches), tuple(sinks),
-                   tuple(targets), connections)
+                   tuple(targets), connections, inside(part.prefix))

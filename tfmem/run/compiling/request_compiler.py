@@ -5,7 +5,9 @@
                        --> the host can hold its swapped tensors (host_memory)
                        --> an executor: shared with an entry of an equal plan, or the plan
                            copied into the session's graph (partial_run, plan_import,
-                           rewrite) and made callable; CompileStats of what it cost
+                           rewrite) and made callable, but for the partitions an earlier
+                           plan of the request compiled already (reuse); CompileStats of
+                           what it cost
 """
 
 import dataclasses
@@ -20,7 +22,7 @@ from tfmem.memory.sizing import Sizing
 from tfmem.plan import stretches
 from tfmem.plan.streams import StreamLedger
 from tfmem.run.executing import partial_run
-from tfmem.run.compiling import plan_import
+from tfmem.run.compiling import plan_import, reuse
 from tfmem.run.executing.buffers import HostBufferPool
 from tfmem.run.compiling.compile_stats import CompileStats
 from tfmem.run.executing.execute import Executor
@@ -92,12 +94,19 @@ class RequestCompiler:
         if entry.written is None:
             entry.written = first_updates.written_variables(entry.plan.view)
             entry.assigned = first_updates.assigned(graph, entry.plan.view)
-        entry.executor = self._executor_for(entry, simulated, request.copy_time)
+        donors = self._plans.executors(request.signature)
+        if entry.replaced is not None:
+            donors.append(entry.replaced)
+        entry.executor = self._executor_for(entry, simulated, request.copy_time, donors)
+        entry.replaced = None
         entry.graph_version = graph.version
         entry.feed_shapes = request.feed_shapes()
 
-    def _executor_for(self, entry, simulate_time, copy_time):
-        """The executor of the entry's plan: shared with an entry of the same plan, or new."""
+    def _executor_for(self, entry, simulate_time, copy_time, donors=()):
+        """The executor of the entry's plan: shared with an entry of the same plan, or new,
+        taking the partitions the `donors` (executors of the request's other plans)
+        compiled already; a request that sets variables from constants takes none, since
+        its executor is released after its first step (request_planner.note_buffers)."""
         shared = self._plans.executor_of(entry.plan)
         if shared is not None:
             self.last_compile = CompileStats(entry.plan_time, simulate_time, reused=True,
@@ -112,20 +121,23 @@ class RequestCompiler:
         executor, rewrite_time, extend_time, callables_time = self._compile(
             entry.plan, None if entry.deferred else entry.trace,
             self._runtime.partial_runs and not entry.assigned,
-            by_name=self._runtime.calls_by_name and not entry.assigned)
+            by_name=self._runtime.calls_by_name and not entry.assigned,
+            donors=() if entry.assigned else donors)
+        calls = 0 if executor.partial_run else len(executor.run_plan.partitions)
         self.last_compile = CompileStats(
             entry.plan_time, simulate_time, rewrite_time, extend_time, callables_time,
-            callables=0 if executor.partial_run else len(executor.run_plan.partitions),
-            run_by_name=0 if executor.partial_run else
-            len(executor.run_plan.partitions) - executor.callables_made,
+            callables=calls,
+            run_by_name=calls - executor.callables_made - executor.callables_taken,
+            reused_calls=executor.reused_calls,
             graph_ops_before=before,
             partial_run=executor.partial_run,
             graph_ops_after=graph.version, copy_time=copy_time)
         log.info("compiled: %s", self.last_compile)
         return executor
 
-    def _compile(self, plan, trace, partial_runs, by_name=False):
-        """(executor, rewrite, extend and callable seconds) of a plan copied into the graph."""
+    def _compile(self, plan, trace, partial_runs, by_name=False, donors=()):
+        """(executor, rewrite, extend and callable seconds) of a plan copied into the graph,
+        but for the partitions `donors` (executors) compiled already (see reuse)."""
         graph = self._session.graph  # finalized or not: see graph_growth
         with graph.as_default():
             scope = graph.unique_name("tfmem/plan", mark_as_used=True)
@@ -136,8 +148,10 @@ class RequestCompiler:
         # the callables run the plan's stretches where the residence's ops allow it
         one_import = plan_import.imports_whole_plans(residence, self._runtime.one_import)
         run_plan = stretches.merged(plan) if one_import and self._runtime.stretches else plan
+        compiled = [d.compiled for d in donors if d.compiled is not None]
+        reused = reuse.reusable(run_plan, compiled) if one_import and compiled else {}
         partial, programs = partial_run.copy_plan(self._session, plan, scope, residence,
-                                                  partial_runs, run_plan, one_import)
+                                                  partial_runs, run_plan, one_import, reused)
         rewritten = time.perf_counter()
         swapped = [t for t in plan.transfers if t.swapped]
         log.info("plan %s: %d ops in %d partitions (partition_size=%s), %d tensors swapped "
@@ -149,7 +163,17 @@ class RequestCompiler:
         if extend is not None:  # the first callable would; timed apart from the callables
             extend()  # pylint: disable=not-callable
         extended = time.perf_counter()
+        if partial is not None:
+            reused = {}  # its callables are made when a step first needs them
+        inherited = {}
+        for donor in donors:
+            for program, calls in donor.callables_by_program().items():
+                inherited.setdefault(program, {}).update(calls)
         executor = Executor(self._session, plan, programs, self._runtime, residence, partial,
-                            run_plan, by_name)
+                            run_plan, by_name,
+                            {p: inherited[p] for p in reused.values() if p in inherited})
+        executor.reused_calls = len(reused)
+        if partial is None and one_import:
+            executor.compiled = reuse.Compiled(run_plan, programs)
         return (executor, rewritten - started, extended - rewritten,
                 time.perf_counter() - extended)

@@ -54,6 +54,7 @@ class Program:
     fetch_sinks: tuple  # per fetch: (HANDLE | HOST | RESULT, tensor name)
     targets: tuple  # op names
     connections: tuple = ()  # (from tensor, to tensor): what the originals read instead
+    scope: str = ""  # the name scope its copies are imported under: `<scope>/<op name>`
 
 
 HANDLE, HOST, RESULT = "handle", "host", "result"
@@ -330,7 +331,7 @@ def rewrite_partition(graph, plan, partition, scope, host_copies, residence):
                 feeds.append(placeholder)
                 feed_sources.append(source)
     return Program(partition.index, tuple(feeds), tuple(feed_sources), tuple(fetches),
-                   tuple(sinks), tuple(targets), connections)
+                   tuple(sinks), tuple(targets), connections, scope)
 
 
 def rewrite(graph, plan, scope, residence):

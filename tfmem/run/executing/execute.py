@@ -102,33 +102,34 @@ def measured_peak(metadata):
     return max((value for _, value in _node_peaks(metadata)), default=None)
 
 
-def _op_of(node_name, index):
-    """The plan's op a node of call `index` runs: a copy `<scope>/p<index>/<op name>`, or
-    the user's op itself (an original)."""
-    return node_name.split(f"/p{index}/", 1)[-1]
+def _op_of(node_name, scope):
+    """The plan's op a node of a call whose copies live under `scope` runs: a copy
+    `<scope>/<op name>`, or the user's op itself (an original)."""
+    prefix = scope + "/"
+    return node_name[len(prefix):] if node_name.startswith(prefix) else node_name
 
 
-def stage_peaks(metadata, index, stage_of, stages):
-    """Per stage of call `index` (see stretches), the peak of its ops' statistics, or None
-    where none of them allocated; `stage_of`: {op: its stage}, or None for a call of one
-    stage, which counts every op of the call."""
+def stage_peaks(metadata, scope, stage_of, stages):
+    """Per stage of a call whose copies live under `scope` (see stretches), the peak of
+    its ops' statistics, or None where none of them allocated; `stage_of`: {op: its
+    stage}, or None for a call of one stage, which counts every op of the call."""
     if stage_of is None:
         return [measured_peak(metadata)]
     peaks = [None] * stages
     for name, value in _node_peaks(metadata):
-        s = stage_of.get(_op_of(name, index))
+        s = stage_of.get(_op_of(name, scope))
         if s is not None and (peaks[s] is None or value > peaks[s]):
             peaks[s] = value
     return peaks
 
 
-def measured_scratch(metadata, ops, index):
-    """{op name: bytes its kernel allocated beyond what it returned} in partition `index`
-    whose `ops` ran as copies named `<scope>/p<index>/<op name>`."""
+def measured_scratch(metadata, ops, scope):
+    """{op name: bytes its kernel allocated beyond what it returned} in a call whose `ops`
+    ran as copies named `<scope>/<op name>`."""
     scratch = {}
     for device in metadata.step_stats.dev_stats:
         for node in device.node_stats:
-            name = _op_of(node.node_name, index)
+            name = _op_of(node.node_name, scope)
             if name in ops and node.memory:
                 extra = max(m.peak_bytes - m.live_bytes for m in node.memory)
                 if extra > 0:
@@ -223,13 +224,18 @@ class Executor:
     """Runs the programs of one plan on one session."""
 
     def __init__(self, session, plan, programs, runtime, residence, partial=None,
-                 run_plan=None, by_name=False):
+                 run_plan=None, by_name=False, inherited=None):
         """`programs`: the callables' Programs, or a function making them when first
         needed (a plan whose steps run as partial runs: `partial`, see partial_run).
         `run_plan`: what the callables run, the plan's stretches (see stretches).
         `by_name`: run the partitions by name (c_path) where they can; False: session
         callables only, whose executors (and the constants their kernels hold) are
-        freed with this executor, not kept by the session until it closes."""
+        freed with this executor, not kept by the session until it closes.
+        `inherited`: {Program: {run options key: callable}} of programs an earlier
+        plan compiled (see reuse): their callables are taken, not made again."""
+        self._inherited = inherited or {}
+        self.reused_calls = 0  # calls whose copies an earlier plan imported (see reuse)
+        self.compiled = None  # its reuse.Compiled, where a later plan may take its calls
         self.session = session
         self.plan = plan
         self.run_plan = run_plan or plan
@@ -257,6 +263,7 @@ class Executor:
         # Every op exists now: the callables below extend the session's graph once.  They
         # are the first step's: measured unless measuring is off.
         self.callables_made = 0  # session callables made at compile (the rest run by name)
+        self.callables_taken = 0  # session callables taken from an earlier plan (inherited)
         if partial is None:
             _, self.callables_made = self._callables_for(
                 None, measure=runtime.measure_device and runtime.measure != "off")
@@ -307,8 +314,9 @@ class Executor:
             if self._run_paths is None:
                 self._run_paths = self._make_run_paths()
             paths = self._run_paths if by_name else [None] * len(self._run_paths)
-            callables = self._callables[key] = self._make_callables(options, paths)
-            return callables, sum(p is None for p in paths)
+            callables, made = self._make_callables(options, paths, key)
+            self._callables[key] = callables
+            return callables, made
 
     def _make_run_paths(self):
         """Per program, the RunPath that calls it by name, or None where its originals
@@ -319,12 +327,33 @@ class Executor:
         tf_private.extend_graph(self.session)  # TF_SessionRun looks the names up there
         return [None if p.connections else c_path.RunPath(self.session, p) for p in programs]
 
-    def _make_callables(self, options, paths):
-        """One callable per partition for these run options: by name where `paths` has
-        its RunPath, else a session callable."""
-        return [path.calling(options) if path is not None else
-                _session_callable(self.session, program, options)
-                for program, path in zip(self.programs, paths)]
+    def _make_callables(self, options, paths, key):
+        """(one callable per partition for these run options, how many session callables
+        were made): by name where `paths` has its RunPath, else the callable an earlier
+        plan made for the same program (`inherited`), else a new session callable."""
+        callables, made = [], 0
+        for program, path in zip(self.programs, paths):
+            if path is not None:
+                callables.append(path.calling(options))
+                continue
+            call = self._inherited.get(program, {}).get(key)
+            if call is None:
+                call, made = _session_callable(self.session, program, options), made + 1
+            else:
+                self.callables_taken += 1
+            callables.append(call)
+        return callables, made
+
+    def callables_by_program(self):
+        """{Program: {run options key: session callable}} made so far, for a later plan
+        of the request to take (see reuse); calls by name need none."""
+        by_program = {}
+        for (options_key, by_name), callables in list(self._callables.items()):
+            if by_name:
+                continue
+            for program, call in zip(self.programs, callables):
+                by_program.setdefault(program, {})[(options_key, by_name)] = call
+        return by_program
 
     def stages(self, index):
         """((partition of the plan, its ops), ...) that callable `index` runs."""
@@ -339,7 +368,7 @@ class Executor:
         else:
             named = re.search(r"\{\{node ([^}]+)\}\}", error.message or "")
             name = named.group(1) if named else ""
-        op = _op_of(name, index)
+        op = _op_of(name, self.programs[index].scope)
         return op if op in self._ops[index] else None
 
     def failed_partition(self, index, error):
@@ -356,7 +385,7 @@ class Executor:
 
     def partition_scratch(self, index, metadata):
         """{op name: kernel scratch} of partition `index`, from its step statistics."""
-        return measured_scratch(metadata, self._ops[index], index)
+        return measured_scratch(metadata, self._ops[index], self.programs[index].scope)
 
     def partition_peaks(self, index, metadata, record_before):
         """The device peak of each partition callable `index` ran: from its step
@@ -367,7 +396,8 @@ class Executor:
         statistics' figure can be (an op's own peak added to the bytes in use when it
         finished, which ops running beside it may have raised since: 66-70 MiB read
         on a 51 MiB device)."""
-        peaks = stage_peaks(metadata, index, self._stage_of[index], len(self._stages[index]))
+        peaks = stage_peaks(metadata, self.programs[index].scope, self._stage_of[index],
+                            len(self._stages[index]))
         memory = accelerator.device_memory(self._runtime.device)
         if memory is None:
             return peaks

@@ -234,24 +234,26 @@ class PartialStep:
 
 
 def copy_plan(session, plan, scope, residence, enabled=True, callables_plan=None,
-              one_import=True):
+              one_import=True, reused=None):
     """(PartialRun or None, the callables' Programs or a function making them): a plan
     whose steps can run as partial runs is copied for them now, and for its callables
     only when a step first needs them (options, run_metadata, measured peaks).
     `callables_plan`: what the callables run (the plan's stretches, see stretches);
-    `one_import`: copy them in one import where the residence allows (plan_import)."""
+    `one_import`: copy them in one import where the residence allows (plan_import);
+    `reused`: {partition of `callables_plan`: Program} an earlier plan compiled, taken
+    by a plan that runs callables (see reuse)."""
     graph = session.graph
 
-    def for_callables():
+    def for_callables(reused=None):
         with graph.as_default():
             callable_scope = graph.unique_name("tfmem/plan", mark_as_used=True)
         return plan_import.rewrite_plan(graph, callables_plan or plan, callable_scope,
-                                        residence, one_import)
+                                        residence, one_import, reused)
 
     why = _unsupported(session, plan, residence) if enabled else "partial_runs=False"
     if why is not None:
         log.info("plan %s runs callables, not partial runs: %s", scope, why)
-        return None, for_callables()
+        return None, for_callables(reused)
     return PartialRun(session, prun_import.import_plan(graph, plan, scope)), for_callables
 
 

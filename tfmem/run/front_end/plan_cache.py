@@ -28,6 +28,9 @@ class CompiledRequest:
         self.written = None  # resource variables its updates write (first_updates), once compiled
         self.assigned = None  # the variables it sets from constants (first_updates.assigned)
         self.released = False  # its executor was released after its first step
+        # the executor of the entry this one replaced (a re-plan), until this one is
+        # compiled: its partitions may be reused (run/compiling/reuse.py)
+        self.replaced = None
         self.feed_shapes = None  # the fed shapes of its first step
         self.plan_time = 0.0  # seconds spent planning it
         self.schedule = None  # sampling.MeasureSchedule: which of its steps are measured
@@ -74,8 +77,17 @@ class PlanCache:
 
     def add(self, key, plan, graph_version, trace=None):
         """A new entry for `key` (replacing any), planned but not yet compiled."""
+        old = self.entries.get(key)
         entry = self.entries[key] = CompiledRequest(plan, graph_version, trace)
+        if old is not None:
+            entry.replaced = old.executor or old.replaced
         return entry
+
+    def executors(self, signature):
+        """The executors of the request `signature`'s compiled entries, for any shapes."""
+        return list({id(e.executor): e.executor for key, e in self.entries.items()
+                     if e.executor is not None
+                     and (key == signature or key[:-1] == signature)}.values())
 
     def compiled_plans(self, signature):
         """Plans of the request `signature` already copied into the graph, for any shapes."""

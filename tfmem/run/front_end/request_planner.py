@@ -4,7 +4,9 @@
                   the graph changed what it reaches      --> analysed and planned again
                   budget mode learned, or the plan no
                   longer fits beside the device's bytes  --> fitted again (the same plan
-                                                             kept when it still fits)
+                                                             kept when it still fits, else
+                                                             its partitions over the budget
+                                                             split: memory/refine.py)
             --> none: analyse, plan (or fit the budget), the placement pass's outcome,
                 the updates gathered into the last partition (atomic_updates)
 
@@ -16,7 +18,7 @@ import dataclasses
 import logging
 import time
 
-from tfmem.memory import budget, first_updates
+from tfmem.memory import budget, first_updates, refine
 from tfmem.plan import updates
 from tfmem.plan.analyse import analyse
 from tfmem.plan.build import make_plan
@@ -132,14 +134,16 @@ class RequestPlanner:
         """Budget mode, the entry fitted again with what was learned: a new entry for a new
         plan, else the same one with its prediction renewed."""
         entry.replan = False
+        started = time.perf_counter()
         plan, trace = self._make_plan(request, entry.correction, entry.plan.view)
-        if (plan.partition_size, plan.policy) != (entry.plan.partition_size, entry.plan.policy):
+        if plan != entry.plan:
             log.info("request planned again with the corrected model: %d partitions "
                      "(partition_size=%s), was %d", len(plan.partitions),
                      plan.partition_size, len(entry.plan.partitions))
             correction = entry.correction
             entry = self._plans.add(key, plan, version, trace)
             entry.correction = correction
+            entry.plan_time = time.perf_counter() - started
             return entry
         # the same plan, predicted with what was learned (gather drops a stale trace)
         entry.trace = trace if trace is not None else budget.predict(
@@ -181,7 +185,8 @@ class RequestPlanner:
             return budget.fit(view, sizing, settings.budget,
                               settings.policy, settings.accelerator, resident_bytes=resident,
                               correction=correction,
-                              prefer=self._plans.compiled_plans(request.signature))
+                              prefer=self._plans.compiled_plans(request.signature),
+                              refine=refine.split_over_budget)
 
     def note_buffers(self, entry):
         """After a step of `entry`: which variables now own their buffers (first_updates).
