@@ -18,8 +18,9 @@ partition starting at the step's updates (plan/updates.py) stays.  At most
 where most go over (a learned factor scales every working set, and the search
 packs partitions close to the budget), halving them all would make about twice
 the Session calls of a new search's plan, and reuse little.  None then, or when
-no refinement fits: the search plans from scratch.  `budget.fit` calls `split_over_budget` with its own prediction and
-checks (`refine=`), so a refined plan fits exactly as a searched one does.
+no refinement fits: the search plans from scratch.  `budget.fit` calls
+`split_over_budget` with its own prediction and checks (`refine=`), so a refined
+plan fits exactly as a searched one does.
 """
 
 import logging
