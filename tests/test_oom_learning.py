@@ -4,8 +4,8 @@ A plan predicted to fit can still run out: its kernels' scratch calibrated wrong
 stale `TFMEM_SCRATCH_CACHE` file from another machine), an executor order the model
 did not take.  The step raises `DeviceMemoryError` (TensorFlow's step is not atomic: the
 updates that ran before the failure stay, as they would in a plain `Session.run`); it
-is never run again.  Before this, the next step ran the same plan and ran out again,
-step after step.  Now budget mode measures the request's kernels again, raises its
+is never run again.  The next step would run the same plan and run out again, step
+after step, so budget mode measures the request's kernels again, raises its
 factor until the failed partition's prediction reaches what the device had for it,
 says so in the error, and plans again before the next step.
 

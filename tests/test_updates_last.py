@@ -13,8 +13,8 @@ The out-of-memory is real, under the emulated accelerator in fresh processes (on
 intra-op and one inter-op thread, each kernel path): the gradient of one layer tiles
 a slice of its input by multiples a py_func returns, so budget mode predicts nothing
 for the tiled tensor and its first plan runs out in the backward pass.  The step is
-planned again, run again, and its loss, weights and moving average equal plain
-`tf.function`'s one step in an uncapped process.
+planned again with the tile's bytes taken in, run again once, and its loss, weights and
+moving average equal plain `tf.function`'s one step in an uncapped process.
 """
 
 import json
@@ -169,7 +169,9 @@ def test_a_step_out_of_memory_in_its_backward_pass_runs_again(onednn):
     plain = _child("reference", REFERENCE_CAP_MIB, onednn)
     out = _child("learn", CAP_MIB, onednn)
     assert "error" not in out, out["error"]
-    assert out["run_again"] and set(out["run_again"]) == {"INFO"}
+    # once: the error names the tile and its bytes, which the model takes in (one op's
+    # miss, not a factor on every partition)
+    assert out["run_again"] == ["INFO"]
     # the moving average and the updates applied once, as in plain's one step
     assert out["loss"] == plain["loss"]
     np.testing.assert_array_equal(out["average"], plain["average"])

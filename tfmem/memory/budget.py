@@ -168,12 +168,16 @@ class Correction:
         self.factor = max(self.factor, _reaching(predict(self.scratch), max(known)))
         return True
 
-    def learn_out_of_memory(self, index, available, scratch_seen, predict):
+    def learn_out_of_memory(self, index, available, scratch_seen, predict, unsized=None):
         """Partition `index` of a step ran out of device memory: it needed more than
-        `available` bytes.  Take in the kernel scratch measured again, and raise the factor
-        until that partition's prediction (its bytes requested, the smaller figure) reaches
-        `available`.  Returns the prediction `predict(scratch)` made with that scratch."""
+        `available` bytes.  Take in the kernel scratch measured again, and `unsized` ((op,
+        bytes) of the failed allocation, where the model had sized nothing that large for
+        the op) as that op's scratch, then raise the factor until that partition's
+        prediction (its bytes requested, the smaller figure) reaches `available`.  Returns
+        the prediction `predict(scratch)` made with that scratch."""
         self._take_in(scratch_seen)
+        if unsized is not None:
+            self._take_in(dict([unsized]))
         corrected = predict(self.scratch)
         failed = corrected.partitions[index]
         working_set = failed.device_peak_requested - failed.device_before

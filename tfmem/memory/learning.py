@@ -91,7 +91,7 @@ def fragmented(request, peak, limit):
 
 def learn_from_out_of_memory(correction, trace, index, capacity, resident, scratch_seen,
                              predict, what="the request", run_again=False, unchanged=False,
-                             request=None, peak=None, limit=None):
+                             request=None, peak=None, limit=None, unsized=None):
     """A step of the plan fitted to `trace` ran out of device memory in partition `index`:
     it needed more than the device's `capacity` bytes less what the device holds for others
     (`resident`, its bytes in use after the failed step freed its own, beyond the request's
@@ -105,7 +105,10 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
     `request`, `peak`, `limit`: the failed allocation's bytes, the allocator's peak after
     the failure and its limit (None: unknown).  When they show the bytes were free
     (`fragmented`), the lesson is to hold the request back (`learn_fragmentation`), not
-    to scale every working set: the prediction's bytes were not what failed."""
+    to scale every working set: the prediction's bytes were not what failed.
+    `unsized`: (op, bytes) of the failed allocation where the model sized nothing that
+    large for that op (a tensor of a shape only the run knows); that op is taught those
+    bytes before any factor, so that one op's miss does not scale every working set."""
     if fragmented(request, peak, limit):
         correction.learn_fragmentation(request)
         message = (f"Budget mode took this in: partition {index} asked for {mib(request)} "
@@ -118,11 +121,14 @@ def learn_from_out_of_memory(correction, trace, index, capacity, resident, scrat
     others = max(resident - trace.state_bytes, 0) if resident is not None else 0
     available = capacity - others
     scratch_seen = _scratch_seen(correction, scratch_seen)
-    corrected = correction.learn_out_of_memory(index, available, scratch_seen, predict)
+    corrected = correction.learn_out_of_memory(index, available, scratch_seen, predict,
+                                               unsized)
+    taught = (f"{unsized[0]!r} taken to allocate the {mib(unsized[1])} it asked for (the "
+              f"model had not sized it), " if unsized else "")
     message = (f"Budget mode took this in: partition {index} was predicted at "
                f"{mib(trace.partitions[index].device_peak)} and needed more than the "
-               f"{mib(available)} the device had for it; with its kernels measured again and "
-               f"what each partition allocates while it runs scaled by "
+               f"{mib(available)} the device had for it; with {taught}its kernels measured "
+               f"again and what each partition allocates while it runs scaled by "
                f"{correction.factor:.2f}, the model predicts "
                f"{mib(scaled(corrected, correction.factor).partitions[index].device_peak)} "
                f"there, and {what} is planned again " + _then(run_again, unchanged))

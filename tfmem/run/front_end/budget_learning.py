@@ -89,8 +89,11 @@ class BudgetLearning:
         `request` bytes by `failed_op`, None: unknown): correct the model and plan again
         before the entry's next step; the sentence the error adds.  `run_again`: the step
         changed no state before it failed and runs again at once."""
+        unsized = None  # (op, bytes) of an allocation the model did not size
         if request is not None and not oom.modelled_request(
                 entry.plan, self._sizing(entry), index, request, failed_op):
+            if failed_op in entry.plan.view.nodes:
+                unsized = (failed_op, request)
             request = None  # the bytes were missing from the model: not a layout's fault
         scratch_seen, predict = self._inputs(entry)
         entry.resident.ran_out()
@@ -100,7 +103,7 @@ class BudgetLearning:
             entry.correction, entry.trace, index, device or self.budget_bytes,
             memory["current"] if memory else None, scratch_seen, predict, what=self._what,
             run_again=run_again, unchanged=unchanged, request=request,
-            peak=memory["peak"] if memory else None, limit=device)
+            peak=memory["peak"] if memory else None, limit=device, unsized=unsized)
         entry.replan = True
         return message
 
