@@ -33,8 +33,10 @@ Grappler rewrites the graph further.
 So the simulator does not bet on one order: `candidate_orders` are the plan's
 depth-first order and the executor emulated with each op's readers in node-id
 order and reversed, on one thread and, where the device has more inter-op
-threads (`concurrent_ops`), on that many taking turns, and the simulator counts
-the worst.  DeepSpeech at 32
+threads (`concurrent_ops`), on that many taking turns, and on that many while
+a long kernel (`LONG_KERNELS`: a convolution, a matrix product, their
+gradients) holds its thread until the others have nothing left to run; the
+simulator counts the worst.  DeepSpeech at 32
 frames (batch 128, one partition, one thread per pool, the request's state
 included) measures 19.7-20.0 MiB in five processes, and 19.9-20.2 simulated in
 the order each process's trace recorded; the emulated executor predicts 21.8,
@@ -60,6 +62,16 @@ INEXPENSIVE = frozenset({
     "ControlTrigger", "Enter", "RefEnter", "Exit", "RefExit", "Switch", "RefSwitch", "Merge",
     "RefMerge", "NextIteration", "RefNextIteration", "LoopCond", "ReadVariableOp",
     "VarHandleOp", "VariableV2", "StridedSliceGrad",
+})
+# Kernels that take far longer than an elementwise op on tensors of their size: while one
+# runs, another inter-op thread may run a whole branch of small ops (Keras Adam's
+# thousands of update ops on ResNet-50 beside the last convolution gradients).
+LONG_KERNELS = frozenset({
+    "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+    "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
+    "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
+    "MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "MaxPoolGrad",
+    "MaxPool3DGrad", "AvgPoolGrad", "FusedBatchNormV3", "FusedBatchNormGradV3",
 })
 _BACK_EDGES = ("NextIteration", "RefNextIteration")  # a loop's: not waited for
 _VALUE_VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "ExpandDims"})  # folded too
@@ -197,6 +209,11 @@ def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=
                                                                   reversed_readers)
             yield _executor_order(ops, dict(waiting), by_direction[reversed_readers], outside,
                                   roots, inexpensive, workers)
+    long_kernels = frozenset(name for name in ops if view.nodes[name].type in LONG_KERNELS)
+    if threads > 1 and long_kernels:
+        for reversed_readers in (False, True):
+            yield _executor_order(ops, dict(waiting), by_direction[reversed_readers], outside,
+                                  roots, inexpensive, int(threads), long_kernels)
 
 
 def _readers_in_turn(view, readers, node_id, reversed_readers):
@@ -238,7 +255,8 @@ def _step_start(view, ops, folded, node_id, waiting):
     return outside, tuple(root for _, root in sorted(roots))
 
 
-def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=1):
+def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=1,
+                    long_kernels=frozenset()):
     """The executor's order with `workers` inter-op threads, each running one op in turn;
     `waiting` ({op: producers not yet run}) is used up.
 
@@ -247,12 +265,22 @@ def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=
     other takes the next from the pool, so both branches' intermediates are alive
     together (two branches holding 16 MiB each peak at 32 MiB, where one thread's
     orders count 16: tests/test_branches_at_once.py).  Taking turns op by op is the
-    even interleaving of kernels that take as long as each other."""
+    even interleaving of kernels that take as long as each other.
+
+    An op of `long_kernels` holds its thread while the other threads run all they can;
+    it ends (enters the order, its readers made ready) when none can run anything else,
+    the one that started first first.  So the small ops beside it run before it ends,
+    their results held while it and its readers run (tests/test_long_kernels.py)."""
     pool = collections.deque(roots)
     order = []
     inlines = [collections.deque() for _ in range(workers)]
-    while pool or any(inlines):
-        for inline in inlines:
+    running = [None] * workers  # each thread's long kernel, with when it started
+    started = 0
+    while pool or any(inlines) or any(running):
+        ran = False
+        for thread, inline in enumerate(inlines):
+            if running[thread] is not None:
+                continue
             while not inline and pool:  # an idle thread takes the pool's next task
                 first = pool.popleft()
                 if first in waiting:
@@ -261,8 +289,20 @@ def _executor_order(ops, waiting, readers, outside, roots, inexpensive, workers=
                     _make_ready(inexpensive, outside[first], waiting, inline, pool)
             if inline:
                 name = inline.popleft()
+                ran = True
+                if name in long_kernels:
+                    running[thread] = (started, name)
+                    started += 1
+                    continue
                 order.append(name)
                 _make_ready(inexpensive, readers[name], waiting, inline, pool)
+        if not ran and any(running):  # nothing else can run: the oldest long kernel ends
+            thread = min((t for t in range(workers) if running[t] is not None),
+                         key=lambda t: running[t][0])
+            name = running[thread][1]
+            running[thread] = None
+            order.append(name)
+            _make_ready(inexpensive, readers[name], waiting, inlines[thread], pool)
     return _with_the_rest(order, ops)
 
 

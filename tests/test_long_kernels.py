@@ -1,0 +1,78 @@
+"""Small ops run beside a long kernel on a second inter-op thread.
+
+While one thread runs a matrix product, the other runs the partition's branch of
+small elementwise ops to its end; their results (held to the partition's end)
+are all alive when the long branch reaches its peak.  Taking turns op by op, as
+if every kernel took as long, puts most of them after that peak.  Keras Adam on
+ResNet-50 is such a partition: its thousands of update ops run beside the last
+convolution gradients.
+
+One fresh process per kernel path, two inter-op threads, one intra-op thread, a
+BFC allocator far above the step: tfmem.function's prediction for one partition
+is set against TensorFlow's peak of the same steps.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfmem.cli import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+
+SCRIPT = r"""
+import json
+import numpy as np
+import tensorflow as tf
+import tfmem
+from tfmem.run.placement import accelerator
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+
+def long_and_small(m, v):
+    # the long branch first (lower node ids): four 1024 x 1024 products, then a 32 MiB tile
+    h = m
+    for _ in range(4):
+        h = tf.matmul(h, m)
+    total = tf.reduce_sum(tf.tile(h, [8, 1]))
+    # forty small results of 0.5 MiB each, returned: held to the end
+    return total, [tf.sin(v + float(i)) for i in range(40)]
+
+rng = np.random.default_rng(0)
+m = tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32) / 32)
+v = tf.constant(rng.standard_normal(1 << 17).astype(np.float32))
+step = tfmem.function(long_and_small, partition_size=1000)
+peaks = []
+for _ in range(5):
+    resident = accelerator.device_memory("CPU:0")["current"]
+    accelerator.reset_peak("CPU:0")
+    total, smalls = step(m, v)
+    total.numpy()
+    del total, smalls
+    peaks.append(accelerator.device_memory("CPU:0")["peak"] - resident)
+report = step.memory_report()
+print(json.dumps(dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
+                      chunks=report.predicted_device_peak_chunks,
+                      partitions=len(step.plan(m, v).partitions))))
+"""
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_small_ops_beside_a_long_kernel_stay_within_the_prediction(onednn):
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env=child_env.child_env(onednn=onednn))
+    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"\nmeasured {figures['measured'] / MIB:.2f} MiB, predicted "
+          f"{figures['predicted'] / MIB:.2f} MiB requested, {figures['chunks'] / MIB:.2f} "
+          "in the allocator's chunks")
+    assert figures["partitions"] == 1
+    # the forty small results (20 MiB) beside the tile (32 MiB) and a product (4 MiB)
+    assert figures["measured"] > 52 * MIB
+    # TensorFlow's in-use figure counts chunks, some handed out larger than their request
+    assert figures["measured"] <= figures["chunks"]
