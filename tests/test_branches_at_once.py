@@ -11,16 +11,11 @@ BFC allocator far above the step: tfmem.function's prediction for one partition
 of two branches is set against TensorFlow's peak of the same steps.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from conftest import run_worker
 from tfmem.cli import child_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
 SCRIPT = r"""
@@ -51,17 +46,15 @@ for _ in range(6):
     step(x).numpy()
     peaks.append(accelerator.device_memory("CPU:0")["peak"] - resident)
 report = step.memory_report()
-print(json.dumps(dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
-                      partitions=len(step.plan(x).partitions))))
+figures = dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
+               partitions=len(step.plan(x).partitions))
+print("TFMEM-RESULTS " + json.dumps(figures))
 """
 
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_two_threads_running_two_branches_stay_within_the_prediction(onednn):
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, env=child_env.child_env(onednn=onednn))
-    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = run_worker(SCRIPT, child_env.child_env(onednn=onednn), timeout=300)
     print(f"\nmeasured {figures['measured'] / MIB:.1f} MiB, "
           f"predicted {figures['predicted'] / MIB:.1f} MiB")
     assert figures["partitions"] == 1

@@ -12,16 +12,11 @@ BFC allocator far above the step: tfmem.function's prediction for one partition
 is set against TensorFlow's peak of the same steps.
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from conftest import run_worker
 from tfmem.cli import child_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
 
 SCRIPT = r"""
@@ -56,18 +51,16 @@ for _ in range(5):
     del total, smalls
     peaks.append(accelerator.device_memory("CPU:0")["peak"] - resident)
 report = step.memory_report()
-print(json.dumps(dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
-                      chunks=report.predicted_device_peak_chunks,
-                      partitions=len(step.plan(m, v).partitions))))
+figures = dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
+               chunks=report.predicted_device_peak_chunks,
+               partitions=len(step.plan(m, v).partitions))
+print("TFMEM-RESULTS " + json.dumps(figures))
 """
 
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_small_ops_beside_a_long_kernel_stay_within_the_prediction(onednn):
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300, env=child_env.child_env(onednn=onednn))
-    assert done.returncode == 0, f"process failed:\n{done.stderr[-4000:]}"
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = run_worker(SCRIPT, child_env.child_env(onednn=onednn), timeout=300)
     print(f"\nmeasured {figures['measured'] / MIB:.2f} MiB, predicted "
           f"{figures['predicted'] / MIB:.2f} MiB requested, {figures['chunks'] / MIB:.2f} "
           "in the allocator's chunks")
