@@ -55,10 +55,11 @@ def split_over_budget(plan, predict, fits, over):
             return candidate, trace
         heavy = _over(trace, over)
         split.update(origin[i] for i in heavy)
-        if any(len(sliced[i]) < 2 for i in heavy) or len(split) > MOST_SPLIT * len(plan.partitions):
+        alone = any(len(sliced[i]) < 2 for i in heavy)  # a unit over the budget by itself
+        if alone or len(split) > MOST_SPLIT * len(plan.partitions):
             log.info("no refinement of a plan of %d partitions: %d of them over the budget%s; "
                      "searched anew", len(plan.partitions), len(split),
-                     " (one unit alone)" if any(len(sliced[i]) < 2 for i in heavy) else "")
+                     " (one unit alone)" if alone else "")
             return None
         origin = [o for i, o in enumerate(origin) for _ in (range(2) if i in heavy else (0,))]
         sliced = [half for i, part in enumerate(sliced)
