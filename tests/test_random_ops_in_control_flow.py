@@ -569,9 +569,11 @@ def _case(name):
 @given(case=st.sampled_from(["control input", "v1 loop", "trained v1 loop"]),
        sequence=st.lists(st.tuples(st.sampled_from(["tfmem", "plain"]), st.integers(0, 3)),
                          min_size=3, max_size=8),
-       config=st.sampled_from([{"partition_size": 1, "swap": "all", "swap_min_bytes": 0},
+       config=st.sampled_from([{"partition_size": 1, "swap": "all",
+                                "options": tfmem.Options(swap_min_bytes=0)},
                                {"partition_size": 3, "swap": "none"},
-                               {"partition_size": 200, "swap": "all", "swap_min_bytes": 0},
+                               {"partition_size": 200, "swap": "all",
+                                "options": tfmem.Options(swap_min_bytes=0)},
                                {"device_memory_budget": "1GiB"}]))
 def test_any_interleaving_draws_plain_tensorflows_numbers(case, sequence, config):
     """Random sequences of requests (any of four fetch sets, feed shapes changing with the

@@ -152,8 +152,8 @@ def test_issue_scenario_dropout_train_eval_plain():
 
 sequences = st.lists(st.sampled_from(CALLS), min_size=3, max_size=7)
 configs = st.sampled_from([
-    {"partition_size": 7, "swap": "all", "swap_min_bytes": 0},
-    {"partition_size": 30, "swap": "auto", "swap_min_bytes": 0, "swap_distance": 1},
+    {"partition_size": 7, "swap": "all", "options": tfmem.Options(swap_min_bytes=0)},
+    {"partition_size": 30, "swap": "auto", "options": tfmem.Options(swap_min_bytes=0), "swap_distance": 1},
     {"partition_size": 100000},
     {"device_memory_budget": "1GiB"},  # plans keyed by feed shape: one per batch size
 ])
