@@ -101,9 +101,10 @@ class TensorInfo:
     def run_bound(self):
         return optypes.is_run_bound(self.dtype)
 
-    @property
+    @_cached_property
     def nbytes(self):
-        """Bytes of a fixed-size tensor of fully known shape, else None."""
+        """Bytes of a fixed-size tensor of fully known shape, else None (found once: the
+        planners ask for every crossing of every candidate plan)."""
         return tensor_bytes(self.dtype, self.shape)
 
 
