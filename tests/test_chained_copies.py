@@ -112,7 +112,9 @@ def test_originals_and_v1_loops_keep_the_executor_order(control_flow):
     assert loop_ops
     draw = [op for op in view.originals if view.nodes[op].type == "RandomUniform"]
     assert draw, "the random op must run as the user's op for this test"
-    for ops in (draw + ["add"], loop_ops):
+    # (beside an op it does not feed: a draw and its one reader have one order only)
+    assert list(partition_orders(view, draw + ["add"], view.originals)) == [draw + ["add"]]
+    for ops in (draw + ["add", "mul"], loop_ops):
         assert op_order.chained_order(view, ops) is None
         assert len(list(partition_orders(view, ops, view.originals))) > 1
     simple = [op for op in view.nodes if op.startswith(("mul", "plain_sum"))]
