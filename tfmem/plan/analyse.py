@@ -97,8 +97,10 @@ class TensorInfo:
     dtype: tf.DType
     shape: tuple | None  # dims (None where unknown), or None for unknown rank
 
-    @property
+    @_cached_property
     def run_bound(self):
+        """Whether the tensor dies with its run (read for every output when grouping; the
+        tensors of a request share few TensorInfos)."""
         return optypes.is_run_bound(self.dtype)
 
     @property
@@ -200,6 +202,21 @@ class GraphView:
                 else:
                     names.append(name)
         return {tensor: tuple(names) for tensor, names in readers.items()}
+
+    @_cached_property
+    def node_index(self):
+        """{node: its position in `nodes`}: the planners' integer graphs (`waits`) name
+        nodes by it."""
+        return {name: i for i, name in enumerate(self.nodes)}
+
+    @_cached_property
+    def waits(self):
+        """Per node, in `nodes` order, the positions of the nodes it waits for by data or
+        control (`OpNode.producers` inside the view): grouping and ordering walk these
+        integer edges rather than names."""
+        get = self.node_index.get
+        return tuple([[i for i in map(get, node.producers) if i is not None]
+                      for node in self.nodes.values()])
 
     @_cached_property
     def control_flow(self):
