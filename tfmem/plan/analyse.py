@@ -294,10 +294,10 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
+def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inputs=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
-    `controls`: `control_inputs(op)`; `name`, `kind`: `op.name`, `op.type`, when the
-    caller has them (each read of an op's name or type is a call into TensorFlow's C
+    `controls`: `control_inputs(op)`; `name`, `kind`, `inputs`: `op.name`, `op.type`,
+    `op.inputs`, when the caller has them (each read is a call into TensorFlow's C
     API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors.
     Written for speed: analyse makes one per op of a 100k-op request."""
     kind = op.type if kind is None else kind
@@ -308,7 +308,7 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     stateful = stateful_types.get(kind)
     if stateful is None:
         stateful = stateful_types[kind] = op.op_def.is_stateful
-    inputs = op.inputs
+    inputs = op.inputs if inputs is None else inputs
     infos = {} if infos is None else infos
     outputs = []
     for tensor in op.outputs:  # the C shape: a TensorShape per tensor costs more
@@ -563,24 +563,27 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
         kind = op.type
         if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
-        if optypes.is_source(op, kind):
-            if op.inputs or op.control_inputs:
+        inputs = op.inputs
+        # a source reads nothing, or is a state source (which must not read anything)
+        if (not inputs or kind in optypes.STATE_SOURCES) and optypes.is_source(op, kind):
+            if inputs or op.control_inputs:
                 raise UnsupportedGraphError(
                     f"State op '{name}' ({kind}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos)
+            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos,
+                                  inputs=inputs)
             continue
         controls = control_inputs(op)
-        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
+        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos, inputs)
         if not controls or all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
         if optypes.draws_random_stream(op, kind):
             draws.add(name)
         # Visit inputs in order: push in reverse so the first input is walked first
         # (an op walked already would be passed over when popped).
-        pending = [t.op for t, tensor in zip(op.inputs, node.inputs)
-                   if tensor not in fed and t.op not in seen]
+        pending = [producer for producer, tensor in zip([t.op for t in inputs], node.inputs)
+                   if tensor not in fed and producer not in seen]
         if controls:
             pending += [c for c in controls if c not in seen and
                         not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
