@@ -193,15 +193,19 @@ class GraphView:
     def readers(self):
         """{tensor: the nodes that read it, in node order}: every candidate plan's
         transfers come from these edges."""
-        readers = {}
+        readers, more = {}, {}  # more: the tensors read more than once, their readers so far
         for name, node in self.nodes.items():
             for tensor in node.inputs:
-                names = readers.get(tensor)
-                if names is None:
-                    readers[tensor] = [name]
+                first = readers.get(tensor)
+                if first is None:
+                    readers[tensor] = (name,)
+                elif tensor in more:
+                    more[tensor].append(name)
                 else:
-                    names.append(name)
-        return {tensor: tuple(names) for tensor, names in readers.items()}
+                    more[tensor] = [*first, name]
+        for tensor, names in more.items():
+            readers[tensor] = tuple(names)
+        return readers
 
     @_cached_property
     def node_index(self):
@@ -298,7 +302,9 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inp
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
     `controls`: `control_inputs(op)`; `name`, `kind`, `inputs`: `op.name`, `op.type`,
     `op.inputs`, when the caller has them (each read is a call into TensorFlow's C
-    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors.
+    API); `infos`: the TensorInfos the request's tensors share, by (id(dtype), shape),
+    and (dtype, whether it is run-bound) by id(dtype): hashing a DType is a call into
+    TensorFlow, and the values keep each dtype, so its id is not reused.
     Written for speed: analyse makes one per op of a 100k-op request."""
     kind = op.type if kind is None else kind
     frame = None
@@ -313,15 +319,20 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inp
     outputs = []
     for tensor in op.outputs:  # the C shape: a TensorShape per tensor costs more
         dims, unknown_rank = tf_private.static_shape(tensor)
-        key = (tensor.dtype, None if unknown_rank else tuple(dims))
-        info = infos.get(key)
+        dtype = tensor.dtype
+        shape = None if unknown_rank else tuple(dims)
+        info = infos.get((id(dtype), shape))
         if info is None:
-            info = infos[key] = TensorInfo(*key)
+            info = infos[id(dtype), shape] = TensorInfo(dtype, shape)
         outputs.append(info)
     side_effects = stateful
     if not stateful:
         for tensor in inputs:
-            if optypes.is_run_bound(tensor.dtype):
+            dtype = tensor.dtype
+            bound = infos.get(id(dtype))
+            if bound is None:
+                bound = infos[id(dtype)] = (dtype, optypes.is_run_bound(dtype))
+            if bound[1]:
                 side_effects = True
                 break
     return _op_node(
@@ -393,10 +404,15 @@ def _drop_unobservable(nodes, keep):
     data_readers = collections.Counter(itertools.chain.from_iterable(
         node.input_ops for node in nodes.values()))
     control_readers = {}  # op -> the nodes with a control edge from it, for ops that have any
-    for name, node in nodes.items():
-        for src in node.control_inputs:
+    controlled = [name for name, node in nodes.items() if node.control_inputs]
+    for name in controlled:
+        for src in nodes[name].control_inputs:
             if src in nodes:
-                control_readers.setdefault(src, set()).add(name)
+                readers = control_readers.get(src)
+                if readers is None:
+                    control_readers[src] = {name}
+                else:
+                    readers.add(name)
     control = {}  # node -> its control inputs as removals edit them, for the nodes edited
 
     def control_of(name):
@@ -407,14 +423,14 @@ def _drop_unobservable(nodes, keep):
 
     def removable(name):
         node = nodes[name]
-        if name in keep or node.side_effects or data_readers[name] or \
+        if name in keep or node.side_effects or data_readers.get(name) or \
                 node.type in optypes.CONTROL_FLOW:
             return False
         return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW
                        for p in node.input_ops)
 
     removed = set()
-    pending = [name for name in nodes if not data_readers[name] and removable(name)]
+    pending = [name for name in nodes if name not in data_readers and removable(name)]
     while pending:
         name = pending.pop()
         if name in removed or not removable(name):
@@ -437,19 +453,15 @@ def _drop_unobservable(nodes, keep):
         for src in producers:
             control_readers.get(src, set()).discard(name)
             pending.append(src)
-    kept = {}
-    for name, node in nodes.items():
+    kept = {name: node for name, node in nodes.items() if name not in removed} if removed \
+        else dict(nodes)
+    for name in controlled:  # the nodes removals edited are among them
         if name in removed:
             continue
-        edges = control.get(name)
-        if edges is None:  # control inputs not edited (analyse lists each once)
-            edges = node.control_inputs
-            if not edges:
-                kept[name] = node
-                continue
-        edges = tuple([c for c in edges if c in nodes])
-        kept[name] = node if edges == node.control_inputs else \
-            _with_control_inputs(node, edges)
+        node = nodes[name]
+        edges = tuple([c for c in control.get(name, node.control_inputs) if c in nodes])
+        if edges != node.control_inputs:
+            kept[name] = _with_control_inputs(node, edges)
     return kept
 
 
