@@ -414,7 +414,12 @@ def _grouped(view, uf):
     their first op."""
     groups, parent = {}, uf.parent
     for name in view.nodes:
-        groups.setdefault(name if parent[name] == name else uf.find(name), []).append(name)
+        root = name if parent[name] == name else uf.find(name)
+        group = groups.get(root)
+        if group is None:
+            groups[root] = [name]
+        else:
+            group.append(name)
     return tuple(tuple(group) for group in groups.values())
 
 
