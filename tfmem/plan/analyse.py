@@ -234,16 +234,14 @@ class GraphView:
         """((tensor, producing node, its readers, whether the producer reads state), ...) of
         every computed tensor a node reads, fed ones left out: the edges that cross when a
         plan puts producer and reader in different partitions (build.Slicing)."""
-        edges, reads_state = [], {}  # producer -> whether it reads state
+        edges, feeds, nodes, sources = [], self.feeds, self.nodes, self.sources
         for tensor, names in self.readers.items():
             producer = tensor.rpartition(":")[0]
-            if tensor in self.feeds or producer not in self.nodes:
+            node = nodes.get(producer)
+            if node is None or tensor in feeds:
                 continue
-            state = reads_state.get(producer)
-            if state is None:
-                state = reads_state[producer] = optypes.reads_state(self.nodes[producer],
-                                                                    self.sources)
-            edges.append((tensor, producer, names, state))
+            edges.append((tensor, producer, names, node.type in optypes.STATE_READS and
+                          optypes.reads_state(node, sources)))
         return tuple(edges)
 
     @_cached_property
@@ -253,9 +251,13 @@ class GraphView:
         what a partition must feed or map to the original (build.Slicing)."""
         data, controls = {}, {}
         feeds, sources = self.feeds, self.sources
+        outside = feeds | sources.keys()  # tensor and op names: an op's name has no ':'
         for name, node in self.nodes.items():
-            pairs = [(t, op) for t, op in zip(node.inputs, node.input_ops)
-                     if t in feeds or op in sources]
+            if outside.isdisjoint(node.inputs) and outside.isdisjoint(node.input_ops):
+                pairs = ()  # most nodes: every input computed by another node
+            else:
+                pairs = [(t, op) for t, op in zip(node.inputs, node.input_ops)
+                         if t in feeds or op in sources]
             if pairs:
                 data[name] = tuple(pairs)
             if name in self.originals:
