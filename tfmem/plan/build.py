@@ -286,19 +286,25 @@ def _edge_problems(plan, home):
     """Producers run before consumers; a tensor read later crosses as a transfer."""
     view, problems = plan.view, []
     transfers = {t.tensor: t for t in plan.transfers}
-    for node in view.nodes.values():
-        consumer = home.get(node.name)
-        for tensor, producer_op in zip(node.inputs, node.input_ops):
-            producer = home.get(producer_op)
-            if tensor in view.feeds or producer in (None, consumer) or consumer is None:
+    for tensor, producer_op, readers, _ in view.computed_reads:  # the data edges, by tensor
+        producer = home.get(producer_op)
+        if producer is None:
+            continue
+        for reader in readers:
+            consumer = home.get(reader)
+            if consumer is None or consumer == producer:
                 continue
             transfer = transfers.get(tensor)
             if producer > consumer:
-                problems.append(f"'{node.name}' (partition {consumer}) reads '{tensor}' "
+                problems.append(f"'{reader}' (partition {consumer}) reads '{tensor}' "
                                 f"produced later, in partition {producer}")
             elif transfer is None or consumer not in transfer.consumers:
                 problems.append(f"'{tensor}' crosses from partition {producer} to "
                                 f"{consumer} without a transfer")
+    for node in view.nodes.values():
+        if not node.control_inputs:
+            continue
+        consumer = home.get(node.name)
         for src in node.control_inputs:
             producer = home.get(src)
             if producer is not None and consumer is not None and producer > consumer:
