@@ -284,12 +284,13 @@ def canonical_input(name):
     return name if ":" in name else name + ":0"
 
 
-def control_inputs(op):
+def control_inputs(op, listed=None):
     """`op`'s control inputs in the order its NodeDef lists them (the order they were
     added).  `op.control_inputs` follows TensorFlow's in-edge set, ordered by memory
     address: the same graph built twice lists them differently, and the walk (so the
-    view, the plan and its prediction) would differ from process to process."""
-    listed = op.control_inputs
+    view, the plan and its prediction) would differ from process to process.
+    `listed`: `op.control_inputs`, when the caller has it."""
+    listed = op.control_inputs if listed is None else listed
     if len(listed) < 2:
         return listed
     if tf_private.is_function_graph(op.graph):
@@ -337,10 +338,11 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inp
             if bound[1]:
                 side_effects = True
                 break
-    return _op_node(
+    names = tuple([t.name for t in inputs])
+    node = _op_node(
         name=op.name if name is None else name,
         type=kind,
-        inputs=tuple([t.name for t in inputs]),
+        inputs=names,
         control_inputs=tuple([c.name for c in controls]) if controls else (),
         outputs=tuple(outputs),
         stateful=stateful,
@@ -350,6 +352,9 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inp
         state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
         arithmetic_type=_arithmetic_type(op) if kind == "Pow" else "",
     )
+    # the walk goes on by these names (see OpNode.input_ops)
+    node.__dict__["input_ops"] = tuple([t.rpartition(":")[0] for t in names])
+    return node
 
 
 def _op_node(**fields):
@@ -567,13 +572,14 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     control_on_sources = set()  # ops whose own control inputs are all state sources
     draws = set()  # ops whose kernels keep random streams
     seen = set()  # ops walked, as objects: reading an op's name is a call into the C API
-    stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
+    # (op, its name): a name comes with the edge that reached the op, as its reader has it
+    stack = [(op, op.name) for op in reversed(target_ops)] + \
+        [(t.op, t.op.name) for t in reversed(fetch_tensors)]
     while stack:
-        op = stack.pop()
+        op, name = stack.pop()
         if op in seen:
             continue
         seen.add(op)
-        name = op.name
         kind = op.type
         if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
@@ -588,18 +594,23 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
             sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos,
                                   inputs=inputs)
             continue
-        controls = control_inputs(op)
+        controls = op.control_inputs
+        if len(controls) > 1:  # most ops have at most one: no order to restore
+            controls = control_inputs(op, controls)
         node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos, inputs)
         if not controls or all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
-        if optypes.draws_random_stream(op, kind):
+        if (kind in optypes.RANDOM_STREAM or kind in optypes.STATEFUL_CALLS) and \
+                optypes.draws_random_stream(op, kind):
             draws.add(name)
         # Visit inputs in order: push in reverse so the first input is walked first
         # (an op walked already would be passed over when popped).
-        pending = [producer for producer, tensor in zip([t.op for t in inputs], node.inputs)
+        pending = [(producer, src) for producer, src, tensor
+                   in zip([t.op for t in inputs], node.input_ops, node.inputs)
                    if tensor not in fed and producer not in seen]
         if controls:
-            pending += [c for c in controls if c not in seen and
+            pending += [(c, src) for c, src in zip(controls, node.control_inputs)
+                        if c not in seen and
                         not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}
