@@ -409,6 +409,33 @@ def unit_graph(view, groups):
     return unit_of, inputs
 
 
+def _joined_graph(view, groups, inputs, joined):
+    """`unit_graph(view, joined)`, where `joined` joins some of `groups` (whose unit graph
+    reads `inputs`) into one: a unit left whole reads the units its inputs became, each
+    once; a joined unit's inputs are found again from its ops."""
+    unit_of = {name: i for i, unit in enumerate(joined) for name in unit}
+    became = [unit_of[unit[0]] for unit in groups]
+    was = [None] * len(joined)  # per unit of `joined`, the one unit of `groups` it is
+    parts = [0] * len(joined)
+    for old, new in enumerate(became):
+        was[new] = old
+        parts[new] += 1
+    nodes, joined_inputs = view.nodes, []
+    for own, unit in enumerate(joined):
+        if parts[own] == 1:
+            srcs = [became[src] for src in inputs[was[own]]]
+            joined_inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
+            continue
+        seen, srcs = {own}, []
+        for name in unit:
+            for src in map(unit_of.get, nodes[name].producers):
+                if src is not None and src not in seen:
+                    seen.add(src)
+                    srcs.append(src)
+        joined_inputs.append(srcs)
+    return unit_of, joined_inputs
+
+
 def _grouped(view, uf):
     """The units of `uf`'s joins: each a tuple of op names in view order, ordered by
     their first op."""
@@ -443,5 +470,5 @@ def units(view):
     for first, *rest in cycles:
         for other in rest:
             uf.union(groups[first][0], groups[other][0])
-    groups = _grouped(view, uf)
-    return Units(groups, unit_graph(view, groups))
+    joined = _grouped(view, uf)
+    return Units(joined, _joined_graph(view, groups, graph[1], joined))
