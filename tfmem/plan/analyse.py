@@ -218,9 +218,13 @@ class GraphView:
         """Per node, in `nodes` order, the positions of the nodes it waits for by data or
         control (`OpNode.producers` inside the view): grouping and ordering walk these
         integer edges rather than names."""
-        get = self.node_index.get
-        return tuple([[i for i in map(get, node.producers) if i is not None]
-                      for node in self.nodes.values()])
+        get, waits = self.node_index.get, []
+        for node in self.nodes.values():
+            ops = node.input_ops + node.control_inputs if node.control_inputs else \
+                node.input_ops
+            srcs = [i for i in map(get, ops) if i is not None]
+            waits.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
+        return tuple(waits)
 
     @_cached_property
     def control_flow(self):
