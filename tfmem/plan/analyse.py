@@ -97,8 +97,10 @@ class TensorInfo:
     dtype: tf.DType
     shape: tuple | None  # dims (None where unknown), or None for unknown rank
 
-    @property
+    @_cached_property
     def run_bound(self):
+        """Whether the tensor dies with its run (read for every output when grouping; the
+        tensors of a request share few TensorInfos)."""
         return optypes.is_run_bound(self.dtype)
 
     @_cached_property
@@ -192,15 +194,38 @@ class GraphView:
     def readers(self):
         """{tensor: the nodes that read it, in node order}: every candidate plan's
         transfers come from these edges."""
-        readers = {}
+        readers, more = {}, {}  # more: the tensors read more than once, their readers so far
         for name, node in self.nodes.items():
             for tensor in node.inputs:
-                names = readers.get(tensor)
-                if names is None:
-                    readers[tensor] = [name]
+                first = readers.get(tensor)
+                if first is None:
+                    readers[tensor] = (name,)
+                elif tensor in more:
+                    more[tensor].append(name)
                 else:
-                    names.append(name)
-        return {tensor: tuple(names) for tensor, names in readers.items()}
+                    more[tensor] = [*first, name]
+        for tensor, names in more.items():
+            readers[tensor] = tuple(names)
+        return readers
+
+    @_cached_property
+    def node_index(self):
+        """{node: its position in `nodes`}: the planners' integer graphs (`waits`) name
+        nodes by it."""
+        return {name: i for i, name in enumerate(self.nodes)}
+
+    @_cached_property
+    def waits(self):
+        """Per node, in `nodes` order, the positions of the nodes it waits for by data or
+        control (`OpNode.producers` inside the view): grouping and ordering walk these
+        integer edges rather than names."""
+        get, waits = self.node_index.get, []
+        for node in self.nodes.values():
+            ops = node.input_ops + node.control_inputs if node.control_inputs else \
+                node.input_ops
+            srcs = [i for i in map(get, ops) if i is not None]
+            waits.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
+        return tuple(waits)
 
     @_cached_property
     def control_flow(self):
@@ -214,16 +239,14 @@ class GraphView:
         """((tensor, producing node, its readers, whether the producer reads state), ...) of
         every computed tensor a node reads, fed ones left out: the edges that cross when a
         plan puts producer and reader in different partitions (build.Slicing)."""
-        edges, reads_state = [], {}  # producer -> whether it reads state
+        edges, feeds, nodes, sources = [], self.feeds, self.nodes, self.sources
         for tensor, names in self.readers.items():
             producer = tensor.rpartition(":")[0]
-            if tensor in self.feeds or producer not in self.nodes:
+            node = nodes.get(producer)
+            if node is None or tensor in feeds:
                 continue
-            state = reads_state.get(producer)
-            if state is None:
-                state = reads_state[producer] = optypes.reads_state(self.nodes[producer],
-                                                                    self.sources)
-            edges.append((tensor, producer, names, state))
+            edges.append((tensor, producer, names, node.type in optypes.STATE_READS and
+                          optypes.reads_state(node, sources)))
         return tuple(edges)
 
     @_cached_property
@@ -233,9 +256,13 @@ class GraphView:
         what a partition must feed or map to the original (build.Slicing)."""
         data, controls = {}, {}
         feeds, sources = self.feeds, self.sources
+        outside = feeds | sources.keys()  # tensor and op names: an op's name has no ':'
         for name, node in self.nodes.items():
-            pairs = [(t, op) for t, op in zip(node.inputs, node.input_ops)
-                     if t in feeds or op in sources]
+            if outside.isdisjoint(node.inputs) and outside.isdisjoint(node.input_ops):
+                pairs = ()  # most nodes: every input computed by another node
+            else:
+                pairs = [(t, op) for t, op in zip(node.inputs, node.input_ops)
+                         if t in feeds or op in sources]
             if pairs:
                 data[name] = tuple(pairs)
             if name in self.originals:
@@ -262,12 +289,13 @@ def canonical_input(name):
     return name if ":" in name else name + ":0"
 
 
-def control_inputs(op):
+def control_inputs(op, listed=None):
     """`op`'s control inputs in the order its NodeDef lists them (the order they were
     added).  `op.control_inputs` follows TensorFlow's in-edge set, ordered by memory
     address: the same graph built twice lists them differently, and the walk (so the
-    view, the plan and its prediction) would differ from process to process."""
-    listed = op.control_inputs
+    view, the plan and its prediction) would differ from process to process.
+    `listed`: `op.control_inputs`, when the caller has it."""
+    listed = op.control_inputs if listed is None else listed
     if len(listed) < 2:
         return listed
     if tf_private.is_function_graph(op.graph):
@@ -278,11 +306,13 @@ def control_inputs(op):
     return [by_name[i[1:]] for i in op.node_def.input if i.startswith("^") and i[1:] in by_name]
 
 
-def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
+def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None, inputs=None):
     """The OpNode of `op`; `stateful_types` caches OpDef.is_stateful by op type;
-    `controls`: `control_inputs(op)`; `name`, `kind`: `op.name`, `op.type`, when the
-    caller has them (each read of an op's name or type is a call into TensorFlow's C
-    API); `infos`: {(dtype, shape): TensorInfo} shared by the request's tensors.
+    `controls`: `control_inputs(op)`; `name`, `kind`, `inputs`: `op.name`, `op.type`,
+    `op.inputs`, when the caller has them (each read is a call into TensorFlow's C
+    API); `infos`: the TensorInfos the request's tensors share, by (id(dtype), shape),
+    and (dtype, whether it is run-bound) by id(dtype): hashing a DType is a call into
+    TensorFlow, and the values keep each dtype, so its id is not reused.
     Written for speed: analyse makes one per op of a 100k-op request."""
     kind = op.type if kind is None else kind
     frame = None
@@ -292,26 +322,32 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
     stateful = stateful_types.get(kind)
     if stateful is None:
         stateful = stateful_types[kind] = op.op_def.is_stateful
-    inputs = op.inputs
+    inputs = op.inputs if inputs is None else inputs
     infos = {} if infos is None else infos
     outputs = []
     for tensor in op.outputs:  # the C shape: a TensorShape per tensor costs more
         dims, unknown_rank = tf_private.static_shape(tensor)
-        key = (tensor.dtype, None if unknown_rank else tuple(dims))
-        info = infos.get(key)
+        dtype = tensor.dtype
+        shape = None if unknown_rank else tuple(dims)
+        info = infos.get((id(dtype), shape))
         if info is None:
-            info = infos[key] = TensorInfo(*key)
+            info = infos[id(dtype), shape] = TensorInfo(dtype, shape)
         outputs.append(info)
     side_effects = stateful
     if not stateful:
         for tensor in inputs:
-            if optypes.is_run_bound(tensor.dtype):
+            dtype = tensor.dtype
+            bound = infos.get(id(dtype))
+            if bound is None:
+                bound = infos[id(dtype)] = (dtype, optypes.is_run_bound(dtype))
+            if bound[1]:
                 side_effects = True
                 break
-    return _op_node(
+    names = tuple([t.name for t in inputs])
+    node = _op_node(
         name=op.name if name is None else name,
         type=kind,
-        inputs=tuple([t.name for t in inputs]),
+        inputs=names,
         control_inputs=tuple([c.name for c in controls]) if controls else (),
         outputs=tuple(outputs),
         stateful=stateful,
@@ -321,6 +357,9 @@ def _node(op, stateful_types, controls=(), name=None, kind=None, infos=None):
         state_bytes=_variable_bytes(op) if kind in optypes.VARIABLES else 0,
         arithmetic_type=_arithmetic_type(op) if kind == "Pow" else "",
     )
+    # the walk goes on by these names (see OpNode.input_ops)
+    node.__dict__["input_ops"] = tuple([t.rpartition(":")[0] for t in names])
+    return node
 
 
 def _op_node(**fields):
@@ -377,10 +416,15 @@ def _drop_unobservable(nodes, keep):
     data_readers = collections.Counter(itertools.chain.from_iterable(
         node.input_ops for node in nodes.values()))
     control_readers = {}  # op -> the nodes with a control edge from it, for ops that have any
-    for name, node in nodes.items():
-        for src in node.control_inputs:
+    controlled = [name for name, node in nodes.items() if node.control_inputs]
+    for name in controlled:
+        for src in nodes[name].control_inputs:
             if src in nodes:
-                control_readers.setdefault(src, set()).add(name)
+                readers = control_readers.get(src)
+                if readers is None:
+                    control_readers[src] = {name}
+                else:
+                    readers.add(name)
     control = {}  # node -> its control inputs as removals edit them, for the nodes edited
 
     def control_of(name):
@@ -391,14 +435,14 @@ def _drop_unobservable(nodes, keep):
 
     def removable(name):
         node = nodes[name]
-        if name in keep or node.side_effects or data_readers[name] or \
+        if name in keep or node.side_effects or data_readers.get(name) or \
                 node.type in optypes.CONTROL_FLOW:
             return False
         return not any(p in nodes and nodes[p].type in optypes.CONTROL_FLOW
                        for p in node.input_ops)
 
     removed = set()
-    pending = [name for name in nodes if not data_readers[name] and removable(name)]
+    pending = [name for name in nodes if name not in data_readers and removable(name)]
     while pending:
         name = pending.pop()
         if name in removed or not removable(name):
@@ -421,19 +465,15 @@ def _drop_unobservable(nodes, keep):
         for src in producers:
             control_readers.get(src, set()).discard(name)
             pending.append(src)
-    kept = {}
-    for name, node in nodes.items():
+    kept = {name: node for name, node in nodes.items() if name not in removed} if removed \
+        else dict(nodes)
+    for name in controlled:  # the nodes removals edited are among them
         if name in removed:
             continue
-        edges = control.get(name)
-        if edges is None:  # control inputs not edited (analyse lists each once)
-            edges = node.control_inputs
-            if not edges:
-                kept[name] = node
-                continue
-        edges = tuple([c for c in edges if c in nodes])
-        kept[name] = node if edges == node.control_inputs else \
-            _with_control_inputs(node, edges)
+        node = nodes[name]
+        edges = tuple([c for c in control.get(name, node.control_inputs) if c in nodes])
+        if edges != node.control_inputs:
+            kept[name] = _with_control_inputs(node, edges)
     return kept
 
 
@@ -537,36 +577,45 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
     control_on_sources = set()  # ops whose own control inputs are all state sources
     draws = set()  # ops whose kernels keep random streams
     seen = set()  # ops walked, as objects: reading an op's name is a call into the C API
-    stack = [op for op in reversed(target_ops)] + [t.op for t in reversed(fetch_tensors)]
+    # (op, its name): a name comes with the edge that reached the op, as its reader has it
+    stack = [(op, op.name) for op in reversed(target_ops)] + \
+        [(t.op, t.op.name) for t in reversed(fetch_tensors)]
     while stack:
-        op = stack.pop()
+        op, name = stack.pop()
         if op in seen:
             continue
         seen.add(op)
-        name = op.name
         kind = op.type
         if kind in optypes.PLACEHOLDERS:
             raise _unfed_placeholder_error(op)
-        if optypes.is_source(op, kind):
-            if op.inputs or op.control_inputs:
+        inputs = op.inputs
+        # a source reads nothing, or is a state source (which must not read anything)
+        if (not inputs or kind in optypes.STATE_SOURCES) and optypes.is_source(op, kind):
+            if inputs or op.control_inputs:
                 raise UnsupportedGraphError(
                     f"State op '{name}' ({kind}) has inputs; tfmem maps every "
                     "use of a state op to the original and cannot re-run its inputs. "
                     "Create the variable/table/queue outside control_dependencies.")
-            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos)
+            sources[name] = _node(op, stateful_types, name=name, kind=kind, infos=infos,
+                                  inputs=inputs)
             continue
-        controls = control_inputs(op)
-        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos)
+        controls = op.control_inputs
+        if len(controls) > 1:  # most ops have at most one: no order to restore
+            controls = control_inputs(op, controls)
+        node = nodes[name] = _node(op, stateful_types, controls, name, kind, infos, inputs)
         if not controls or all(optypes.is_source(c) for c in controls):
             control_on_sources.add(name)
-        if optypes.draws_random_stream(op, kind):
+        if (kind in optypes.RANDOM_STREAM or kind in optypes.STATEFUL_CALLS) and \
+                optypes.draws_random_stream(op, kind):
             draws.add(name)
         # Visit inputs in order: push in reverse so the first input is walked first
         # (an op walked already would be passed over when popped).
-        pending = [t.op for t, tensor in zip(op.inputs, node.inputs)
-                   if tensor not in fed and t.op not in seen]
+        pending = [(producer, src) for producer, src, tensor
+                   in zip([t.op for t in inputs], node.input_ops, node.inputs)
+                   if tensor not in fed and producer not in seen]
         if controls:
-            pending += [c for c in controls if c not in seen and
+            pending += [(c, src) for c, src in zip(controls, node.control_inputs)
+                        if c not in seen and
                         not (c.type in optypes.PLACEHOLDERS and c.outputs[0].name in fed)]
         stack.extend(reversed(pending))
     keep = {t.op.name for t in fetch_tensors} | {op.name for op in target_ops}

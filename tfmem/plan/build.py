@@ -230,9 +230,22 @@ def _span_problems(t):
     return problems
 
 
+def _oversized(plan):
+    """Partitions over partition_size that hold more than one unit."""
+    return [f"partition {p.index} has {len(p.ops)} ops in {p.units} units, over "
+            f"partition_size={plan.partition_size}" for p in plan.partitions
+            if len(p.ops) > plan.partition_size and p.units > 1]
+
+
 def _partition_problems(plan, home):
     """Every copied op in exactly one partition, state sources in none, sizes kept."""
-    view, problems = plan.view, []
+    view = plan.view
+    placed = {op: p.index for p in plan.partitions for op in p.ops}
+    if len(placed) == sum(len(p.ops) for p in plan.partitions) and \
+            placed.keys() == view.nodes.keys() and placed.keys().isdisjoint(view.sources):
+        home.update(placed)  # every op once and none a source, told by set operations
+        return _oversized(plan)
+    problems = []
     for p in plan.partitions:
         for op in p.ops:
             if op in home:
@@ -240,9 +253,7 @@ def _partition_problems(plan, home):
             home[op] = p.index
             if op in view.sources:
                 problems.append(f"state source '{op}' is copied into partition {p.index}")
-        if len(p.ops) > plan.partition_size and p.units > 1:
-            problems.append(f"partition {p.index} has {len(p.ops)} ops in {p.units} "
-                            f"units, over partition_size={plan.partition_size}")
+    problems += _oversized(plan)
     problems += [f"op '{op}' is in no partition" for op in view.nodes if op not in home]
     problems += [f"unknown op '{op}' in partition {home[op]}"
                  for op in home if op not in view.nodes]
@@ -275,19 +286,25 @@ def _edge_problems(plan, home):
     """Producers run before consumers; a tensor read later crosses as a transfer."""
     view, problems = plan.view, []
     transfers = {t.tensor: t for t in plan.transfers}
-    for node in view.nodes.values():
-        consumer = home.get(node.name)
-        for tensor, producer_op in zip(node.inputs, node.input_ops):
-            producer = home.get(producer_op)
-            if tensor in view.feeds or producer in (None, consumer) or consumer is None:
+    for tensor, producer_op, readers, _ in view.computed_reads:  # the data edges, by tensor
+        producer = home.get(producer_op)
+        if producer is None:
+            continue
+        for reader in readers:
+            consumer = home.get(reader)
+            if consumer is None or consumer == producer:
                 continue
             transfer = transfers.get(tensor)
             if producer > consumer:
-                problems.append(f"'{node.name}' (partition {consumer}) reads '{tensor}' "
+                problems.append(f"'{reader}' (partition {consumer}) reads '{tensor}' "
                                 f"produced later, in partition {producer}")
             elif transfer is None or consumer not in transfer.consumers:
                 problems.append(f"'{tensor}' crosses from partition {producer} to "
                                 f"{consumer} without a transfer")
+    for node in view.nodes.values():
+        if not node.control_inputs:
+            continue
+        consumer = home.get(node.name)
         for src in node.control_inputs:
             producer = home.get(src)
             if producer is not None and consumer is not None and producer > consumer:

@@ -42,10 +42,9 @@ def _through_forwards(view, tensor):
 def merged_groups(view, ops=None):
     """Groups (tuples of two or more op names, in `ops` order) of the view's ops, or of
     `ops` alone, that a kernel path may run as one kernel."""
-    names = list(view.nodes) if ops is None else list(ops)
+    nodes = view.nodes.items() if ops is None else [(name, view.nodes[name]) for name in ops]
     by_tensor = {}
-    for name in names:
-        node = view.nodes[name]
+    for name, node in nodes:
         port = SHARED_INPUT_MERGES.get(node.type)
         if port is not None and port < len(node.inputs):
             by_tensor.setdefault(_through_forwards(view, node.inputs[port]), []).append(name)

@@ -144,6 +144,10 @@ def updates_variable(node):
                                   or node.type.startswith(VARIABLE_UPDATE_PREFIXES))
 
 
+# The only types `reads_state` holds for.
+STATE_READS = frozenset({"ReadVariableOp", "Identity"})
+
+
 def reads_state(node, sources):
     """True for an op whose output is a view of a variable's buffer (a variable read).
 

@@ -68,33 +68,33 @@ def depth_first_order(view, groups):
     inputs = [sorted(srcs, key=by_depth) if len(srcs) > 1 else srcs for srcs in inputs]  # stable
     shape_readers = {}  # unit -> single-op Shape/Size/Rank units reading only it
     for i, unit in enumerate(groups):
-        node = view.nodes[unit[0]]
-        if len(unit) == 1 and node.type in SHAPE_ONLY and len(inputs[i]) == 1:
+        if len(unit) == 1 and len(inputs[i]) == 1 and view.nodes[unit[0]].type in SHAPE_ONLY:
             shape_readers.setdefault(inputs[i][0], []).append(i)
     roots = [unit_of[split_tensor_name(t)[0]] for t in view.fetches
              if split_tensor_name(t)[0] in unit_of]
     roots += [unit_of[op] for op in view.targets if op in unit_of]
     roots += range(len(groups))  # every unit is reachable; this only guards that
-    visited, order = set(), []
+    visited, order = [False] * len(groups), []
     for root in roots:
-        if root in visited:
+        if visited[root]:
             continue
-        visited.add(root)
+        visited[root] = True
         stack = [(root, iter(inputs[root]))]
         while stack:
             unit, pending = stack[-1]
             for src in pending:
-                if src not in visited:
-                    visited.add(src)
+                if not visited[src]:
+                    visited[src] = True
                     stack.append((src, iter(inputs[src])))
                     break
             else:
                 stack.pop()
                 order.append(unit)
-                for reader in shape_readers.get(unit, ()):
-                    if reader not in visited:
-                        visited.add(reader)
-                        order.append(reader)
+                if unit in shape_readers:
+                    for reader in shape_readers[unit]:
+                        if not visited[reader]:
+                            visited[reader] = True
+                            order.append(reader)
     return order
 
 

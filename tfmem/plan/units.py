@@ -101,30 +101,31 @@ def _producers(view, node):
 
 def _topological_order(view):
     """Nodes in an order where producers come first, v1 loop back edges ignored."""
-    return _ordered(view)[0]
+    names = list(view.nodes)
+    return [names[i] for i in _ordered(view)[0]]
 
 
 def _ordered(view):
-    """(`_topological_order(view)`, {op: the ops that wait for it, by data or control,
-    each once, v1 loop back edges left out})."""
-    nodes = view.nodes
-    back = {name for name, kind in view.control_flow.items() if kind in optypes.NEXT_ITERATION}
-    indegree = dict.fromkeys(nodes, 0)
-    consumers = {name: [] for name in nodes}
-    for name, node in nodes.items():
-        count = 0
-        for src in node.producers:  # each once: a repeated edge would only be counted twice
-            waits = consumers.get(src)
-            if waits is not None and (not back or src not in back):
-                count += 1
-                waits.append(name)
-        indegree[name] = count
-    ready = [name for name, d in indegree.items() if d == 0]
+    """(positions of the view's nodes in an order where producers come first, per node the
+    positions of the nodes that wait for it, by data or control, each once, v1 loop back
+    edges left out); positions index `view.nodes`."""
+    waits = view.waits
+    back = {view.node_index[name] for name, kind in view.control_flow.items()
+            if kind in optypes.NEXT_ITERATION}
+    indegree = [0] * len(waits)
+    consumers = [[] for _ in waits]
+    for node, srcs in enumerate(waits):
+        if back:
+            srcs = [src for src in srcs if src not in back]
+        indegree[node] = len(srcs)
+        for src in srcs:
+            consumers[src].append(node)
+    ready = [node for node, count in enumerate(indegree) if count == 0]
     order = []
     while ready:
-        name = ready.pop()
-        order.append(name)
-        for c in consumers[name]:
+        node = ready.pop()
+        order.append(node)
+        for c in consumers[node]:
             indegree[c] -= 1
             if indegree[c] == 0:
                 ready.append(c)
@@ -149,18 +150,20 @@ def _family(node):
 
 
 def _on_one_path(producers, successors, position):
-    """Whether one of `producers` reaches another: joining them would make every op on
-    the path between them one unit (a residual sum's input and its far end), so a
-    sum whose leaves lie on one path keeps its producers apart (bit-equality is lost
-    there, partitioning is not)."""
-    last = max((position.get(p, -1) for p in producers), default=-1)
+    """Whether one of `producers` (positions in the view) reaches another: joining them
+    would make every op on the path between them one unit (a residual sum's input and its
+    far end), so a sum whose leaves lie on one path keeps its producers apart
+    (bit-equality is lost there, partitioning is not).  `successors`, `position`: see
+    `_paths`."""
+    unordered = len(position)
+    last = max((position[p] for p in producers if position[p] < unordered), default=-1)
     for start in producers:
         seen, stack = {start}, [start]
         while stack:
             for user in successors[stack.pop()]:
                 if user in producers:
                     return True
-                if user not in seen and position.get(user, last + 1) <= last:
+                if user not in seen and position[user] <= last:
                     seen.add(user)
                     stack.append(user)
     return False
@@ -176,8 +179,11 @@ def _sole_reader(view, readers, controlled, tensor):
     whole function."""
     forwards = []
     while True:
+        names = readers.get(tensor, ())
+        if len(names) == 1 and view.nodes[names[0]].type not in optypes.PRUNED_FORWARDS:
+            return names[0], tuple(forwards), tensor  # most tensors: one plain reader
         reads = []  # (op, its output forwarding the tensor, or None)
-        for name in dict.fromkeys(readers.get(tensor, ())):
+        for name in dict.fromkeys(names):
             user = view.nodes[name]
             if not _pruned_forward(view, user, controlled):
                 reads += [(name, None)] * user.inputs.count(tensor)
@@ -226,6 +232,9 @@ def _join_regrouped_arithmetic(view, uf):
     for name in trees.parent:
         members.setdefault(trees.find(name), []).append(name)
     for tree in members.values():
+        if len(tree) == 1 and view.nodes[tree[0]].type not in optypes.SUMS and \
+                len(view.nodes[tree[0]].inputs) < 3:
+            continue  # a lone product of two factors: no leaves to join, nothing hoisted
         inside = set(tree)
         leaves = [(producer, tensor) for name in tree
                   for producer, tensor in _producers(view, view.nodes[name])
@@ -248,23 +257,25 @@ def _join_regrouped_arithmetic(view, uf):
         producers = {p for p, _ in leaves if p is not None}
         if len(leaves) >= 3 or hoisted:
             paths = paths or _paths(view)
-            if not _on_one_path(producers, *paths):
+            if not _on_one_path({view.node_index[p] for p in producers}, *paths):
                 for producer in producers:
                     uf.union(tree[0], producer)
 
 
 def _paths(view):
-    """({op: the ops that wait for it, by data or control}, {op: its place in a
-    topological order}): what `_on_one_path` walks.  Without v1 loops the order's own
-    edges serve (repeated edges change no answer of a reachability walk)."""
+    """(per node the positions of the nodes that wait for it, by data or control; per node
+    its place in a topological order, len(view.nodes) for none): what `_on_one_path`
+    walks, by positions in the view.  Without v1 loops the order's own edges serve."""
     order, consumers = _ordered(view)
     if any(kind in optypes.NEXT_ITERATION for kind in view.control_flow.values()):
-        consumers = {name: [] for name in view.nodes}
-        for node in view.nodes.values():
-            for producer in node.producers:
-                if producer in consumers:
-                    consumers[producer].append(node.name)
-    return consumers, {name: i for i, name in enumerate(order)}
+        consumers = [[] for _ in view.waits]
+        for node, srcs in enumerate(view.waits):
+            for src in srcs:
+                consumers[src].append(node)
+    position = [len(view.waits)] * len(view.waits)
+    for place, node in enumerate(order):
+        position[node] = place
+    return consumers, position
 
 
 def _join_frames_and_conds(view, uf):
@@ -380,16 +391,17 @@ def unit_graph(view, groups):
     if isinstance(groups, Units) and groups.graph is not None:
         return groups.graph
     unit_of = {name: i for i, unit in enumerate(groups) for name in unit}
-    nodes, inputs = view.nodes, []
+    unit_at = list(map(unit_of.get, view.nodes))  # by position in the view
+    index, waits, inputs = view.node_index, view.waits, []
     for own, unit in enumerate(groups):
         if len(unit) == 1:  # most units: one op, whose producers come each once
-            srcs = [src for src in map(unit_of.get, nodes[unit[0]].producers)
+            srcs = [src for src in map(unit_at.__getitem__, waits[index[unit[0]]])
                     if src is not None and src != own]
             inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
             continue
         seen, srcs = {own}, []
         for name in unit:
-            for src in map(unit_of.get, nodes[name].producers):
+            for src in map(unit_at.__getitem__, waits[index[name]]):
                 if src is not None and src not in seen:
                     seen.add(src)
                     srcs.append(src)
@@ -397,12 +409,44 @@ def unit_graph(view, groups):
     return unit_of, inputs
 
 
+def _joined_graph(view, groups, inputs, joined):
+    """`unit_graph(view, joined)`, where `joined` joins some of `groups` (whose unit graph
+    reads `inputs`) into one: a unit left whole reads the units its inputs became, each
+    once; a joined unit's inputs are found again from its ops."""
+    unit_of = {name: i for i, unit in enumerate(joined) for name in unit}
+    became = [unit_of[unit[0]] for unit in groups]
+    was = [None] * len(joined)  # per unit of `joined`, the one unit of `groups` it is
+    parts = [0] * len(joined)
+    for old, new in enumerate(became):
+        was[new] = old
+        parts[new] += 1
+    nodes, joined_inputs = view.nodes, []
+    for own, unit in enumerate(joined):
+        if parts[own] == 1:
+            srcs = [became[src] for src in inputs[was[own]]]
+            joined_inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
+            continue
+        seen, srcs = {own}, []
+        for name in unit:
+            for src in map(unit_of.get, nodes[name].producers):
+                if src is not None and src not in seen:
+                    seen.add(src)
+                    srcs.append(src)
+        joined_inputs.append(srcs)
+    return unit_of, joined_inputs
+
+
 def _grouped(view, uf):
     """The units of `uf`'s joins: each a tuple of op names in view order, ordered by
     their first op."""
     groups, parent = {}, uf.parent
     for name in view.nodes:
-        groups.setdefault(name if parent[name] == name else uf.find(name), []).append(name)
+        root = name if parent[name] == name else uf.find(name)
+        group = groups.get(root)
+        if group is None:
+            groups[root] = [name]
+        else:
+            group.append(name)
     return tuple(tuple(group) for group in groups.values())
 
 
@@ -426,5 +470,5 @@ def units(view):
     for first, *rest in cycles:
         for other in rest:
             uf.union(groups[first][0], groups[other][0])
-    groups = _grouped(view, uf)
-    return Units(groups, unit_graph(view, groups))
+    joined = _grouped(view, uf)
+    return Units(joined, _joined_graph(view, groups, graph[1], joined))
