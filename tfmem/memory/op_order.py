@@ -168,8 +168,9 @@ def is_chained(view, ops):
 def partition_orders(view, ops, originals=frozenset(), threads=1):
     """The orders the simulator tries for a partition, the worst counting: its only
     order where it has one (`_only_order`), the chained order alone where the runner
-    chains the partition, else `candidate_orders` with `threads` inter-op threads.  An iterator, each order made when it is asked for: a
-    search that rejects a candidate on the first order's peak emulates no executor."""
+    chains the partition, else `candidate_orders` with `threads` inter-op threads.  An
+    iterator, each order made when it is asked for: a search that rejects a candidate on
+    the first order's peak emulates no executor."""
     order = _only_order(view, ops)
     if order is not None:  # whatever runs it
         yield order
@@ -186,12 +187,11 @@ def _only_order(view, ops):
     none is v1 control flow and none is folded to a constant (which the executor would
     run last), else None.
     Near a budget's limit most partitions are one or two ops: no executor to emulate."""
-    nodes = view.nodes
     if len(ops) > 1:
-        for before, name in zip(ops, ops[1:]):
-            if before not in nodes[name].producers or nodes[name].type in optypes.CONTROL_FLOW:
-                return None
-        if nodes[ops[0]].type in optypes.CONTROL_FLOW or folded_constants(view, ops, ops):
+        nodes = view.nodes
+        if any(before not in nodes[name].producers for before, name in zip(ops, ops[1:])) \
+                or any(nodes[name].type in optypes.CONTROL_FLOW for name in ops) \
+                or folded_constants(view, ops, ops):
             return None
     return list(ops)
 

@@ -398,15 +398,22 @@ def unit_graph(view, groups):
             srcs = [src for src in map(unit_at.__getitem__, waits[index[unit[0]]])
                     if src is not None and src != own]
             inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
-            continue
-        seen, srcs = {own}, []
-        for name in unit:
-            for src in map(unit_at.__getitem__, waits[index[name]]):
-                if src is not None and src not in seen:
-                    seen.add(src)
-                    srcs.append(src)
-        inputs.append(srcs)
+        else:
+            inputs.append(_read_units(view, own, unit, unit_at))
     return unit_of, inputs
+
+
+def _read_units(view, own, unit, unit_at):
+    """The units the ops of unit `own` read, by data or control, in the order its ops name
+    them, each once; `unit_at`: per position in the view, the unit of the op there."""
+    index, waits = view.node_index, view.waits
+    seen, srcs = {own}, []
+    for name in unit:
+        for src in map(unit_at.__getitem__, waits[index[name]]):
+            if src is not None and src not in seen:
+                seen.add(src)
+                srcs.append(src)
+    return srcs
 
 
 def _joined_graph(view, groups, inputs, joined):
@@ -420,19 +427,14 @@ def _joined_graph(view, groups, inputs, joined):
     for old, new in enumerate(became):
         was[new] = old
         parts[new] += 1
-    nodes, joined_inputs = view.nodes, []
+    unit_at = list(map(unit_of.get, view.nodes))  # by position in the view
+    joined_inputs = []
     for own, unit in enumerate(joined):
         if parts[own] == 1:
             srcs = [became[src] for src in inputs[was[own]]]
             joined_inputs.append(list(dict.fromkeys(srcs)) if len(srcs) > 1 else srcs)
-            continue
-        seen, srcs = {own}, []
-        for name in unit:
-            for src in map(unit_of.get, nodes[name].producers):
-                if src is not None and src not in seen:
-                    seen.add(src)
-                    srcs.append(src)
-        joined_inputs.append(srcs)
+        else:
+            joined_inputs.append(_read_units(view, own, unit, unit_at))
     return unit_of, joined_inputs
 
 
