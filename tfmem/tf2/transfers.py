@@ -10,23 +10,16 @@ handle releaser offer:
   release explicitly (`DroppedHandles`);
 * swapped: the SwapManager copies the value into a pooled host buffer, and
   the executor drops the EagerTensor;
-* uploaded: on a background thread, one copy of the host buffer in the
-  memory device's allocator, so the pooled buffer may be reused at once.  On
-  a GPU that is the host-to-device copy.  On a CPU "device" (the emulated
-  accelerator) `convert_to_tensor` already copies the array into the
-  allocator (TensorFlow 2.21), and that tensor is the upload: a `DeepCopy` of
-  it would hold the bytes twice while it runs, which the memory model does
-  not count.  Only where the converted tensor would share the array's memory
-  (`conversion_shares_memory`) is it copied.
+* uploaded: on a background thread, `DeepCopy` of the host buffer on the
+  memory device.  An EagerTensor made from an aligned numpy array can share
+  its memory, so on a CPU "device" (the emulated accelerator) the copy makes
+  the upload a real allocation, as it is on a GPU, and the pooled buffer may
+  be reused at once.
 """
 
 import concurrent.futures
-import functools
 
-import numpy as np
 import tensorflow as tf
-
-from tfmem.run.executing.buffers import aligned_bytes
 
 
 class DroppedHandles:
@@ -41,22 +34,15 @@ class EagerPrefetcher:
 
     def __init__(self, device):
         self._device = "/device:" + device
-        self._on_cpu = device.startswith("CPU")
+        self._copy = ((lambda x: tf.raw_ops.DeepCopy(x=x)) if device.startswith("CPU")
+                      else tf.identity)
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tfmem-eager-prefetch")
 
     def batch(self, *arrays):
         """EagerTensors on the device holding copies of `arrays` (one upload batch)."""
         with tf.device(self._device):
-            return [self._copied(array) for array in arrays]
-
-    def _copied(self, array):
-        tensor = tf.convert_to_tensor(array)
-        if not self._on_cpu:
-            return tf.identity(tensor)  # the host-to-device copy
-        if conversion_shares_memory(array.dtype):
-            return tf.raw_ops.DeepCopy(x=tensor)
-        return tensor
+            return [self._copy(tf.convert_to_tensor(array)) for array in arrays]
 
     def upload(self, batch, arrays):
         """A Future of `batch(*arrays)`, run on the prefetch thread."""
@@ -64,15 +50,3 @@ class EagerPrefetcher:
 
     def close(self):
         self._thread.shutdown(wait=True)
-
-
-@functools.lru_cache(maxsize=None)
-def conversion_shares_memory(dtype):
-    """Whether `tf.convert_to_tensor` of an aligned array of `dtype` (as the host buffer
-    pool hands out) uses the array's memory rather than a copy: probed once per dtype
-    on a small array, whose later change shows in a tensor that shares it."""
-    probe = aligned_bytes(4096)
-    probe[:] = 0
-    tensor = tf.convert_to_tensor(probe.view(dtype))
-    probe[:] = 1
-    return bool(np.any(tensor.numpy().view(np.uint8)))
