@@ -75,3 +75,17 @@ def test_kernel_attributes_and_constant_inputs_are_each_ops_own():
             known.append(spec[2])
     assert len(memo) < 10 and len(constants) == 3  # shared where equal, apart where not
     assert [2, 8, 8, 3] in known  # the fed shape, read off the copy's Shape
+
+
+def test_alike_ops_share_one_attribute_set_whatever_order_tensorflow_serialized_them_in():
+    """TensorFlow serializes a NodeDef's attribute map in an order of its own choosing,
+    which differs between identical ops of one graph."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf1.placeholder(tf.float32, [None, 8, 8, 3], name="x")
+        w = tf.constant(np.ones((3, 3, 3, 4), np.float32), name="w")
+        convs = [tf.nn.conv2d(x, w, 1, "SAME") for _ in range(200)]
+    memo = {}
+    for conv in convs:
+        dedup.node_attrs(tf_private.serialized_node_def(conv.op), memo)
+    assert len(memo) == 1

@@ -87,7 +87,7 @@ def node_attrs(serialized, memo):
     node = NodeDef.FromString(serialized)
     node.ClearField("name")
     node.ClearField("input")
-    rest = node.SerializeToString()
+    rest = node.SerializeToString(deterministic=True)
     attrs = memo.get(rest)
     if attrs is None:
         attrs = memo[rest] = tuple(sorted(

@@ -36,8 +36,8 @@ _SUMS = frozenset({"Add", "AddV2", "AddN"})  # what the arithmetic optimizer reg
 def _signature(op, representative):
     if op.type == "Const":
         return ("Const", op.node_def.attr["value"].SerializeToString())
-    attrs = tuple(sorted((k, v.SerializeToString()) for k, v in op.node_def.attr.items()
-                         if not k.startswith("_")))
+    attrs = tuple(sorted((k, v.SerializeToString(deterministic=True))
+                         for k, v in op.node_def.attr.items() if not k.startswith("_")))
     inputs = tuple(f"{representative.get(t.op.name, t.op.name)}:{t.value_index}"
                    for t in op.inputs)
     return (op.type, op.device, inputs, attrs,
