@@ -196,3 +196,58 @@ def test_the_reservation_refuses_once_the_device_has_allocated():
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300, check=True)
     assert "refused: reserve_emulated_memory must run before anything is allocated" in out.stdout
+
+
+def _replayed_by_hand(log, steps, regions):
+    """`replay`'s per-partition peaks and served flags of one arrangement of `log` (no
+    uploads), each step replayed in full on one BFCModel, the last one measured."""
+    model = BFCModel(regions)
+    handles = {buffer: model.allocate(nbytes) for _, buffer, nbytes in log.state}
+    peaks, served, current = {}, {}, None
+    for step in range(steps):
+        last = step == steps - 1
+        for event in log.step:
+            if event[0] == "partition":
+                current = event[1]
+                if last:
+                    peaks[current], served[current] = model.needed, not model.beyond_limit
+                continue
+            if event[0] == "alloc":
+                handles[event[1]] = model.allocate(event[2])
+            else:
+                model.free(handles.pop(event[1], None))
+            if last:
+                peaks[current] = max(peaks[current], model.needed)
+                served[current] = served[current] and not model.beyond_limit
+    return peaks, served
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.booleans(), st.integers(1, 3 * MIB)), min_size=1,
+                         max_size=12), min_size=1, max_size=4),
+       st.lists(st.integers(1, 4 * MIB), max_size=3), st.integers(4, 24),
+       st.integers(0, 3), st.booleans())
+def test_a_replayed_step_is_the_last_of_steps_replayed_in_full(partitions, state, reserved_mib,
+                                                                 kept, reserved):
+    """Whatever the layout, and whether a step gives back all it took or keeps some of it
+    (`kept` buffers, held to the next step) or takes a region beyond the reservation,
+    the measured step is the one after the steps before it replayed in full."""
+    log = AllocationLog()
+    for index, nbytes in enumerate(state):
+        log.allocate_state(("state", index), nbytes)
+    live = []
+    for index, operations in enumerate(partitions):
+        log.partition(index)
+        for allocate, nbytes in operations:
+            if allocate or not live:
+                live.append(("buffer", len(log.step)))
+                log.allocate(live[-1], nbytes)
+            else:
+                log.release(live.pop(nbytes % len(live)))
+    for key in live[kept:]:
+        log.release(key)
+    regions = Regions(reserved=(reserved_mib * MIB,) if reserved else (),
+                      limit=reserved_mib * MIB)
+    for steps in (1, 2, 3):
+        assert replay(log, steps=steps, regions=regions) == \
+            _replayed_by_hand(log, steps, regions), steps
