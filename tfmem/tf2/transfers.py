@@ -10,11 +10,15 @@ handle releaser offer:
   release explicitly (`DroppedHandles`);
 * swapped: the SwapManager copies the value into a pooled host buffer, and
   the executor drops the EagerTensor;
-* uploaded: on a background thread, `DeepCopy` of the host buffer on the
-  memory device.  An EagerTensor made from an aligned numpy array can share
-  its memory, so on a CPU "device" (the emulated accelerator) the copy makes
-  the upload a real allocation, as it is on a GPU, and the pooled buffer may
-  be reused at once.
+* uploaded: on a background thread, one copy of the host buffer in the memory
+  device's allocator, so that the pooled buffer may be reused at once.  On a GPU
+  that is the host-to-device copy of the converted array.  On a CPU "device"
+  (the emulated accelerator) it is a `DeepCopy` of a tensor that views the
+  buffer (DLPack): converting the array instead (`tf.convert_to_tensor`) would
+  copy it into the capped allocator too, holding the bytes twice while the
+  upload runs, and where that copy finds no memory TensorFlow 2.21 crashes the
+  process (SIGSEGV) instead of raising; a kernel's copy raises
+  `ResourceExhaustedError`, which budget mode learns from.
 """
 
 import concurrent.futures
@@ -34,15 +38,16 @@ class EagerPrefetcher:
 
     def __init__(self, device):
         self._device = "/device:" + device
-        self._copy = ((lambda x: tf.raw_ops.DeepCopy(x=x)) if device.startswith("CPU")
-                      else tf.identity)
+        self._on_cpu = device.startswith("CPU")
         self._thread = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="tfmem-eager-prefetch")
 
     def batch(self, *arrays):
         """EagerTensors on the device holding copies of `arrays` (one upload batch)."""
         with tf.device(self._device):
-            return [self._copy(tf.convert_to_tensor(array)) for array in arrays]
+            if self._on_cpu:
+                return [tf.raw_ops.DeepCopy(x=_viewing(array)) for array in arrays]
+            return [tf.identity(tf.convert_to_tensor(array)) for array in arrays]
 
     def upload(self, batch, arrays):
         """A Future of `batch(*arrays)`, run on the prefetch thread."""
@@ -50,3 +55,12 @@ class EagerPrefetcher:
 
     def close(self):
         self._thread.shutdown(wait=True)
+
+
+def _viewing(array):
+    """An EagerTensor on `array`'s own memory, by DLPack; a converted copy for what DLPack
+    cannot carry (a dtype numpy or TensorFlow does not export that way)."""
+    try:
+        return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+    except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):
+        return tf.convert_to_tensor(array)
