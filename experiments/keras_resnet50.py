@@ -6,8 +6,9 @@ keras_common.py (ResNet50 is not written in blocks, so there is no
 recomputed-blocks system; RematScope(mode="list_of_layers") gets its
 convolutions).
 
-    python experiments/keras_resnet50.py --quick
-    python experiments/keras_resnet50.py --find-max --cap-base 64 --image 64
+    python experiments/keras_resnet50.py --quick --allocator one-region
+    python experiments/keras_resnet50.py --quick --state-share 0.33 --allocator one-region
+    python experiments/keras_resnet50.py --find-max --cap-base 16 --image 64 --state-share 0.1
     python experiments/keras_resnet50.py --system tfmem --batch 16 --device-memory 600
 """
 
@@ -57,10 +58,14 @@ EXPERIMENT = keras_common.experiment(
     build=build, data=data, script=__file__, add_arguments=add_arguments,
     model_args=("image", "classes", "seed"),
     defaults=dict(image=64, classes=10, seed=0, steps=6, trial_timeout=900.0),
-    # Small images and batches: the whole run has to fit a shared 2-core machine.  The cap
-    # is plain fit's peak at batch 8 on the machine at hand (state most of it).
-    quick=dict(image=32, cap_base=8, start=8, steps=6, swap_min_bytes=65536, trial_timeout=240.0,
-               tolerance=0.25, search_time=300.0, max_trials=4),
+    # The cap is the state (weights, gradients, Adam's slots: 360 MiB whatever the image)
+    # over the share, so plain fit's largest batch is hundreds of images even at 32x32
+    # (about 1.9 MiB and 45 ms a step per image here).  Quick: the smallest image, plain fit
+    # and tfmem only, searches from batch 512 (state 0.1: 512, 1024, 2048; 0.33: 512, 256,
+    # 384), three steps and three trials a system.
+    quick=dict(image=32, cap_base=8, state_share=0.1, system=["plain", "tfmem"], start=512,
+               steps=3, swap_min_bytes=65536, trial_timeout=480.0, tolerance=0.25,
+               search_time=600.0, max_trials=3),
     unit="images", blocks=False, remat_layer_names=convolutions)
 
 
