@@ -61,8 +61,7 @@ EXPERIMENT = keras_common.experiment(
     # The cap is the state (weights, gradients, Adam's slots: 360 MiB whatever the image)
     # over the share, so plain fit's largest batch is hundreds of images even at 32x32
     # (about 1.9 MiB and 45 ms a step per image here).  Quick: the smallest image, plain fit
-    # and tfmem only, searches from batch 512 (state 0.1: 512, 1024, 2048; 0.33: 512, 256,
-    # 384), three steps and three trials a system.
+    # and tfmem only, searches from batch 512, three steps and three trials a system.
     quick=dict(image=32, cap_base=8, state_share=0.1, system=["plain", "tfmem"], start=512,
                steps=3, swap_min_bytes=65536, trial_timeout=480.0, tolerance=0.25,
                search_time=600.0, max_trials=3),
