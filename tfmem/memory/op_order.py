@@ -81,17 +81,31 @@ class _Edges:
     """The edges inside one partition, found once for the orders made of it: per op how
     many of its producers are in the partition and its readers there (a loop's back
     edges left out), and the ops that read a tensor from outside it that is no state
-    (a feed, another partition's output)."""
+    (a feed, another partition's output).
 
-    def __init__(self, view, ops):
+    `dissolved`: IdentityN ops Grappler removes (`dissolved_identities`): a reader of
+    one waits for the producer of the input it reads through it (a control reader, for
+    all of them), and the IdentityN waits for nothing and makes nothing ready."""
+
+    def __init__(self, view, ops, dissolved=frozenset()):
         members = set(ops)
         nodes = view.nodes
+        self.dissolved = dissolved
         self.waiting = {name: 0 for name in ops}
         self.readers = {name: [] for name in ops}
         self.reads_fed = []
+        # {op reading a dissolved IdentityN: its (tensor, producer) inputs, rewired}
+        self.inputs = {}
+        self.producers = {}  # {op reading a dissolved IdentityN: its producers, rewired}
         for name in ops:
+            if name in dissolved:
+                continue
+            node = nodes[name]
+            producers = node.producers
+            if dissolved and not dissolved.isdisjoint(producers):
+                producers = self.producers[name] = self._rewired(view, node, dissolved)
             fed = False
-            for src in nodes[name].producers:
+            for src in producers:
                 if src in members:
                     if nodes[src].type not in _BACK_EDGES:
                         self.waiting[name] += 1
@@ -100,6 +114,75 @@ class _Edges:
                     fed = True
             if fed:
                 self.reads_fed.append(name)
+
+    def _rewired(self, view, node, dissolved):
+        """`node`'s producers with each dissolved IdentityN replaced by what it stood for;
+        its rewired data inputs go to `self.inputs`."""
+        inputs = []
+        for tensor, op, index in zip(node.inputs, node.input_ops, node.input_indices):
+            if op in dissolved:
+                tensor = view.nodes[op].inputs[index]
+                op = view.nodes[op].input_ops[index]
+            inputs.append((tensor, op))
+        self.inputs[node.name] = tuple(inputs)
+        controls = []
+        for op in node.control_inputs:
+            controls.extend(view.nodes[op].producers if op in dissolved else (op,))
+        return tuple(dict.fromkeys([op for _, op in inputs] + controls))
+
+    def producers_of(self, view, name):
+        """The ops `name` waits for, rewired where it was (none for a dissolved one)."""
+        if name in self.dissolved:
+            return ()
+        rewired = self.producers.get(name)
+        return view.nodes[name].producers if rewired is None else rewired
+
+    def inputs_of(self, view, name):
+        """(tensor, producer) of each data input of `name`, rewired where it was."""
+        rewired = self.inputs.get(name)
+        if rewired is not None:
+            return rewired
+        node = view.nodes[name]
+        return tuple(zip(node.inputs, node.input_ops))
+
+
+# What Grappler's dependency optimizer never removes an IdentityN after: a variable
+# (`SafeToRemoveIdentity` in dependency_optimizer.cc keeps the identity of a variable's
+# value; its op types.cc counts a resource variable's read as a variable).
+_VARIABLE_TYPES = frozenset({"Variable", "VariableV2", "AutoReloadVariable", "VarHandleOp",
+                             "ReadVariableOp", "_VarHandlesOp", "_ReadVariablesOp"})
+
+
+def dissolved_identities(view, ops):
+    """The IdentityN ops of a partition of `ops` that Grappler's dependency optimizer
+    removes before it runs, wiring each reader to the input it stood for: those whose
+    outputs are all read inside the partition (none a return value or a fetch: Grappler
+    keeps an IdentityN that a return value reads), that are no target, and whose first
+    input is no variable (`view.removes_identities`: only where the optimizer runs).
+
+    Keras's optimizers pass every gradient through one IdentityN.  Kept, it would hold
+    each variable's update arithmetic until the step's last gradient; removed, the
+    executor runs each as soon as its own gradient is there, beside the last gradients'
+    kernels: 180 MiB more at the peak of the last backward partition of a Keras
+    ResNet-50 at batch 512 (tests/test_dissolved_identities.py)."""
+    if not view.removes_identities:
+        return frozenset()
+    members = set(ops)
+    nodes, sources, readers = view.nodes, view.sources, view.readers
+    ends = {split for split, _, _ in (t.rpartition(":") for t in view.fetches)}
+    ends.update(view.targets)
+    dissolved = set()
+    for name in ops:
+        node = nodes[name]
+        if node.type != "IdentityN" or not node.inputs or name in ends:
+            continue
+        first = nodes.get(node.input_ops[0]) or sources.get(node.input_ops[0])
+        if first is None or first.type in _VARIABLE_TYPES:
+            continue
+        if all(reader in members for tensor in node.output_names
+               for reader in readers.get(tensor, ())):
+            dissolved.add(name)
+    return frozenset(dissolved)
 
 
 def _edges(view, ops, folded=frozenset(), edges=None):
@@ -214,11 +297,14 @@ def executor_orders(view, ops, originals=frozenset(), depth_first=None, threads=
     With `threads` above one, the same two again as `threads` threads interleave them
     (`_executor_order`).  `depth_first`: `dependency_order(view, ops)`, and `edges`: the
     `_Edges` of `ops`, when the caller has them."""
+    dissolved = dissolved_identities(view, ops)
+    if dissolved:
+        edges = _Edges(view, ops, dissolved)
     edges = edges or _Edges(view, ops)
     folded = folded_constants(view, ops, depth_first)
     node_id = _node_ids(view, ops, originals, edges)
     waiting, readers = _edges(view, ops, folded, edges)
-    outside, roots = _step_start(view, ops, folded, node_id, waiting)
+    outside, roots = _step_start(view, ops, folded, node_id, waiting, edges)
     inexpensive = frozenset(name for name in ops if view.nodes[name].type in INEXPENSIVE)
     by_direction = {}  # the edges are the same four times: each direction sorted once
     for workers in sorted({1, max(int(threads), 1)}):
@@ -251,7 +337,7 @@ def _readers_in_turn(view, readers, node_id, reversed_readers):
     return in_turn
 
 
-def _step_start(view, ops, folded, node_id, waiting):
+def _step_start(view, ops, folded, node_id, waiting, edges):
     """({op outside the partition: its readers in it}, the step's first ops in the order
     they are pushed); `waiting` counts the outside producers too, after.
 
@@ -262,7 +348,7 @@ def _step_start(view, ops, folded, node_id, waiting):
     for name in ops:
         if name in folded:
             continue
-        for src in view.nodes[name].producers:
+        for src in edges.producers_of(view, name):
             if src not in waiting:
                 outside.setdefault(src, []).append(name)
                 waiting[name] += 1
@@ -352,8 +438,7 @@ def _node_ids(view, ops, originals, edges=None):
     first = []  # ops that wait on an outside control input only: with the first argument
     sources = view.sources
     for name in edges.reads_fed:  # the ops with a producer outside the partition, no state
-        node = view.nodes[name]
-        outside = {t for t, op in zip(node.inputs, node.input_ops)
+        outside = {t for t, op in edges.inputs_of(view, name)
                    if op not in members and op not in sources}
         for tensor in outside:
             arguments.setdefault(_argument_key(view, tensor), []).append(name)

@@ -186,6 +186,10 @@ class GraphView:
     # Whether the session that runs the request runs Grappler's arithmetic optimizer,
     # which reorders sums (units.py, rule 5); run/compiling/regrouping.py reads it off the config.
     regrouped_arithmetic: bool = True
+    # Whether Grappler's dependency optimizer runs there, removing IdentityN ops whose
+    # outputs stay in a partition (op_order.dissolved_identities); run/compiling/regrouping.py
+    # reads it off the config.
+    removes_identities: bool = True
     # Whether the runner chains each partition's copies in one order (TFMemSession does,
     # tfmem.function does not); the simulator then counts that order (op_order).
     chained: bool = False
@@ -564,11 +568,13 @@ def _originals(nodes, sources, fed, control_on_sources, together):
     return frozenset(given) | frozenset(name for name in together if name in nodes)
 
 
-def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, chained=False):
+def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, chained=False,
+            removes_identities=True):
     """The GraphView of the ops `Session.run(fetches + targets)` would run.
 
     `regrouped_arithmetic`: False when the session runs no Grappler arithmetic
     optimizer; its sums then add in input order and need not stay whole (units.py).
+    `removes_identities`: False when it runs no Grappler dependency optimizer (op_order).
     `chained`: True for a runner that chains each partition's copies in one order
     (op_order.chained_order).
     """
@@ -630,5 +636,6 @@ def analyse(fetch_tensors, target_ops, fed_tensors, regrouped_arithmetic=True, c
         fetches=tuple(t.name for t in fetch_tensors),
         targets=tuple(op.name for op in target_ops),
         regrouped_arithmetic=bool(regrouped_arithmetic),
+        removes_identities=bool(removes_identities),
         chained=bool(chained),
     )

@@ -1,4 +1,5 @@
-"""Whether a session runs Grappler's arithmetic optimizer, which reorders sums.
+"""Whether a session runs Grappler's arithmetic optimizer, which reorders sums, and its
+dependency optimizer, which removes IdentityN ops (see memory/op_order.py).
 
 The optimizer sorts an AddN's inputs by name and collapses trees of sums, so a
 partition boundary inside a sum would change its float result; plan/units.py
@@ -17,17 +18,33 @@ from tensorflow.core.protobuf import rewriter_config_pb2
 from tfmem import tf_private
 
 
-def runs_arithmetic_optimizer(config):
-    """False when the ConfigProto `config` (None: defaults) keeps Grappler's arithmetic
-    optimizer from running; True otherwise, and whenever unsure (the rule is safe)."""
+def _runs_optimizer(config, setting):
+    """False when the ConfigProto `config` (None: defaults) keeps the Grappler optimizer
+    whose RewriterConfig field is `setting` from running; True otherwise, and whenever
+    unsure (the planner's rules and the simulator's orders are safe either way)."""
     if config is None:
         return True
     graph_options = config.graph_options
     rewrite = graph_options.rewrite_options
     return not (graph_options.place_pruned_graph or rewrite.disable_meta_optimizer or
-                rewrite.arithmetic_optimization == rewriter_config_pb2.RewriterConfig.OFF)
+                getattr(rewrite, setting) == rewriter_config_pb2.RewriterConfig.OFF)
+
+
+def runs_arithmetic_optimizer(config):
+    """Whether the ConfigProto `config` runs Grappler's arithmetic optimizer."""
+    return _runs_optimizer(config, "arithmetic_optimization")
 
 
 def session_regroups_arithmetic(session):
     """Whether plans of requests `session` runs must keep regrouped sums whole."""
     return runs_arithmetic_optimizer(tf_private.config_of(session))
+
+
+def runs_dependency_optimizer(config):
+    """Whether the ConfigProto `config` runs Grappler's dependency optimizer."""
+    return _runs_optimizer(config, "dependency_optimization")
+
+
+def session_removes_identities(session):
+    """Whether `session` runs Grappler's dependency optimizer, which removes IdentityN ops."""
+    return runs_dependency_optimizer(tf_private.config_of(session))

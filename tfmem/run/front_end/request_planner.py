@@ -43,6 +43,7 @@ class PlanSettings:
     accelerator: str | None  # the device the placement pass moves state off, or None
     atomic_updates: bool
     regrouped_arithmetic: bool  # the session reorders sums (regrouping); part of every view
+    removes_identities: bool  # the session removes IdentityN ops (regrouping); likewise
     chains_copies: bool  # each partition's copies run in one order (op_order.chained_order)
 
     @classmethod
@@ -65,6 +66,7 @@ class PlanSettings:
             remote.is_distributed(sess) if options.atomic_updates is None
             else options.atomic_updates,
             regrouping.session_regroups_arithmetic(sess),
+            regrouping.session_removes_identities(sess),
             # Copies are chained on a local session only: on TensorFlow's distributed
             # runtime a chain through ops of several tasks would run the tasks one after
             # the other.  Nor in budget mode yet: its bound (the worst of the executor's
@@ -103,7 +105,8 @@ class RequestPlanner:
 
     def _analyse(self, request):
         return analyse(request.fetch_tensors, request.targets, request.feeds,
-                       self.settings.regrouped_arithmetic, self.settings.chains_copies)
+                       self.settings.regrouped_arithmetic, self.settings.chains_copies,
+                       self.settings.removes_identities)
 
     def _entry_locked(self, request):
         key = request.signature
