@@ -91,3 +91,45 @@ def test_identities_are_removed_where_the_dependency_optimizer_runs():
     assert regrouping.runs_dependency_optimizer(_config(arithmetic_optimization=off))
     assert not regrouping.runs_dependency_optimizer(_config(dependency_optimization=off))
     assert not regrouping.runs_dependency_optimizer(_config(disable_meta_optimizer=True))
+
+
+def _joined_graph():
+    """A long chain and a small input joined by an IdentityN (inside one of its own),
+    whose small output is squared, and a second IdentityN whose output is fetched."""
+    import tensorflow.compat.v1 as tf1  # pylint: disable=import-outside-toplevel
+    graph = tf1.Graph()
+    with graph.as_default():
+        big = tf1.placeholder(tf1.float32, [64, 64], name="big")
+        small = tf1.placeholder(tf1.float32, [8], name="small")
+        h = big
+        for _ in range(3):
+            h = tf1.matmul(h, big)
+        last = tf1.reduce_sum(h, name="last")
+        inner = tf1.identity_n([last, small], name="inner")
+        outer = tf1.identity_n([inner[0], inner[1]], name="outer")
+        squared = tf1.square(outer[1], name="squared")
+        total = tf1.add(outer[0], tf1.reduce_sum(squared), name="total")
+        fetched = tf1.identity_n([last, small], name="fetched")
+    return graph, [total, fetched[1]], [big, small]
+
+
+def test_a_removed_identity_n_makes_each_reader_wait_for_its_own_input():
+    from tfmem.memory import op_order  # pylint: disable=import-outside-toplevel
+    from tfmem.plan.analyse import analyse  # pylint: disable=import-outside-toplevel
+    graph, fetches, feeds = _joined_graph()
+    with graph.as_default():
+        view = analyse(fetches, [], feeds)
+        kept = analyse(fetches, [], feeds, removes_identities=False)
+    ops = tuple(view.nodes)
+    # "fetched" is a fetch: Grappler keeps it; the other two go, the inner one too
+    assert op_order.dissolved_identities(view, ops) == {"inner", "outer"}
+    assert op_order.dissolved_identities(kept, ops) == frozenset()
+    # a partition that returns one of its outputs keeps it
+    assert "outer" not in op_order.dissolved_identities(
+        view, tuple(op for op in ops if op != "squared"))
+
+    def square_before_last(v):  # in some emulated order: beside a long kernel
+        return any(order.index("squared") < order.index("last")
+                   for order in op_order.executor_orders(v, ops, threads=2))
+    assert square_before_last(view)  # the small input's square waits for nothing
+    assert not square_before_last(kept)  # behind the IdentityN, it waits for the chain
