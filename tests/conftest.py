@@ -412,6 +412,44 @@ def build_chain(length=10, seed=0):
 Point = collections.namedtuple("Point", ["a", "b"])
 
 
+# A worker script that calls `step(m, v)`, a tfmem.function of one partition over a
+# 1024 x 1024 matrix and a 0.5 MiB vector, five times on two inter-op threads and one
+# intra-op thread, and prints the most any call after the first took above what the
+# device held before it, against the prediction (requested and in the allocator's
+# chunks).  `definition` defines the function `step` wraps, named `body`.
+ONE_PARTITION_PEAK = r"""
+import json
+import numpy as np
+import tensorflow as tf
+import tfmem
+from tfmem.memory import op_order
+from tfmem.run.placement import accelerator
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(2)
+%s
+rng = np.random.default_rng(0)
+m = tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32) / 32)
+v = tf.constant(rng.standard_normal(1 << 17).astype(np.float32))
+step = tfmem.function(body, partition_size=1000)
+peaks = []
+for _ in range(5):
+    resident = accelerator.device_memory("CPU:0")["current"]
+    accelerator.reset_peak("CPU:0")
+    total, smalls = step(m, v)
+    total.numpy()
+    del total, smalls
+    peaks.append(accelerator.device_memory("CPU:0")["peak"] - resident)
+report = step.memory_report()
+plan = step.plan(m, v)
+figures = dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
+               chunks=report.predicted_device_peak_chunks, partitions=len(plan.partitions),
+               dissolved=sorted(op_order.dissolved_identities(plan.view,
+                                                              plan.partitions[0].ops)))
+print("TFMEM-RESULTS " + json.dumps(figures))
+"""
+
+
 def run_worker(code, env, timeout):
     """Run Python `code` in a fresh process with environment `env`; the JSON it printed on
     its last "TFMEM-RESULTS " line.  The process never outlives the call."""

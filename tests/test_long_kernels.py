@@ -14,22 +14,13 @@ is set against TensorFlow's peak of the same steps.
 
 import pytest
 
-from conftest import run_worker
+from conftest import ONE_PARTITION_PEAK, run_worker
 from tfmem.cli import child_env
 
 MIB = 1 << 20
 
-SCRIPT = r"""
-import json
-import numpy as np
-import tensorflow as tf
-import tfmem
-from tfmem.run.placement import accelerator
-
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(2)
-
-def long_and_small(m, v):
+SCRIPT = ONE_PARTITION_PEAK % """
+def body(m, v):
     # the long branch first (lower node ids): four 1024 x 1024 products, then a 32 MiB tile
     h = m
     for _ in range(4):
@@ -37,24 +28,6 @@ def long_and_small(m, v):
     total = tf.reduce_sum(tf.tile(h, [8, 1]))
     # forty small results of 0.5 MiB each, returned: held to the end
     return total, [tf.sin(v + float(i)) for i in range(40)]
-
-rng = np.random.default_rng(0)
-m = tf.constant(rng.standard_normal((1024, 1024)).astype(np.float32) / 32)
-v = tf.constant(rng.standard_normal(1 << 17).astype(np.float32))
-step = tfmem.function(long_and_small, partition_size=1000)
-peaks = []
-for _ in range(5):
-    resident = accelerator.device_memory("CPU:0")["current"]
-    accelerator.reset_peak("CPU:0")
-    total, smalls = step(m, v)
-    total.numpy()
-    del total, smalls
-    peaks.append(accelerator.device_memory("CPU:0")["peak"] - resident)
-report = step.memory_report()
-figures = dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
-               chunks=report.predicted_device_peak_chunks,
-               partitions=len(step.plan(m, v).partitions))
-print("TFMEM-RESULTS " + json.dumps(figures))
 """
 
 
