@@ -189,6 +189,15 @@ def test_state_share_derives_the_cap_from_the_state(monkeypatch, tmp_path):
     assert reports.output_stem(keras_transformer.EXPERIMENT, args).name.endswith("-state0.33")
     with pytest.raises(SystemExit):  # only the two settings of the experiments
         options.parse_args(keras_transformer.EXPERIMENT, ["--find-max", "--state-share", "0.5"])
+    # a cap given is the cap: --quick's share neither derives it nor names the outputs
+    given = options.parse_args(keras_resnet50.EXPERIMENT, ["--quick", "--device-memory", "500"])
+    given.out_dir = tmp_path
+    assert given.state_share is None and given.device_memory == 500
+    assert reports.output_stem(keras_resnet50.EXPERIMENT, given).name == "keras_resnet50-quick"
+    assert options.parse_args(keras_resnet50.EXPERIMENT, ["--quick"]).state_share == 0.1
+    with pytest.raises(SystemExit):
+        options.parse_args(keras_resnet50.EXPERIMENT,
+                           ["--quick", "--device-memory", "500", "--state-share", "0.33"])
 
 
 @pytest.mark.slow

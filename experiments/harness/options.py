@@ -149,6 +149,13 @@ def parse_args(experiment, argv=None):
     if args.quick:
         defaults.update(experiment.quick)
         args.find_max = True
+    if args.device_memory is not None:
+        # A cap given is the cap: the share of it the state fills (the Keras experiments'
+        # --state-share, a default of their --quick) derives none, nor names the outputs.
+        if getattr(args, "state_share", None) is not None:
+            parser.error("--state-share derives the cap from the model's state; "
+                         "--device-memory gives it: use one of them")
+        defaults.pop("state_share", None)
     for key, value in defaults.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
