@@ -41,7 +41,9 @@ DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "results.md")
 HEADLINE = (("resnet-memory", "ResNet depth"), ("resnet-memory-oneregion", "ResNet depth"),
             ("moe-memory", "MoE experts per layer"), ("moe-budget-memory", "MoE experts per layer"),
             ("deepspeech-memory", "DeepSpeech sequence length"),
-            ("deepspeech-memory-tfmemconfig", "DeepSpeech sequence length"))
+            ("deepspeech-memory-tfmemconfig", "DeepSpeech sequence length"),
+            ("keras_resnet50-quick-state0.1", "Keras ResNet-50 `fit`, state a tenth of the cap"),
+            ("keras_resnet50-quick-state0.33", "Keras ResNet-50 `fit`, state a third of the cap"))
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)",
                    re.S)
 MIB = 1 << 20
@@ -245,7 +247,7 @@ def headline_block():
     for name, grows in HEADLINE:
         data = json.loads((RESULTS / f"{name}.json").read_text())
         by_system = {s["system"]: s for s in data["summaries"]}
-        plain, tfm = by_system["tf"], by_system["tfmem"]
+        plain, tfm = by_system.get("tf") or by_system["plain"], by_system["tfmem"]
         origin = data.get("provenance") or {}
         lines.append(
             f"| {grows} ({plain['size_name']}) | {plain['device_memory_mib']} | "
