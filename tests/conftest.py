@@ -412,12 +412,8 @@ def build_chain(length=10, seed=0):
 Point = collections.namedtuple("Point", ["a", "b"])
 
 
-# A worker script that calls `step(m, v)`, a tfmem.function of one partition over a
-# 1024 x 1024 matrix and a 0.5 MiB vector, five times on two inter-op threads and one
-# intra-op thread, and prints the most any call after the first took above what the
-# device held before it, against the prediction (requested and in the allocator's
-# chunks).  `definition` defines the function `step` wraps, named `body`.
-ONE_PARTITION_PEAK = r"""
+# The worker of `one_partition_peak`; %s is the source defining `body`.
+_ONE_PARTITION_PEAK = r"""
 import json
 import numpy as np
 import tensorflow as tf
@@ -448,6 +444,23 @@ figures = dict(measured=max(peaks[1:]), predicted=report.predicted_device_peak,
                                                               plan.partitions[0].ops)))
 print("TFMEM-RESULTS " + json.dumps(figures))
 """
+
+
+def one_partition_peak(body, onednn):
+    """Figures of `body(m, v)` (Python source defining it) as a tfmem.function of one
+    partition over a 1024 x 1024 matrix and a 0.5 MiB vector, called five times in a fresh
+    process (two inter-op threads, one intra-op thread, a BFC allocator far above the
+    step, the kernel path `onednn`): `measured`, the most a call after the first took
+    above what the device held before it; `predicted` and `chunks`, the prediction
+    requested and in the allocator's chunks; `partitions`; `dissolved`, the IdentityN ops
+    the emulated executor removes (op_order.dissolved_identities)."""
+    from tfmem.cli import child_env  # pylint: disable=import-outside-toplevel
+    figures = run_worker(_ONE_PARTITION_PEAK % body, child_env.child_env(onednn=onednn),
+                         timeout=300)
+    print(f"\nmeasured {figures['measured'] / (1 << 20):.2f} MiB, predicted "
+          f"{figures['predicted'] / (1 << 20):.2f} MiB requested, "
+          f"{figures['chunks'] / (1 << 20):.2f} in the allocator's chunks")
+    return figures
 
 
 def run_worker(code, env, timeout):

@@ -7,21 +7,19 @@ gradient is there, beside the long kernels of the last gradients: its results
 (held to the partition's end) are alive at their peak.  An emulated executor
 that waits for the IdentityN puts them all after that peak.
 
-One fresh process per kernel path, two inter-op threads, one intra-op thread, a
-BFC allocator far above the step: tfmem.function's prediction for one partition
-is set against TensorFlow's peak of the same steps.
+Measured as tests/test_long_kernels.py measures (conftest.one_partition_peak, one
+fresh process per kernel path), with the small ops behind an IdentityN.
 """
 
 import pytest
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
-from conftest import ONE_PARTITION_PEAK, run_worker
-from tfmem.cli import child_env
+from conftest import one_partition_peak
 from tfmem.run.compiling import regrouping
 
 MIB = 1 << 20
 
-SCRIPT = ONE_PARTITION_PEAK % """
+BODY = """
 def body(m, v):
     # the long branch first: four 1024 x 1024 products, then a 32 MiB tile
     h = m
@@ -37,10 +35,7 @@ def body(m, v):
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_readers_of_a_removed_identity_n_run_beside_a_long_kernel(onednn):
-    figures = run_worker(SCRIPT, child_env.child_env(onednn=onednn), timeout=300)
-    print(f"\nmeasured {figures['measured'] / MIB:.2f} MiB, predicted "
-          f"{figures['predicted'] / MIB:.2f} MiB requested, {figures['chunks'] / MIB:.2f} "
-          "in the allocator's chunks")
+    figures = one_partition_peak(BODY, onednn)
     assert figures["partitions"] == 1
     assert len(figures["dissolved"]) == 1
     # Grappler removed the IdentityN: the forty small results (20 MiB) were alive

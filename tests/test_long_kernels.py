@@ -14,12 +14,11 @@ is set against TensorFlow's peak of the same steps.
 
 import pytest
 
-from conftest import ONE_PARTITION_PEAK, run_worker
-from tfmem.cli import child_env
+from conftest import one_partition_peak
 
 MIB = 1 << 20
 
-SCRIPT = ONE_PARTITION_PEAK % """
+BODY = """
 def body(m, v):
     # the long branch first (lower node ids): four 1024 x 1024 products, then a 32 MiB tile
     h = m
@@ -33,10 +32,7 @@ def body(m, v):
 
 @pytest.mark.parametrize("onednn", [False, True])
 def test_small_ops_beside_a_long_kernel_stay_within_the_prediction(onednn):
-    figures = run_worker(SCRIPT, child_env.child_env(onednn=onednn), timeout=300)
-    print(f"\nmeasured {figures['measured'] / MIB:.2f} MiB, predicted "
-          f"{figures['predicted'] / MIB:.2f} MiB requested, {figures['chunks'] / MIB:.2f} "
-          "in the allocator's chunks")
+    figures = one_partition_peak(BODY, onednn)
     assert figures["partitions"] == 1
     # the forty small results (20 MiB) beside the tile (32 MiB) and a product (4 MiB)
     assert figures["measured"] > 52 * MIB
