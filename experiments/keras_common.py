@@ -120,7 +120,7 @@ def _working_sets(tf, concrete):
 # tfmem's BudgetError (tfmem/memory/budget.py) states its plan figures in its message only.
 _BUDGET_FIGURES = re.compile(
     r"budget of (?P<budget>[\d.]+) MiB \(predictions must stay under (?P<limit>[\d.]+) MiB"
-    r"(?:, after (?P<held>[\d.]+) MiB the device holds for other requests)?\): even one op "
+    r"(?:, after (?P<held>[\d.]+) MiB the device holds [^:]*?)?\): even one op "
     r"per partition needs (?P<needs>[\d.]+) MiB.*?The largest op, '(?P<op>[^']*)' "
     r"\((?P<kind>\w+)\), alone reads, writes and needs as scratch (?P<op_mib>[\d.]+) MiB", re.S)
 _DTYPE_BYTES = {"float": 4, "double": 8, "half": 2, "int32": 4, "int64": 8, "bfloat16": 2}

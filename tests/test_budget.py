@@ -33,11 +33,15 @@ from tfmem.plan.build import build_plan
 from tfmem.memory.scratch import calibrate
 from tfmem.memory.shapes import resolve_shapes
 from tfmem.memory.allocator import Regions
-from tfmem.memory.simulate import MemoryTrace, PartitionMemory, TensorSizes, simulate
+from tfmem.errors import BudgetError
+from tfmem.memory.simulate import (MemoryTrace, PartitionMemory, TensorSizes, simulate,
+                                   state_bytes)
 from tfmem.memory.sizing import Sizing
 from tfmem.plan.swap import SwapPolicy
 from tfmem.plan.units import units
 from tfmem.plan.updates import partition_updates_last
+
+from experiments import keras_common
 
 tf1 = tf.compat.v1
 
@@ -312,6 +316,43 @@ def test_fit_picks_the_largest_partition_size_that_fits():
                             dataclasses.replace(policy, swap_distance=distance), placement)
         assert simulate(bigger, shapes, early_frees=False, scratch=kernel_scratch,
                         slack=slack, chunks=True).peak_device > limit, distance
+
+
+def test_nothing_fits_names_the_state_it_counted_and_what_else_the_device_holds():
+    """The refusal's figures say what they are: the request's own variables where it has
+    some, nothing where its variables are inputs (as tf.function passes them), and what
+    the device holds beyond them as held, not as the request's state."""
+    model = models.mlp(layers=4)
+    x, = model.inputs
+    view = analyse([model.loss], [model.train], [x])
+    sizing = Sizing.of(model.graph, view, {x.name: (256, 256)})
+    own = state_bytes(view, TensorSizes(view, sizing.shapes))
+    assert own > MIB
+    with pytest.raises(BudgetError) as refused:
+        budget.fit(view, sizing, own)
+    assert f"({own / MIB:.1f} MiB of it the request's variables and constants)" in str(
+        refused.value)
+    assert "device holds beyond" not in str(refused.value)
+
+    g = tf.Graph()  # the same layers, each weight an input
+    with g.as_default():
+        h = feed = tf1.placeholder(tf.float32, [256, 256])
+        weights = [tf1.placeholder(tf.float32, [256, 256]) for _ in range(4)]
+        for w in weights:
+            h = tf.tanh(tf.matmul(h, w))
+        loss = tf.reduce_mean(h * h)
+        grads = tf.gradients(loss, weights)
+    view = analyse(grads, [], [feed] + weights)
+    sizing = Sizing.of(g, view, {})
+    held = 4 * 256 * 256 * 4
+    with pytest.raises(BudgetError) as refused:
+        budget.fit(view, sizing, held + MIB, resident_bytes=held)
+    message = str(refused.value)
+    assert "of it the request's variables" not in message and "0.0 MiB" not in message
+    assert (f"after {held / MIB:.1f} MiB the device holds beyond the request's own "
+            "variables and constants") in message
+    figures = keras_common.budget_figures(message)
+    assert figures["held_mib"] == 1.0 and figures["budget_mib"] == 2.0, figures
 
 
 def _one_wide_layer_mlp():

@@ -498,17 +498,20 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
         name, kind, nbytes = _largest_op(view, share.sizes, scratch)
         on_device = on_whole_device(budget_bytes, sizing.regions)
         needs = trace.peak_device_requested if on_device else trace.peak_device
+        held_text = (f", after {mib(others)} the device holds beyond the request's own "
+                     "variables and constants, such as other requests' tensors or the "
+                     "variables a tf.function reads as inputs" if others >= MIB // 20 else "")
+        state_text = (f" ({mib(trace.state_bytes)} of it the request's variables and constants)"
+                      if trace.state_bytes >= MIB // 20 else "")  # 0.0 MiB is left out
         raise BudgetError(
             f"nothing fits in a device-memory budget of {mib(budget_bytes)} (predictions must "
-            f"stay under {mib(limit)}"
-            + (f", after {mib(others)} the device holds for other requests"
-               if others >= MIB // 20 else "")  # what would read 0.0 MiB is left out
-            + f"): even one op per partition needs {mib(needs)}"
+            f"stay under {mib(limit)}{held_text}): even one op per partition needs "
+            f"{mib(needs)}{state_text}"
             + (" and the device's allocator cannot serve its requests within its "
                f"{mib(sizing.regions.limit)} with the margin held back"
                if on_device and not trace.served else "")
-            + f", of which {mib(trace.state_bytes)} is variables and constants. The largest op, "
-            f"'{name}' ({kind}), alone reads, writes and needs as scratch {mib(nbytes)}. Raise the budget, or "
+            + f". The largest op, '{name}' ({kind}), alone reads, writes and needs as scratch "
+            f"{mib(nbytes)}. Raise the budget, or "
             "shrink the batch or that op.")
     # `found` fits; search (found, high) for the largest size that fits, where sizes
     # slicing as many partitions as `found`'s are not tried: they would save no call.
