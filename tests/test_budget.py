@@ -27,7 +27,7 @@ from tfmem.run.placement import accelerator
 from tfmem.memory import budget
 from tfmem.cli import models
 from tfmem.plan.analyse import analyse
-from tfmem.plan.partition import partition
+from tfmem.plan.partition import partition, slice_order_sized
 from tfmem.plan.place import place
 from tfmem.plan.build import build_plan
 from tfmem.memory.scratch import calibrate
@@ -404,6 +404,38 @@ def test_fit_coarsens_where_the_step_allows_and_trains_as_plain():
         for want in expected:
             np.testing.assert_array_equal(tfs.run([train, loss], feed)[1], want)
         assert len(tfs.plan([train, loss], feed).partitions) == len(plan.partitions)
+
+
+def test_slice_order_sized_cuts_where_the_size_changes_and_at_the_cut():
+    groups = [("a",), ("b", "c"), ("d",), ("e",), ("f",), ("g",)]
+    order = list(range(len(groups)))
+    assert slice_order_sized(groups, order, [3, 3, 1, 1, 4, 4]) == [
+        (("a",), ("b", "c")), (("d",),), (("e",),), (("f",), ("g",))]
+    assert slice_order_sized(groups, order, [4] * 6, cut=3) == [
+        (("a",), ("b", "c"), ("d",)), (("e",), ("f",), ("g",))]
+
+
+def test_fit_makes_parts_of_a_plan_coarse_where_the_allocator_fails_far_from_them():
+    """On the whole device (one region, as a GPU's allocator holds it) coarse plans of a
+    ResNet fail where the replayed allocator finds no chunk, far from the partitions that
+    made them coarse, so that growing fine partitions around the one that failed finds no
+    coarser plan.  Parts of the plan made coarse one at a time, each kept where the plan
+    still fits, give one with a fraction of the calls, which fits as every candidate must."""
+    model = models.resnet(blocks=(1, 1, 5), width=16, image=32)
+    view = analyse([model.loss], [model.train], list(model.inputs))
+    sizing = Sizing.of(model.graph, view, {t.name: v.shape for t, v in model.feed(16).items()})
+    floor, whole = (budget.predict(build_plan(view, partition(view, units(view), size), size),
+                                   sizing).peak_device for size in (1, len(view.nodes)))
+    limit = floor + (whole - floor) * 0.3
+    budget_bytes = int(limit / (1 - budget.DEFAULT_MARGIN))
+    sizing = dataclasses.replace(sizing, regions=Regions(reserved=(budget_bytes,),
+                                                         limit=budget_bytes))
+    plan, trace = budget.fit(view, sizing, budget_bytes)
+    uniform, _ = budget.fit(view, sizing, budget_bytes, coarsen=False)
+    assert len(plan.partitions) * 3 < len(uniform.partitions), (len(plan.partitions),
+                                                                len(uniform.partitions))
+    assert len({len(p.ops) for p in plan.partitions}) > 2  # raised part by part
+    assert trace.served and trace.peak_device_requested <= limit + 1
 
 
 # ---------------------------------------------------------------------------

@@ -23,7 +23,10 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    prediction makes the partitions over it fine, with 1, 2, 4 ... of the
    coarse partitions before them in successive rounds, and the plan is
    predicted again), for as long as that gives fewer partitions: fewer
-   Session calls, fewer callables (not once budget mode has learned);
+   Session calls, fewer callables (not once budget mode has learned).  Where
+   the allocator replay finds no chunk far from what made a plan coarse, that
+   growth finds nothing; then parts of the plan are raised to the next size one
+   at a time (the whole, halves, quarters ...), each kept where the plan fits;
 4. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -56,6 +59,7 @@ asked for free, in no chunk that large, teaches a larger margin instead
 (`Correction.held_back`, `learned_margin`).
 """
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -64,7 +68,8 @@ import re
 
 from tfmem.plan.analyse import split_tensor_name
 from tfmem.errors import BudgetError
-from tfmem.plan.partition import depth_first_order, slice_order, slice_order_mixed
+from tfmem.plan.partition import (depth_first_order, slice_order, slice_order_mixed,
+                                  slice_order_sized)
 from tfmem.plan.place import place
 from tfmem.plan.build import Slicing, build_plan, validate
 from tfmem.memory.simulate import (ALIASING, CandidateShare, TensorSizes, simulate,
@@ -557,15 +562,54 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
             fine.update(grown)
         return None
 
+    def raised(size, levels):
+        """(plan, trace, levels) with the positions of the order at `size // 2` ops a
+        partition (`levels`: each position's size) raised to `size` where the plan still
+        fits: all of them, then halves, quarters ... of them (at most COARSENING_ROUNDS
+        predictions), each part kept when the plan with it fits; None when no part is.
+        Where the layout of the allocator's chunks fails a coarse plan far from what
+        made it coarse, growing fine partitions around the one that failed (`coarsened`)
+        finds nothing; parts of the plan tried one by one do."""
+        parts = collections.deque([[p for p, level in enumerate(levels) if level == size // 2]])
+        best, fewest, predictions = None, len(plan.partitions), 0
+        while parts and predictions < COARSENING_ROUNDS:
+            part = parts.popleft()
+            trial = list(levels)
+            for position in part:
+                trial[position] = size
+            partitions = slice_order_sized(groups, order, trial, cut)
+            if len(partitions) >= fewest:
+                continue  # no fewer calls (nor would its halves make fewer)
+            predictions += 1
+            coarse = build_plan(view, partitions, size, plan.policy, placement)
+            coarse_trace = simulate(coarse, shapes, early_frees=False, scratch=scratch,
+                                    slack=slack, chunks=True, share=share,
+                                    give_up=over_budget,
+                                    reject=lambda trace: not within_budget(trace), **options)
+            if within_budget(coarse_trace):
+                best, levels, fewest = (coarse, coarse_trace, trial), trial, len(partitions)
+            elif len(part) >= 4 * size:  # halves of two partitions and more
+                parts += [part[:len(part) // 2], part[len(part) // 2:]]
+        return best
+
     # Once budget mode has learned (after a step over its prediction or out of memory),
     # plans stay uniform: one factor scales every working set, and a coarse partition
     # holding a tensor of unknown size ran out again and again (tests/test_oom_run_again.py).
-    size, fine = low * 2, set()
+    size, fine, levels = low * 2, set(), None
     while coarsen and correction is None and size < whole:
-        better = coarsened(size, fine)
+        if levels is None:
+            fine_so_far = set(fine)
+            better = coarsened(size, fine)
+            if better is not None:
+                plan, trace = better
+                size *= 2
+                continue
+            levels = [low if position in fine_so_far else size // 2
+                      for position in range(len(order))]
+        better = raised(size, levels)
         if better is None:
             break
-        plan, trace = better
+        plan, trace, levels = better
         size *= 2
     validate(plan)
     return plan, trace

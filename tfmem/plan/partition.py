@@ -144,6 +144,23 @@ def slice_order_mixed(groups, order, partition_size, fine_size, fine, cut=None):
     return partitions, positions
 
 
+def slice_order_sized(groups, order, sizes, cut=None):
+    """As `slice_order`, with a partition size per position of `order` (`sizes`): each
+    partition holds positions of one size, at most that many ops."""
+    partitions, current, size, current_limit = [], [], 0, None
+    for position, index in enumerate(order):
+        unit, limit = groups[index], sizes[position]
+        if current and (limit != current_limit or size + len(unit) > limit or position == cut):
+            partitions.append(tuple(current))
+            current, size = [], 0
+        current.append(unit)
+        size += len(unit)
+        current_limit = limit
+    if current:
+        partitions.append(tuple(current))
+    return partitions
+
+
 def partition(view, groups, partition_size):
     """The view's units (`groups`) as an ordered list of partitions (tuples of units)."""
     return slice_order(groups, depth_first_order(view, groups), partition_size)
