@@ -23,10 +23,11 @@ simulator predicts each candidate's peak, so the search runs no TensorFlow:
    prediction makes the partitions over it fine, with 1, 2, 4 ... of the
    coarse partitions before them in successive rounds, and the plan is
    predicted again), for as long as that gives fewer partitions: fewer
-   Session calls, fewer callables (not once budget mode has learned).  Where
-   the allocator replay finds no chunk far from what made a plan coarse, that
-   growth finds nothing; then parts of the plan are raised to the next size one
-   at a time (the whole, halves, quarters ...), each kept where the plan fits;
+   Session calls, fewer callables (not once budget mode has learned).  On the
+   whole device, where the allocator replay can find no chunk far from what
+   made a plan coarse and that growth finds nothing, parts of the plan are
+   raised to the next size one at a time (the whole, halves, quarters ...),
+   each kept where the plan fits;
 4. if even one op per partition with every tensor swapped does not fit, say
    which op alone is too large.
 
@@ -567,9 +568,10 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
         partition (`levels`: each position's size) raised to `size` where the plan still
         fits: all of them, then halves, quarters ... of them (at most COARSENING_ROUNDS
         predictions), each part kept when the plan with it fits; None when no part is.
-        Where the layout of the allocator's chunks fails a coarse plan far from what
-        made it coarse, growing fine partitions around the one that failed (`coarsened`)
-        finds nothing; parts of the plan tried one by one do."""
+        On the whole device the replayed allocator can fail a coarse plan where it finds
+        no chunk, far from what made the plan coarse: growing fine partitions around the
+        one that failed (`coarsened`) then finds nothing; parts of the plan tried one by
+        one do."""
         parts = collections.deque([[p for p, level in enumerate(levels) if level == size // 2]])
         best, fewest, predictions = None, len(plan.partitions), 0
         while parts and predictions < COARSENING_ROUNDS:
@@ -604,6 +606,8 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
                 plan, trace = better
                 size *= 2
                 continue
+            if not on_whole_device(budget_bytes, sizing.regions):
+                break  # below the device a plan fails by its bytes, where growth looks
             levels = [low if position in fine_so_far else size // 2
                       for position in range(len(order))]
         better = raised(size, levels)
