@@ -303,6 +303,7 @@ def run_keras_trial(experiment, args):
                 swapped_out_bytes=step.last_step.swapped_out_bytes,
                 host_buffer_bytes=step.last_step.host_buffer_bytes,
                 predicted_peak_bytes=report.predicted_device_peak,
+                resident_bytes=report.device_resident,
                 last_step=str(step.last_step))
             result["scratch_bytes"] = max(report.partition_scratch or (0,))
         # The same train step traced once more (no step runs): its ops' static sizes.
@@ -332,6 +333,17 @@ def _best(summary):
 
 def _mib(value):
     return None if value is None else round(value / MIB, 1)
+
+
+def predicted_peak(report):
+    """The bytes tfmem predicted TensorFlow's peak at: the plan's peak (the step's own
+    tensors) plus what the device held when the step started (the model's variables,
+    the batch), as TensorFlow's peak counts them; the plan's alone where the trial did not
+    record what was held; None without a prediction."""
+    predicted = report.get("predicted_peak_bytes")
+    if predicted is None:
+        return None
+    return predicted + (report.get("resident_bytes") or 0)
 
 
 def _failed_trial(summary):
@@ -389,8 +401,7 @@ def comparison(summaries, cap_mib=None, state_share=None):
                     "seconds_per_sample"):
                 row["time_ratio"] = round(best["seconds_per_sample"]
                                           / plain_best["seconds_per_sample"], 2)
-            report = best.get("tfmem") or {}
-            row["predicted_peak_mib"] = _mib(report.get("predicted_peak_bytes"))
+            row["predicted_peak_mib"] = _mib(predicted_peak(best.get("tfmem") or {}))
             row.update(state_mib=_mib(best.get("state_bytes")),
                        largest_op_mib=_mib(best.get("largest_op_bytes")),
                        largest_op=best.get("largest_op"),
@@ -473,7 +484,9 @@ def report(args, summaries, stem, out=None, experiment=None):  # pylint: disable
         f"at the system's largest {size_name}: state = weights + gradients + optimizer slots "
         "(the model's variables); largest op: the largest inputs + outputs of one op in the "
         "traced train step (static shapes); kernel scratch: the largest of any partition and "
-        "tfmem predicted peak: the plan's, from tfmem's memory report (tfmem systems only); "
+        "tfmem predicted peak: the plan's, from tfmem's memory report, plus what the device "
+        "held when the step started (variables, the batch), as TensorFlow's peak counts them "
+        "(tfmem systems only; a trial that did not record what was held: the plan's alone); "
         "peak: TensorFlow's allocator",
         f"what stopped it, at the first {size_name} that failed: for tfmem the figures of its "
         "plan (budget mode's error: what one op per partition needs against what the "

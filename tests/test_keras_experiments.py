@@ -132,6 +132,9 @@ def test_trials_in_child_processes(trials):
         assert result["largest_op_bytes"] > 0 and result["seconds_per_sample"] > 0
     assert tfm["losses"] == plain["losses"]
     assert tfm["tfmem"]["partition_size"] == "auto" and tfm["tfmem"]["partitions"] >= 1
+    # what TensorFlow's peak counts beside the plan's own tensors: at least the state
+    assert tfm["tfmem"]["resident_bytes"] >= tfm["state_bytes"] // 3, tfm["tfmem"]
+    assert keras_common.predicted_peak(tfm["tfmem"]) > tfm["tfmem"]["predicted_peak_bytes"]
     # Keras's full rematerialisation cannot run a functional model's fit on the TensorFlow
     # backend: a result of the experiment, not a failure of the run.
     assert remat["status"] == "unsupported" and not experiment.is_size_limit(remat)
@@ -167,6 +170,16 @@ def test_what_stopped_plain_fit_is_the_allocation_it_was_refused():
         round(4 * 4 * 320 * 320 * 4 / 2**20, 1), "[4,4,320,320] float")
     assert keras_common.what_stopped(dict(size=320, error=error)).startswith("320: OOM")
     assert keras_common.what_stopped(dict(size=320, error="ValueError: no")) is None
+
+
+def test_the_predicted_peak_counts_what_the_device_held_as_tensorflows_peak_does():
+    """TensorFlow's peak counts the model's variables and the batch, which a tfmem.function
+    plan's own peak leaves out: the table's predicted peak adds them where recorded."""
+    mib = 1 << 20
+    assert keras_common.predicted_peak(dict(predicted_peak_bytes=30 * mib,
+                                            resident_bytes=12 * mib)) == 42 * mib
+    assert keras_common.predicted_peak(dict(predicted_peak_bytes=30 * mib)) == 30 * mib
+    assert keras_common.predicted_peak({}) is None
 
 
 def test_state_share_derives_the_cap_from_the_state(monkeypatch, tmp_path):
