@@ -355,6 +355,12 @@ def test_nothing_fits_names_the_state_it_counted_and_what_else_the_device_holds(
     assert figures["held_mib"] == 1.0 and figures["budget_mib"] == 2.0, figures
 
 
+def _floor_and_whole(view, sizing):
+    """Budget mode's predicted peaks of one op per partition and of the whole step."""
+    return tuple(budget.predict(build_plan(view, partition(view, units(view), size), size),
+                                sizing).peak_device for size in (1, len(view.nodes)))
+
+
 def _one_wide_layer_mlp():
     """A 40-layer MLP of width 256 whose layer 13 is 8,192 wide: (graph, x, loss, train,
     init).  Only the partitions around the wide layer need to be small."""
@@ -379,8 +385,7 @@ def test_fit_coarsens_where_the_step_allows_and_trains_as_plain():
     g, x, loss, train, init = _one_wide_layer_mlp()
     view = analyse([loss], [train], [x])
     sizing = Sizing.of(g, view, {x.name: (256, 256)})
-    floor, whole = (budget.predict(build_plan(view, partition(view, units(view), size), size),
-                                   sizing).peak_device for size in (1, len(view.nodes)))
+    floor, whole = _floor_and_whole(view, sizing)
     budget_bytes = int((floor + (whole - floor) / 8) / (1 - budget.DEFAULT_MARGIN))
     plan, trace = budget.fit(view, sizing, budget_bytes)
     uniform, _ = budget.fit(view, sizing, budget_bytes, coarsen=False)
@@ -409,9 +414,10 @@ def test_fit_coarsens_where_the_step_allows_and_trains_as_plain():
 def test_slice_order_sized_cuts_where_the_size_changes_and_at_the_cut():
     groups = [("a",), ("b", "c"), ("d",), ("e",), ("f",), ("g",)]
     order = list(range(len(groups)))
-    assert slice_order_sized(groups, order, [3, 3, 1, 1, 4, 4]) == [
-        (("a",), ("b", "c")), (("d",),), (("e",),), (("f",), ("g",))]
-    assert slice_order_sized(groups, order, [4] * 6, cut=3) == [
+    assert slice_order_sized(groups, order, [3, 3, 1, 1, 4, 4]) == (
+        [(("a",), ("b", "c")), (("d",),), (("e",),), (("f",), ("g",))],
+        [(0, 1), (2,), (3,), (4, 5)])
+    assert slice_order_sized(groups, order, [4] * 6, cut=3)[0] == [
         (("a",), ("b", "c"), ("d",)), (("e",), ("f",), ("g",))]
 
 
@@ -424,8 +430,7 @@ def test_fit_makes_parts_of_a_plan_coarse_where_the_allocator_fails_far_from_the
     model = models.resnet(blocks=(1, 1, 5), width=16, image=32)
     view = analyse([model.loss], [model.train], list(model.inputs))
     sizing = Sizing.of(model.graph, view, {t.name: v.shape for t, v in model.feed(16).items()})
-    floor, whole = (budget.predict(build_plan(view, partition(view, units(view), size), size),
-                                   sizing).peak_device for size in (1, len(view.nodes)))
+    floor, whole = _floor_and_whole(view, sizing)
     limit = floor + (whole - floor) * 0.3
     budget_bytes = int(limit / (1 - budget.DEFAULT_MARGIN))
     sizing = dataclasses.replace(sizing, regions=Regions(reserved=(budget_bytes,),

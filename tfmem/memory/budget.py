@@ -579,7 +579,7 @@ def _search(view, sizing, budget_bytes, policy, accelerator, margin, resident_by
             trial = list(levels)
             for position in part:
                 trial[position] = size
-            partitions = slice_order_sized(groups, order, trial, cut)
+            partitions, _ = slice_order_sized(groups, order, trial, cut)
             if len(partitions) >= fewest:
                 continue  # no fewer calls (nor would its halves make fewer)
             predictions += 1

@@ -123,42 +123,32 @@ def slice_order_mixed(groups, order, partition_size, fine_size, fine, cut=None):
 
     Returns (partitions, positions): per partition its units, and the positions in
     `order` they hold."""
+    return slice_order_sized(groups, order, [fine_size if position in fine else partition_size
+                                             for position in range(len(order))], cut)
+
+
+def slice_order_sized(groups, order, sizes, cut=None):
+    """As `slice_order`, with a partition size per position of `order` (`sizes`): each
+    partition holds positions of one size, at most that many ops.
+
+    Returns (partitions, positions): per partition its units, and the positions in
+    `order` they hold."""
     partitions, positions = [], []
-    current, held, size, current_fine = [], [], 0, False
+    current, held, size, current_limit = [], [], 0, None
     for position, index in enumerate(order):
-        unit = groups[index]
-        is_fine = position in fine
-        limit = fine_size if is_fine else partition_size
-        if current and (is_fine != current_fine or size + len(unit) > limit
-                        or position == cut):
+        unit, limit = groups[index], sizes[position]
+        if current and (limit != current_limit or size + len(unit) > limit or position == cut):
             partitions.append(tuple(current))
             positions.append(tuple(held))
             current, held, size = [], [], 0
         current.append(unit)
         held.append(position)
         size += len(unit)
-        current_fine = is_fine
+        current_limit = limit
     if current:
         partitions.append(tuple(current))
         positions.append(tuple(held))
     return partitions, positions
-
-
-def slice_order_sized(groups, order, sizes, cut=None):
-    """As `slice_order`, with a partition size per position of `order` (`sizes`): each
-    partition holds positions of one size, at most that many ops."""
-    partitions, current, size, current_limit = [], [], 0, None
-    for position, index in enumerate(order):
-        unit, limit = groups[index], sizes[position]
-        if current and (limit != current_limit or size + len(unit) > limit or position == cut):
-            partitions.append(tuple(current))
-            current, size = [], 0
-        current.append(unit)
-        size += len(unit)
-        current_limit = limit
-    if current:
-        partitions.append(tuple(current))
-    return partitions
 
 
 def partition(view, groups, partition_size):
